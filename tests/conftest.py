@@ -1,0 +1,50 @@
+"""Shared fixtures: offline environment, seeding, and one tiny Qwen2-VL checkpoint per session."""
+
+from __future__ import annotations
+
+import os
+import random
+
+# Set before transformers/wandb import anywhere in the test process.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    import numpy as np
+    import torch
+
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2vl(tmp_path_factory):
+    """Path of a tiny random-weight Qwen2-VL checkpoint (model + processor), built once per session."""
+    from tokenswap.testing import build_tiny_qwen2vl
+
+    return build_tiny_qwen2vl(tmp_path_factory.mktemp("tiny-qwen2vl"))
+
+
+@pytest.fixture(scope="session")
+def tiny_processor(tiny_qwen2vl):
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(tiny_qwen2vl)

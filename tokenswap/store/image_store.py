@@ -1,0 +1,314 @@
+"""The on-disk image store: concept key -> scored images.
+
+Format (one folder)::
+
+    store.json                  format version, attribution, free-form build info
+    shards/part-rRRR-SSSSSS.arrow  Arrow IPC stream files, immutable once written
+
+Each shard row is one image of one concept (``image`` is null for a concept that was tried and
+has no image, so a resumed build does not try it again). Shards are the same Arrow files that
+``datasets.Dataset.from_file`` memory-maps, so :meth:`ImageStore.to_dataset` gives a normal
+``datasets.Dataset`` that can be saved, sharded or pushed to a hub.
+
+Writes are atomic: a shard is written to a temporary name, fsynced and renamed. A process
+killed mid-write leaves at most a ``*.tmp`` file, which readers ignore and writers delete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from PIL import Image, UnidentifiedImageError
+
+from tokenswap.concepts import normalize_concept
+
+__all__ = ["CorruptImageError", "ImageStore", "StoreImage", "StoreWriter", "image_id_of"]
+
+FORMAT = "tokenswap-image-store"
+VERSION = 1
+SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("concept", pa.string()),
+        ("image_id", pa.string()),
+        ("image", pa.binary()),
+        ("source", pa.string()),
+        ("score", pa.float32()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("meta", pa.string()),
+    ]
+)
+_SHARD = re.compile(r"part-r(\d{3})-(\d{6})\.arrow$")
+
+
+class CorruptImageError(ValueError):
+    """Stored bytes that do not decode as an image."""
+
+
+def image_id_of(data: bytes) -> str:
+    """Content address of encoded image bytes (stable across rebuilds and shards)."""
+    return hashlib.sha1(data).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class StoreImage:
+    """One stored image of a concept; pixels are decoded only by :meth:`load`."""
+
+    image_id: str
+    key: str
+    source: str
+    score: float
+    meta: dict = field(default_factory=dict, compare=False)
+    _store: ImageStore | None = field(default=None, repr=False, compare=False)
+    _loc: tuple[int, int] = field(default=(-1, -1), repr=False, compare=False)
+
+    def load_bytes(self) -> bytes:
+        assert self._store is not None
+        shard, row = self._loc
+        return self._store._tables[shard].column("image")[row].as_py()
+
+    def load(self) -> Image.Image:
+        """Decode to an RGB PIL image.
+
+        Raises:
+            CorruptImageError: the bytes are not a readable image; names the concept and id.
+        """
+        data = self.load_bytes()
+        try:
+            img = Image.open(io.BytesIO(data))
+            img.load()
+        except (UnidentifiedImageError, OSError, ValueError) as e:
+            raise CorruptImageError(
+                f"image {self.image_id} of concept {self.key!r} in {self._store.root if self._store else '?'} "
+                f"does not decode ({e}); rebuild that concept or delete its shard row"
+            ) from None
+        return img.convert("RGB")
+
+
+class ImageStore:
+    """Read-only view of a store folder with O(1) lookup by concept.
+
+    Args:
+        root: the store folder.
+
+    >>> import tempfile
+    >>> root = tempfile.mkdtemp()
+    >>> with StoreWriter(root) as w:
+    ...     _ = w.add("Red Apple", Image.new("RGB", (8, 8), "red"), source="test", score=0.9)
+    >>> store = ImageStore(root)
+    >>> [im.source for im in store.get("the red apple")]
+    ['test']
+    """
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        info_path = self.root / "store.json"
+        if not info_path.exists():
+            raise FileNotFoundError(
+                f"{self.root} is not an image store (no store.json); build one with "
+                "`tokenswap build-store --config store_embedded.yaml` or tokenswap.store.build_embedded_store()"
+            )
+        self.info = json.loads(info_path.read_text())
+        if self.info.get("format") != FORMAT:
+            raise ValueError(f"{info_path}: format is {self.info.get('format')!r}, expected {FORMAT!r}")
+        self._tables: list[pa.Table] = []
+        self._index: dict[str, list[StoreImage]] = {}
+        self._attempted: set[str] = set()
+        for path in _list_shards(self.root):
+            table = pa.ipc.open_stream(pa.memory_map(str(path))).read_all()
+            shard = len(self._tables)
+            self._tables.append(table)
+            cols = {n: table.column(n).to_pylist() for n in ("key", "image_id", "source", "score", "meta")}
+            has_image = table.column("image").is_valid().to_pylist()
+            for row, key in enumerate(cols["key"]):
+                self._attempted.add(key)
+                if not has_image[row]:
+                    continue
+                images = self._index.setdefault(key, [])
+                if any(im.image_id == cols["image_id"][row] for im in images):
+                    continue  # same picture written twice (e.g. two ranks); keep one
+                images.append(
+                    StoreImage(
+                        image_id=cols["image_id"][row],
+                        key=key,
+                        source=cols["source"][row],
+                        score=float(cols["score"][row]),
+                        meta=json.loads(cols["meta"][row] or "{}"),
+                        _store=self,
+                        _loc=(shard, row),
+                    )
+                )
+        for images in self._index.values():
+            images.sort(key=lambda im: -im.score)
+
+    def __contains__(self, concept: str) -> bool:
+        return normalize_concept(concept) in self._index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+    @property
+    def num_images(self) -> int:
+        return sum(len(v) for v in self._index.values())
+
+    def attempted(self, concept: str) -> bool:
+        """Whether a build already processed this concept (with or without a result)."""
+        return normalize_concept(concept) in self._attempted
+
+    def get(self, concept: str) -> list[StoreImage]:
+        """Images of a concept, best score first; ``[]`` when the store has none."""
+        return self._index.get(normalize_concept(concept), [])
+
+    def __iter__(self) -> Iterator[StoreImage]:
+        for images in self._index.values():
+            yield from images
+
+    def to_dataset(self):
+        """All shards as one memory-mapped ``datasets.Dataset`` (for saving, sharding, pushing)."""
+        from datasets import Dataset, concatenate_datasets
+
+        parts = [Dataset.from_file(str(p)) for p in _list_shards(self.root)]
+        if not parts:
+            return Dataset.from_dict({n: [] for n in SCHEMA.names})
+        return concatenate_datasets(parts)
+
+
+def _list_shards(root: Path) -> list[Path]:
+    shard_dir = root / "shards"
+    if not shard_dir.is_dir():
+        return []
+    return sorted(p for p in shard_dir.iterdir() if _SHARD.search(p.name))
+
+
+def encode_image(image: Image.Image | bytes, fmt: str = "PNG") -> bytes:
+    if isinstance(image, bytes):
+        return image
+    buf = io.BytesIO()
+    image.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+class StoreWriter:
+    """Appends images to a store in atomic, immutable shards.
+
+    Rows are buffered and written every ``shard_size`` rows and on :meth:`flush`/``close``.
+    Several processes may write to one store at once as long as each uses its own ``rank``.
+
+    Args:
+        root: store folder (created if missing).
+        rank: writer id; shard names carry it so concurrent writers never collide.
+        shard_size: rows per shard file.
+        info: merged into ``store.json`` (e.g. attribution of an image source).
+    """
+
+    def __init__(self, root: str | os.PathLike, rank: int = 0, shard_size: int = 256, info: dict | None = None):
+        self.root = Path(root)
+        self.rank = rank
+        self.shard_size = shard_size
+        self._rows: list[dict] = []
+        (self.root / "shards").mkdir(parents=True, exist_ok=True)
+        for tmp in (self.root / "shards").glob(f"part-r{rank:03d}-*.tmp"):
+            tmp.unlink()  # left by a writer killed mid-write; its rows were never committed
+        if rank == 0 or not (self.root / "store.json").exists():
+            self._update_info(info or {})
+        self._seq = 1 + max(
+            (int(m.group(2)) for p in _list_shards(self.root) if (m := _SHARD.search(p.name)) and int(m.group(1)) == rank),
+            default=-1,
+        )
+
+    def _update_info(self, extra: dict) -> None:
+        path = self.root / "store.json"
+        info = json.loads(path.read_text()) if path.exists() else {"format": FORMAT, "version": VERSION}
+        for k, v in extra.items():
+            if isinstance(v, dict) and isinstance(info.get(k), dict):
+                info[k] = {**info[k], **v}
+            else:
+                info[k] = v
+        _atomic_write(path, json.dumps(info, indent=2, sort_keys=True).encode())
+
+    def add(
+        self,
+        concept: str,
+        image: Image.Image | bytes | None,
+        source: str,
+        score: float = 1.0,
+        meta: dict[str, Any] | None = None,
+    ) -> str | None:
+        """Queue one image of ``concept`` (or ``image=None`` to record "tried, nothing found").
+
+        Returns:
+            The image id, or None for a no-image record.
+        """
+        data = None if image is None else encode_image(image)
+        width = height = 0
+        if isinstance(image, Image.Image):
+            width, height = image.size
+        elif data is not None:
+            with Image.open(io.BytesIO(data)) as im:
+                width, height = im.size
+        image_id = image_id_of(data) if data is not None else ""
+        self._rows.append(
+            {
+                "key": normalize_concept(concept),
+                "concept": concept,
+                "image_id": image_id,
+                "image": data,
+                "source": source,
+                "score": float(score),
+                "width": width,
+                "height": height,
+                "meta": json.dumps(meta or {}, sort_keys=True),
+            }
+        )
+        if len(self._rows) >= self.shard_size:
+            self.flush()
+        return image_id or None
+
+    def flush(self) -> None:
+        """Commit queued rows as one new shard (atomic)."""
+        if not self._rows:
+            return
+        table = pa.Table.from_pylist(self._rows, schema=SCHEMA)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, SCHEMA) as writer:
+            writer.write_table(table)
+        path = self.root / "shards" / f"part-r{self.rank:03d}-{self._seq:06d}.arrow"
+        _atomic_write(path, sink.getvalue().to_pybytes())
+        self._seq += 1
+        self._rows = []
+
+    def close(self) -> None:
+        self.flush()
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

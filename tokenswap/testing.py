@@ -1,0 +1,211 @@
+"""Tiny Qwen2-VL checkpoints built offline, for tests, benchmarks and the demo.
+
+:func:`build_tiny_qwen2vl` writes a folder that loads with ``AutoProcessor.from_pretrained``
+and ``AutoModelForImageTextToText.from_pretrained`` exactly like ``Qwen/Qwen2-VL-7B-Instruct``:
+a byte-level BPE tokenizer trained locally with the Qwen2-VL special tokens and chat template,
+the real Qwen2-VL image and video processors, and a random-weight
+``Qwen2VLForConditionalGeneration``. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+__all__ = [
+    "QWEN2VL_CHAT_TEMPLATE",
+    "QWEN2VL_SPECIAL_TOKENS",
+    "build_tiny_qwen2vl",
+    "load_qwen2vl",
+    "tiny_qwen2vl_config",
+    "train_tokenizer",
+]
+
+QWEN2VL_SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+
+# The Qwen2-VL-Instruct template, branching on ``type`` only: ``datasets`` fills absent keys
+# with None, so the official template's ``'image' in content`` test would misfire on rows
+# that came through a Dataset.
+QWEN2VL_CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' %}{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_DEFAULT_CORPUS = [
+    "You are a helpful assistant.",
+    "The quick brown fox jumps over the lazy dog. A cat sat on the mat with an apple and a banana.",
+    "Question: What color is the sky? Answer: The sky is blue. Options A. B. C. D.",
+    "The following are multiple choice questions about biology, chemistry, physics and history.",
+    "Answer the question by replying A, B, C or D.",
+    "Caf\u00e9 na\u00efve r\u00e9sum\u00e9 \u00fcber stra\u00dfe \u4f60\u597d \u3053\u3093\u306b\u3061\u306f \U0001f600 \u2014 \u00bd",
+    "0123456789 + - * / = ( ) [ ] { } < > ? ! , . ; : ' \" | \\ @ # $ % ^ & ~ `",
+]
+
+
+def train_tokenizer(corpus: Iterable[str] = (), vocab_size: int = 1024):
+    """Train a byte-level BPE tokenizer with the Qwen2-VL special tokens and chat template.
+
+    Args:
+        corpus: extra training text (the tokenizer can encode any text either way, being byte level).
+        vocab_size: target vocabulary size including the 256 byte tokens and special tokens.
+
+    Returns:
+        A ``PreTrainedTokenizerFast`` (eos ``<|im_end|>``, pad ``<|endoftext|>``).
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()  # as Qwen2's tokenizer
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=QWEN2VL_SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([*_DEFAULT_CORPUS, *corpus], trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=QWEN2VL_SPECIAL_TOKENS[1:],
+        model_max_length=32768,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = QWEN2VL_CHAT_TEMPLATE
+    return fast
+
+
+def tiny_qwen2vl_config(tokenizer, hidden_size: int = 64, num_layers: int = 2, vision_depth: int = 2):
+    """A ``Qwen2VLConfig`` with the real architecture at toy width (about 0.25M parameters + embeddings)."""
+    from transformers import Qwen2VLConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN2VL_SPECIAL_TOKENS}
+    head_dim = 16
+    num_heads = hidden_size // head_dim
+    # mrope_section splits head_dim/2 rotary frequencies over (temporal, height, width).
+    half = head_dim // 2
+    mrope = [half - 2 * (half // 3), half // 3, half // 3]
+    return Qwen2VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=hidden_size,
+            intermediate_size=hidden_size * 2,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=max(1, num_heads // 2),
+            max_position_embeddings=32768,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope},
+            tie_word_embeddings=True,
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|im_end|>"],
+            pad_token_id=ids["<|endoftext|>"],
+        ),
+        vision_config=dict(
+            depth=vision_depth,
+            embed_dim=32,
+            hidden_size=hidden_size,
+            num_heads=2,
+            mlp_ratio=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            in_channels=3,
+        ),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+
+
+def build_tiny_qwen2vl(
+    out_dir: str | os.PathLike,
+    corpus: Iterable[str] = (),
+    vocab_size: int = 1024,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    min_pixels: int = 56 * 56,
+    max_pixels: int = 224 * 224,
+    seed: int = 0,
+) -> Path:
+    """Write a tiny random-weight Qwen2-VL checkpoint (model + processor) to ``out_dir``.
+
+    Args:
+        out_dir: destination folder; reused as is if it already holds a tiny checkpoint.
+        corpus: text to train the tokenizer on (e.g. the training data), for realistic token counts.
+        vocab_size: tokenizer vocabulary size.
+        hidden_size: language model width (multiple of 16).
+        num_layers: language model depth.
+        min_pixels: image processor lower bound (pixels per image).
+        max_pixels: image processor upper bound; always set, since the default allows 16k tokens per image.
+        seed: initialisation seed.
+
+    Returns:
+        ``out_dir`` as a Path.
+    """
+    import torch
+    from transformers import Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    out = Path(out_dir)
+    if (out / "tiny_qwen2vl.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(corpus, vocab_size=vocab_size)
+    image_processor = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels)
+    video_processor = Qwen2VLVideoProcessor(min_pixels=min_pixels, max_pixels=max_pixels)
+    processor = Qwen2VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=QWEN2VL_CHAT_TEMPLATE,
+    )
+    torch.manual_seed(seed)
+    config = tiny_qwen2vl_config(tokenizer, hidden_size=hidden_size, num_layers=num_layers)
+    model = Qwen2VLForConditionalGeneration._from_config(config, dtype=torch.float32)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    (out / "tiny_qwen2vl.json").write_text(
+        json.dumps({"vocab_size": len(tokenizer), "hidden_size": hidden_size, "num_layers": num_layers, "seed": seed})
+    )
+    return out
+
+
+def load_qwen2vl(path: str | os.PathLike, dtype=None, attn_implementation: str | None = None):
+    """Load a Qwen2-VL-family checkpoint folder or hub id: ``(model, processor)``.
+
+    The same call serves the tiny test checkpoints and ``Qwen/Qwen2-VL-7B-Instruct``.
+    """
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(path)
+    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype or "auto", **kwargs)
+    return model, processor
