@@ -1,0 +1,507 @@
+"""TokenSwapCollator: text instruction data with concept spans swapped for images, on the fly.
+
+The collator renders each conversation exactly as the Qwen2-VL chat template would (checked
+against the processor's own template at construction), tokenizes it with one ``<|image_pad|>``
+per image, expands each pad to the image's ``t·h·w / merge²`` tokens, and attaches the cached
+pixels. The result is identical to ``processor(text=apply_chat_template(...), images=...)``
+for the same interleaved conversation, at a fraction of the cost: pixels are processed once
+per distinct image and kept in a bounded LRU cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from PIL import Image
+
+from tokenswap.concepts import Concept, validate_concepts
+from tokenswap.store.image_store import CorruptImageError, ImageStore
+from tokenswap.swap import SwapPolicy
+
+__all__ = ["IMAGE_MARKER", "TokenSwapCollator"]
+
+logger = logging.getLogger(__name__)
+
+IMAGE_MARKER = "<image>"
+"""Marks a native image (LLaVA data) inside message text; filled from the example's ``images`` in order."""
+
+_REQUIRED_KEYS = frozenset({"id", "messages"})
+_OPTIONAL_KEYS = frozenset({"concepts", "images"})
+_DEFAULT_SYSTEM = "You are a helpful assistant."
+_VISION_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
+
+
+class _PixelCache:
+    """LRU of processed pixels keyed by image id, bounded in bytes."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: OrderedDict[str, tuple[torch.Tensor, tuple[int, int, int]]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: str):
+        item = self._items.get(key)
+        if item is None:
+            self.misses += 1
+            return None
+        self._items.move_to_end(key)
+        self.hits += 1
+        return item
+
+    def put(self, key: str, pixels: torch.Tensor, grid: tuple[int, int, int]) -> None:
+        size = pixels.element_size() * pixels.nelement()
+        if size > self.max_bytes:
+            return
+        if key in self._items:
+            return
+        self._items[key] = (pixels, grid)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, (old, _) = self._items.popitem(last=False)
+            self.bytes -= old.element_size() * old.nelement()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@dataclass
+class _ImageRef:
+    """An image to place in the sequence: a store image (concept) or a native image (path / PIL)."""
+
+    key: str | None  # cache key; None for uncacheable in-memory images
+    load: Any  # () -> PIL.Image
+    concept: Concept | None = None
+    what: str = ""
+
+
+@dataclass
+class TokenSwapCollator:
+    """Batches conversations for Qwen2-VL-family models, swapping concept spans for images.
+
+    Input examples are dicts with keys:
+
+    - ``id`` (str | int): stable sample id; every swap decision hashes it.
+    - ``messages``: ``[{"role": "system"|"user"|"assistant", "content": str}, ...]``.
+    - ``concepts`` (optional): ``[{"message", "start", "end", "key"}]`` character spans.
+    - ``images`` (optional): native images (paths relative to ``image_root``, or PIL images)
+      for the ``<image>`` markers in the message text, in order (LLaVA-style data).
+
+    Output (``arm`` ``"text"`` or ``"tokenswap"``; ``"paired"`` returns ``{"text": ..., "tokenswap": ...}``
+    built from the same examples):
+
+    - ``input_ids``, ``attention_mask``, ``labels``, ``mm_token_type_ids``: ``(B, T)`` int64,
+      right-padded. Labels are ``-100`` except assistant tokens and their ``<|im_end|>``
+      (``learn="assistant"``) or every non-image token (``learn="all"``, continued pre-training).
+    - ``pixel_values``: ``(N_patches, C·T·P·P)`` float32 and ``image_grid_thw``: ``(N_img, 3)``
+      int64, present whenever the batch has an image (always, with ``dummy_image``).
+
+    Rules: a concept whose store has no image, or whose image does not decode, stays text
+    (counted in :attr:`stats`, warned once). Spans that overlap, fall outside their message or
+    point at a missing message raise ``ValueError`` naming the sample. Sequences longer than
+    ``max_length`` are cut at the token budget, never inside an image block: an image that
+    does not fit is dropped whole with everything after it (counted). With ``dummy_image`` a
+    batch without images gets one tiny fully-masked image (attention 0, labels -100) so every
+    ZeRO-3 rank runs the vision tower.
+
+    Args:
+        processor: the model's processor (``AutoProcessor.from_pretrained``).
+        store: the image store concept keys are looked up in (``None``: nothing is swapped).
+        policy: which concepts are swapped and which image is used.
+        arm: ``"text"``, ``"tokenswap"`` or ``"paired"``.
+        max_length: token budget per sample (``None``: unlimited).
+        learn: which tokens carry loss.
+        dummy_image: add a masked dummy image to image-less batches (needed under ZeRO-3).
+        image_root: folder that relative native image paths are resolved against.
+        cache_bytes: bound of the processed-pixel cache.
+        system_prompt: system message inserted when a conversation has none, as the chat
+            template does; must match the processor's template.
+
+    Example:
+        >>> from tokenswap.collator import TokenSwapCollator  # doctest: +SKIP
+        >>> collator = TokenSwapCollator(processor, store, SwapPolicy(swap_prob=1.0))  # doctest: +SKIP
+        >>> batch = collator([{"id": "s0", "messages": [{"role": "user", "content": "Draw a cat"},
+        ...     {"role": "assistant", "content": "Done."}],
+        ...     "concepts": [{"message": 0, "start": 7, "end": 10, "key": "cat"}]}])  # doctest: +SKIP
+        >>> batch["image_grid_thw"].shape  # doctest: +SKIP
+        torch.Size([1, 3])
+    """
+
+    processor: Any
+    store: ImageStore | None = None
+    policy: SwapPolicy = field(default_factory=SwapPolicy)
+    arm: Literal["text", "tokenswap", "paired"] = "tokenswap"
+    max_length: int | None = 4096
+    learn: Literal["assistant", "all"] = "assistant"
+    dummy_image: bool = True
+    image_root: str | None = None
+    cache_bytes: int = 1 << 30
+    system_prompt: str = _DEFAULT_SYSTEM
+    epoch: int = 0
+    stats: Counter = field(default_factory=Counter, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.arm not in ("text", "tokenswap", "paired"):
+            raise ValueError(f"arm must be 'text', 'tokenswap' or 'paired', got {self.arm!r}")
+        if self.learn not in ("assistant", "all"):
+            raise ValueError(f"learn must be 'assistant' or 'all', got {self.learn!r}")
+        if self.max_length is not None and self.max_length < 16:
+            raise ValueError(f"max_length must be >= 16 or None, got {self.max_length}")
+        tok = self.processor.tokenizer
+        self._tok = tok
+        self._ids = {t: tok.convert_tokens_to_ids(t) for t in _VISION_TOKENS}
+        self._image_pad = self._ids["<|image_pad|>"]
+        self._vision_start = self._ids["<|vision_start|>"]
+        self._vision_end = self._ids["<|vision_end|>"]
+        if tok.pad_token_id is None:
+            raise ValueError("the processor's tokenizer has no pad token; set tokenizer.pad_token first")
+        self._pad_id = tok.pad_token_id
+        self._merge = self.processor.image_processor.merge_size
+        self._cache = _PixelCache(self.cache_bytes)
+        self._warned: set[str] = set()
+        self._check_template()
+
+    # ------------------------------------------------------------------ template
+    def _render(self, messages: Sequence[dict]) -> tuple[str, list[tuple[int, int]]]:
+        """Conversation -> template string (one pad per image) and learnable char ranges."""
+        out: list[str] = []
+        learn: list[tuple[int, int]] = []
+        pos = 0
+        if messages and messages[0]["role"] != "system":
+            head = f"<|im_start|>system\n{self.system_prompt}<|im_end|>\n"
+            out.append(head)
+            pos += len(head)
+        for m in messages:
+            head = f"<|im_start|>{m['role']}\n"
+            body = m["content"] if isinstance(m["content"], str) else "".join(
+                p["text"] if p["type"] == "text" else "<|vision_start|><|image_pad|><|vision_end|>" for p in m["content"]
+            )
+            body_start = pos + len(head)
+            piece = f"{head}{body}<|im_end|>\n"
+            if m["role"] == "assistant":
+                learn.append((body_start, body_start + len(body) + len("<|im_end|>")))
+            out.append(piece)
+            pos += len(piece)
+        return "".join(out), learn
+
+    def _check_template(self) -> None:
+        template = getattr(self.processor, "chat_template", None)
+        if template is None:
+            raise ValueError(
+                "the processor has no chat_template; TokenSwapCollator renders the Qwen2-VL template and "
+                "checks it against the processor's own, so load a processor that ships one"
+            )
+        probe = [
+            {"role": "user", "content": [{"type": "text", "text": "a "}, {"type": "image"}, {"type": "text", "text": " b"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "c"}]},
+        ]
+        theirs = self.processor.apply_chat_template(probe, tokenize=False)
+        ours, _ = self._render(probe)
+        if theirs != ours:
+            raise ValueError(
+                "the processor's chat template does not match the Qwen2-VL template this collator renders:\n"
+                f"  processor: {theirs!r}\n  collator:  {ours!r}\n"
+                "TokenSwapCollator supports the Qwen2-VL family (Qwen2-VL, Qwen2.5-VL); for another model "
+                "family use the processor directly"
+            )
+
+    # ------------------------------------------------------------------ planning
+    def _warn_once(self, kind: str, message: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            warnings.warn(message + " (further cases are only counted in collator.stats)", stacklevel=3)
+
+    def _check_keys(self, ex: dict) -> None:
+        keys = set(ex)
+        missing = _REQUIRED_KEYS - keys
+        unknown = keys - _REQUIRED_KEYS - _OPTIONAL_KEYS
+        if missing or unknown:
+            problem = []
+            if missing:
+                problem.append(f"missing {sorted(missing)}")
+            if unknown:
+                problem.append(f"unknown {sorted(unknown)}")
+            raise KeyError(
+                f"TokenSwapCollator example {ex.get('id', '?')!r}: {', '.join(problem)}; keys seen: {sorted(keys)}. "
+                f"Expected {sorted(_REQUIRED_KEYS)} plus optional {sorted(_OPTIONAL_KEYS)} "
+                "(pass remove_unused_columns=False and map other columns away, e.g. with tokenswap.data loaders)"
+            )
+
+    def _native_ref(self, image: Any, sample_id: object) -> _ImageRef:
+        if isinstance(image, Image.Image):
+            return _ImageRef(key=None, load=lambda: image.convert("RGB"), what=f"in-memory image of {sample_id!r}")
+        if isinstance(image, dict) and ("bytes" in image or "path" in image):  # datasets.Image(decode=False)
+            if image.get("bytes"):
+                import io
+
+                data = image["bytes"]
+                return _ImageRef(key=None, load=lambda: Image.open(io.BytesIO(data)).convert("RGB"), what=f"bytes of {sample_id!r}")
+            image = image["path"]
+        path = os.path.join(self.image_root, image) if self.image_root and not os.path.isabs(image) else image
+        return _ImageRef(key=f"path:{path}", load=lambda: Image.open(path).convert("RGB"), what=path)
+
+    def _plan(self, ex: dict, arm: str) -> tuple[list[dict], list[list[_ImageRef]]] | None:
+        """Decide the swaps of one example: (messages with image slots, per-message image refs)."""
+        self._check_keys(ex)
+        sid = ex["id"]
+        messages = ex["messages"]
+        texts = [m["content"] for m in messages]
+        for i, m in enumerate(messages):
+            if not isinstance(m.get("content"), str) or "role" not in m:
+                raise ValueError(f"sample {sid!r}: message {i} needs a 'role' and a str 'content', got {m!r}")
+            for t in _VISION_TOKENS:
+                if t in m["content"]:
+                    raise ValueError(
+                        f"sample {sid!r}: message {i} contains the reserved token {t}; use {IMAGE_MARKER!r} "
+                        "for native images and concept spans for swaps"
+                    )
+        concepts = validate_concepts([Concept.from_dict(c) for c in ex.get("concepts") or []], texts, sid)
+        roles = [m["role"] for m in messages]
+        self.stats["samples"] += 1
+        self.stats["concepts"] += len(concepts)
+
+        swap = [False] * len(concepts)
+        if arm == "tokenswap" and concepts and self.store is not None:
+            swap = self.policy.decide(sid, concepts, roles, self.epoch)
+        self.stats["concepts_text_by_policy"] += len(concepts) - sum(swap)
+
+        # Per message: sorted (start, end, ref) image slots from native markers and swapped concepts.
+        slots: list[list[tuple[int, int, _ImageRef]]] = [[] for _ in messages]
+        native = list(ex.get("images") or [])
+        n_markers = sum(t.count(IMAGE_MARKER) for t in texts)
+        if n_markers != len(native):
+            raise ValueError(
+                f"sample {sid!r}: {n_markers} {IMAGE_MARKER} markers but {len(native)} entries in 'images'; "
+                "they must match one to one"
+            )
+        it = iter(native)
+        for i, text in enumerate(texts):
+            start = text.find(IMAGE_MARKER)
+            while start >= 0:
+                slots[i].append((start, start + len(IMAGE_MARKER), self._native_ref(next(it), sid)))
+                start = text.find(IMAGE_MARKER, start + len(IMAGE_MARKER))
+        for k, (c, s) in enumerate(zip(concepts, swap)):
+            if not s:
+                continue
+            candidates = self.store.get(c.key)
+            if not candidates:
+                self.stats["concepts_text_missing_image"] += 1
+                self._warn_once("missing", f"concept {c.key!r} (sample {sid!r}) has no image in the store; kept as text")
+                continue
+            im = candidates[self.policy.pick(sid, k, len(candidates), self.epoch)]
+            slots[c.message].append((c.start, c.end, _ImageRef(key=im.image_id, load=im.load, concept=c, what=c.key)))
+        for i, s in enumerate(slots):
+            s.sort(key=lambda x: x[0])
+            for (a0, a1, ra), (b0, _, rb) in zip(s, s[1:]):
+                if b0 < a1:
+                    raise ValueError(
+                        f"sample {sid!r}: concept {(rb.concept or ra.concept).key!r} overlaps an {IMAGE_MARKER} "
+                        f"marker in message {i}; concept spans must not cover image markers"
+                    )
+        return messages, slots
+
+    # ------------------------------------------------------------------ pixels
+    def _pixels(self, refs: list[_ImageRef]) -> dict[int, tuple[torch.Tensor, tuple[int, int, int]] | Exception]:
+        """Processed pixels for each ref (by position); an exception where the image failed."""
+        out: dict[int, Any] = {}
+        todo: list[tuple[int, Image.Image]] = []
+        for i, ref in enumerate(refs):
+            hit = self._cache.get(ref.key) if ref.key is not None else None
+            if hit is not None:
+                out[i] = hit
+                continue
+            try:
+                todo.append((i, ref.load()))
+            except (CorruptImageError, OSError, ValueError) as e:
+                out[i] = e
+        if todo:
+            # One processor call for all misses: it batches same-size images.
+            proc = self.processor.image_processor(images=[im for _, im in todo], return_tensors="pt")
+            grids = proc["image_grid_thw"].tolist()
+            offsets = np.cumsum([0] + [t * h * w for t, h, w in grids])
+            for j, (i, _) in enumerate(todo):
+                pixels = proc["pixel_values"][offsets[j] : offsets[j + 1]]
+                grid = tuple(grids[j])
+                out[i] = (pixels, grid)
+                if refs[i].key is not None:
+                    self._cache.put(refs[i].key, pixels, grid)
+        return out
+
+    # ------------------------------------------------------------------ collate
+    def __call__(self, examples: list[dict]) -> dict[str, Any]:
+        if not examples:
+            raise ValueError("TokenSwapCollator got an empty batch")
+        if self.arm == "paired":
+            return {"text": self._collate(examples, "text"), "tokenswap": self._collate(examples, "tokenswap")}
+        return self._collate(examples, self.arm)
+
+    def _collate(self, examples: list[dict], arm: str) -> dict[str, torch.Tensor]:
+        plans = [self._plan(ex, arm) for ex in examples]
+        flat = [ref for _, slots in plans for s in slots for (_, _, ref) in s]
+        pixels = self._pixels(flat)
+
+        texts: list[str] = []
+        learn_ranges: list[list[tuple[int, int]]] = []
+        sample_images: list[list[tuple[torch.Tensor, tuple[int, int, int]]]] = []
+        keep: list[int] = []
+        j = 0
+        for b, (messages, slots) in enumerate(plans):
+            rendered, images, dropped = [], [], False
+            for m, s in zip(messages, slots):
+                parts, pos = [], 0
+                for start, end, ref in s:
+                    got = pixels[j]
+                    j += 1
+                    if isinstance(got, Exception):
+                        if ref.concept is None:  # a native image is part of the sample: cannot become text
+                            self.stats["samples_dropped_bad_native_image"] += 1
+                            self._warn_once("native", f"native image {ref.what} of sample {examples[b]['id']!r} "
+                                            f"failed to load ({got}); sample skipped")
+                            dropped = True
+                            continue
+                        self.stats["concepts_text_corrupt_image"] += 1
+                        self._warn_once("corrupt", str(got) + "; kept as text")
+                        continue
+                    if start > pos:
+                        parts.append({"type": "text", "text": m["content"][pos:start]})
+                    parts.append({"type": "image"})
+                    images.append(got)
+                    if ref.concept is not None:
+                        self.stats["concepts_swapped"] += 1
+                    pos = end
+                if pos < len(m["content"]):
+                    parts.append({"type": "text", "text": m["content"][pos:]})
+                rendered.append({"role": m["role"], "content": parts})
+            if dropped:
+                continue
+            text, learn = self._render(rendered)
+            texts.append(text)
+            learn_ranges.append(learn)
+            sample_images.append(images)
+            keep.append(b)
+        if not texts:
+            raise ValueError("every sample of this batch had an unreadable native image; see collator.stats")
+
+        enc = self._tok(texts, add_special_tokens=False, return_offsets_mapping=self.learn == "assistant")
+        rows_ids, rows_labels, rows_images = [], [], []
+        for r, ids in enumerate(enc["input_ids"]):
+            ids = np.asarray(ids, dtype=np.int64)
+            if self.learn == "assistant":
+                starts = np.asarray([o[0] for o in enc["offset_mapping"][r]], dtype=np.int64)
+                learnable = np.zeros(len(ids), dtype=bool)
+                for lo, hi in learn_ranges[r]:
+                    learnable |= (starts >= lo) & (starts < hi)
+            else:
+                learnable = np.ones(len(ids), dtype=bool)
+            images = sample_images[r]
+            counts = np.ones(len(ids), dtype=np.int64)
+            pad_pos = np.flatnonzero(ids == self._image_pad)
+            counts[pad_pos] = [t * h * w // self._merge**2 for _, (t, h, w) in images]
+            ids = np.repeat(ids, counts)
+            labels = np.where(np.repeat(learnable, counts), ids, -100)
+            labels[np.isin(ids, (self._image_pad, self._vision_start, self._vision_end))] = -100
+            ids, labels, images = self._truncate(ids, labels, images, examples[keep[r]]["id"])
+            rows_ids.append(ids)
+            rows_labels.append(labels)
+            rows_images.append(images)
+
+        batch_images = [im for imgs in rows_images for im in imgs]
+        dummy = None
+        if not batch_images and self.dummy_image:
+            dummy = self._dummy()
+            self.stats["dummy_images"] += 1
+        self.stats["images"] += len(batch_images)
+        return self._pad(rows_ids, rows_labels, batch_images, dummy)
+
+    def _truncate(self, ids, labels, images, sid):
+        if self.max_length is None or len(ids) <= self.max_length:
+            return ids, labels, images
+        cut = self.max_length
+        starts = np.flatnonzero(ids[:cut] == self._vision_start)
+        ends = np.flatnonzero(ids[:cut] == self._vision_end)
+        if len(starts) > len(ends):  # the budget ends inside an image block: drop the whole block
+            cut = int(starts[-1])
+        kept = int((ids[:cut] == self._vision_start).sum())
+        self.stats["samples_truncated"] += 1
+        self.stats["images_dropped_truncation"] += len(images) - kept
+        self.stats["tokens_truncated"] += len(ids) - cut
+        if not (labels[:cut] != -100).any():
+            self.stats["samples_truncated_no_targets"] += 1
+        self._warn_once("truncate", f"sample {sid!r} has {len(ids)} tokens > max_length={self.max_length}; cut at {cut}")
+        return ids[:cut], labels[:cut], images[:kept]
+
+    def _dummy(self):
+        hit = self._cache.get("__dummy__")
+        if hit is None:
+            side = 2 * self._merge * self.processor.image_processor.patch_size
+            proc = self.processor.image_processor(images=[Image.new("RGB", (side, side))], return_tensors="pt")
+            hit = (proc["pixel_values"], tuple(proc["image_grid_thw"][0].tolist()))
+            self._cache.put("__dummy__", *hit)
+        return hit
+
+    def _pad(self, rows_ids, rows_labels, images, dummy) -> dict[str, torch.Tensor]:
+        B = len(rows_ids)
+        T = max(len(r) for r in rows_ids)
+        extra = 0
+        if dummy is not None:
+            t, h, w = dummy[1]
+            extra = t * h * w // self._merge**2 + 2
+        input_ids = np.full((B, T + extra), self._pad_id, dtype=np.int64)
+        labels = np.full((B, T + extra), -100, dtype=np.int64)
+        attention = np.zeros((B, T + extra), dtype=np.int64)
+        for b, (ids, lab) in enumerate(zip(rows_ids, rows_labels)):
+            input_ids[b, : len(ids)] = ids
+            labels[b, : len(ids)] = lab
+            attention[b, : len(ids)] = 1
+        if dummy is not None:
+            # Masked keys, ignored labels: the vision tower runs (ZeRO-3 ranks stay in step) but
+            # nothing attends to the dummy and it adds no loss.
+            input_ids[0, T:] = [self._vision_start] + [self._image_pad] * (extra - 2) + [self._vision_end]
+            images = [dummy]
+        out = {
+            "input_ids": torch.from_numpy(input_ids),
+            "attention_mask": torch.from_numpy(attention),
+            "labels": torch.from_numpy(labels),
+            "mm_token_type_ids": torch.from_numpy((input_ids == self._image_pad).astype(np.int64)),
+        }
+        if images:
+            out["pixel_values"] = torch.cat([p for p, _ in images])
+            out["image_grid_thw"] = torch.tensor([g for _, g in images], dtype=torch.int64)
+        return out
+
+    # ------------------------------------------------------------------ helpers
+    def interleaved_messages(self, ex: dict, arm: Literal["text", "tokenswap"] = "tokenswap") -> list[dict]:
+        """The conversation as chat content parts with PIL images (what the processor would be given).
+
+        Useful to feed ``processor.apply_chat_template`` + ``processor(...)`` directly, e.g. for
+        evaluation or to check equivalence. Images that fail to load stay text, as in ``__call__``.
+        """
+        messages, slots = self._plan(ex, arm)
+        out = []
+        for m, s in zip(messages, slots):
+            parts, pos = [], 0
+            for start, end, ref in s:
+                try:
+                    image = ref.load()
+                except (CorruptImageError, OSError, ValueError):
+                    continue
+                if start > pos:
+                    parts.append({"type": "text", "text": m["content"][pos:start]})
+                parts.append({"type": "image", "image": image})
+                pos = end
+            if pos < len(m["content"]):
+                parts.append({"type": "text", "text": m["content"][pos:]})
+            out.append({"role": m["role"], "content": parts})
+        return out
+
+    def cache_info(self) -> dict[str, int]:
+        return {"entries": len(self._cache), "bytes": self._cache.bytes, "hits": self._cache.hits, "misses": self._cache.misses}
