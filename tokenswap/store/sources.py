@@ -79,7 +79,7 @@ _OPENMOJI_DENY = frozenset(
     "ophiuchus cook judge guard person man woman boy girl child baby family kiss japan dna e-mail cinema "
     "locked unlocked joker sark jersey chad georgia jordan niger guinea abc abcd compression dash date mega mens "
     "rofl shit poop hankey harambe mute sound loop clubs spades hearts diamonds mag pound euro dollar punch sparkle "
-    "sparkles shopping office notes".split()
+    "sparkles shopping office notes one two three four five six seven eight nine ten eleven twelve".split()
 )
 _OPENMOJI_DENY_PARTS = (
     "button",

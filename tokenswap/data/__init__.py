@@ -1,0 +1,1 @@
+"""Data loaders that produce swap-dataset samples (see each module)."""

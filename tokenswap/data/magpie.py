@@ -1,0 +1,149 @@
+"""Magpie-Pro instruction data in the swap-dataset sample schema.
+
+Raw rows (``Magpie-Align/Magpie-Pro-300K-Filtered`` on the hub, or any local JSONL / JSON /
+parquet file or folder in the same shape)::
+
+    {"uuid": str, "conversations": [{"from": "human" | "gpt" | "system", "value": str}, ...], ...}
+
+become samples::
+
+    {"id": uuid, "messages": [{"role": "user" | "assistant" | "system", "content": str}],
+     "concepts": [], "images": []}
+
+Concept spans are filled later by the store build (or :func:`load_fixture` for the packaged
+fixture). Other columns of the raw data are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MAGPIE_HUB_ID", "ROLE_MAP", "fixture_path", "iter_magpie", "load_fixture", "magpie_to_sample"]
+
+MAGPIE_HUB_ID = "Magpie-Align/Magpie-Pro-300K-Filtered"
+ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+
+
+def magpie_to_sample(row: dict[str, Any], index: int | None = None) -> dict:
+    """Convert one raw Magpie row to a sample.
+
+    Args:
+        row: ``{"uuid", "conversations": [{"from", "value"}]}`` (extra keys ignored).
+        index: the row's position in its source, used in error messages.
+
+    Raises:
+        ValueError: a missing or mistyped field; the message names the row and the field.
+
+    >>> magpie_to_sample({"uuid": "u1", "conversations": [{"from": "human", "value": "Hi"},
+    ...                                                   {"from": "gpt", "value": "Hello"}]})["messages"]
+    [{'role': 'user', 'content': 'Hi'}, {'role': 'assistant', 'content': 'Hello'}]
+    """
+    where = f"Magpie row {index}" if index is not None else "Magpie row"
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a dict with 'uuid' and 'conversations', got {type(row).__name__}")
+    uuid = row.get("uuid")
+    if not isinstance(uuid, str) or not uuid:
+        raise ValueError(f"{where}: field 'uuid' must be a non-empty string, got {uuid!r}; keys are {sorted(row)}")
+    where = f"{where} (uuid {uuid!r})"
+    turns = row.get("conversations")
+    if not isinstance(turns, list) or not turns:
+        raise ValueError(f"{where}: field 'conversations' must be a non-empty list of {{from, value}}, got {turns!r}")
+    messages = []
+    for t, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise ValueError(f"{where}: conversations[{t}] must be a dict with 'from' and 'value', got {turn!r}")
+        speaker, value = turn.get("from"), turn.get("value")
+        if speaker not in ROLE_MAP:
+            raise ValueError(
+                f"{where}: conversations[{t}].from is {speaker!r}; expected one of {sorted(set(ROLE_MAP))}"
+            )
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: conversations[{t}].value must be a string, got {type(value).__name__}")
+        messages.append({"role": ROLE_MAP[speaker], "content": value})
+    if not any(m["role"] == "user" for m in messages):
+        raise ValueError(f"{where}: field 'conversations' has no human turn")
+    return {"id": uuid, "messages": messages, "concepts": [], "images": []}
+
+
+def _load_raw(path: str, split: str, streaming: bool):
+    import datasets
+
+    local = Path(path)
+    if local.exists():
+        if local.is_file():
+            suffix = local.suffix.lower()
+            builder = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(suffix)
+            if builder is None:
+                raise ValueError(f"Magpie file {local} must end in .jsonl, .json or .parquet, got {suffix!r}")
+            return datasets.load_dataset(builder, data_files=str(local), split="train", streaming=streaming)
+        if (local / "dataset_info.json").exists() or (local / "state.json").exists():
+            ds = datasets.load_from_disk(str(local))
+            return ds[split] if isinstance(ds, datasets.DatasetDict) else ds
+        return datasets.load_dataset(str(local), split=split, streaming=streaming)
+    return datasets.load_dataset(path, split=split, streaming=streaming)
+
+
+def iter_magpie(
+    path: str = MAGPIE_HUB_ID, split: str = "train", streaming: bool = True, max_samples: int | None = None
+) -> Iterator[dict]:
+    """Stream Magpie rows as samples, in source order.
+
+    Args:
+        path: hub dataset id, or a local ``.jsonl``/``.json``/``.parquet`` file, a data folder, or a
+            folder written by ``save_to_disk``.
+        split: split to read (local files have a single ``train`` split).
+        streaming: stream instead of downloading and preparing the whole dataset first.
+        max_samples: stop after this many rows; None for all.
+
+    Raises:
+        ValueError: a malformed row (names the row index, uuid and field).
+    """
+    for i, row in enumerate(_load_raw(path, split, streaming)):
+        if max_samples is not None and i >= max_samples:
+            break
+        yield magpie_to_sample(row, i)
+
+
+def fixture_path() -> Path:
+    """Path of the packaged Magpie-format fixture (``tokenswap/assets/magpie_fixture.jsonl``)."""
+    return Path(str(resources.files("tokenswap") / "assets" / "magpie_fixture.jsonl"))
+
+
+def load_fixture(store=None) -> list[dict]:
+    """The packaged fixture as samples, with concepts found by the lexicon of the embedded store.
+
+    Only samples with at least one concept are returned, every concept key has images in the
+    store, and spans are validated.
+
+    Args:
+        store: an :class:`tokenswap.store.ImageStore`; default the embedded store built (once,
+            then cached) by :func:`tokenswap.store.build_embedded_store` in its default folder.
+    """
+    from tokenswap.concepts import Concept, validate_concepts
+    from tokenswap.store import build_embedded_store
+    from tokenswap.store.extract import build_lexicon
+
+    if store is None:
+        store = build_embedded_store()
+    lexicon = build_lexicon(store.keys())
+    samples = []
+    with open(fixture_path(), encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            sample = magpie_to_sample(json.loads(line), i)
+            concepts = [
+                Concept(m, s, e, k)
+                for m, msg in enumerate(sample["messages"])
+                if msg["role"] == "user"
+                for s, e, k in lexicon.extract(msg["content"])
+                if store.get(k)
+            ]
+            if not concepts:
+                continue
+            texts = [m["content"] for m in sample["messages"]]
+            sample["concepts"] = [c.to_dict() for c in validate_concepts(concepts, texts, sample["id"])]
+            samples.append(sample)
+    return samples
