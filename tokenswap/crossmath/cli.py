@@ -1,0 +1,209 @@
+"""``tokenswap crossmath``: generate puzzles, or evaluate a model on them.
+
+Generate 300 puzzles (easy, medium, hard in turn) in all four styles::
+
+    tokenswap crossmath generate --n 300 --seed 0 --difficulty mixed --out data/crossmath
+
+This writes ``<out>/<Style>/crossmath.jsonl`` in the released record format plus
+``<out>/<Style>/images/<id>_blank.png`` (puzzle) and ``<id>.png`` (solved). Evaluate a model
+greedily in one modality::
+
+    tokenswap crossmath eval --model Qwen/Qwen2-VL-7B-Instruct --data data/crossmath/Original \\
+        --modality image --max-new-tokens 4096 --out runs/crossmath
+
+This writes ``predictions_<modality>.jsonl`` (one line per puzzle), ``metrics_<modality>.json``
+and ``metrics_<modality>.md``. Both commands resume: finished puzzles are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from tokenswap.crossmath.data import append_jsonl, find_jsonl, load_crossmath, load_image, read_jsonl
+from tokenswap.crossmath.generator import DIFFICULTIES, Puzzle, generate_puzzles
+from tokenswap.crossmath.metrics import (
+    aggregate_runs,
+    extract_answer,
+    format_metrics_table,
+    gold_answer,
+    gold_hops,
+    score_run,
+)
+from tokenswap.crossmath.prompt import MODALITIES, build_messages
+from tokenswap.crossmath.render import STYLES, render_grid
+
+__all__ = ["cli_main"]
+
+JSONL_NAME = "crossmath.jsonl"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokenswap crossmath", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate puzzles: JSONL in the released format + PNG per style")
+    gen.add_argument("--n", type=int, required=True, help="number of puzzles")
+    gen.add_argument("--seed", type=int, default=0, help="collection seed; puzzle i depends only on (seed, i)")
+    gen.add_argument("--difficulty", choices=[*DIFFICULTIES, "mixed"], default="mixed")
+    gen.add_argument("--out", required=True, help="output folder; one subfolder per style")
+    gen.add_argument("--styles", nargs="+", choices=sorted(STYLES), default=list(STYLES))
+    gen.add_argument("--rows", type=int, default=13, help="canvas rows (odd); puzzles are cropped to their cells")
+    gen.add_argument("--cols", type=int, default=13, help="canvas columns (odd)")
+    gen.add_argument("--n-equations", type=int, default=None, help="equations per puzzle (default: 6-12)")
+    gen.add_argument("--range", type=int, nargs=2, default=(1, 100), metavar=("LO", "HI"), help="number range")
+    gen.add_argument("--operators", default="+-*/", help="operator set, e.g. +-*/ or +-")
+
+    ev = sub.add_parser("eval", help="greedy evaluation of a model in one modality")
+    ev.add_argument("--model", required=True, help="model folder or hub id (Qwen2-VL family)")
+    ev.add_argument("--data", required=True, help="a CrossMath JSONL or its style folder")
+    ev.add_argument("--modality", choices=MODALITIES, required=True)
+    ev.add_argument("--n", type=int, default=None, help="evaluate the first N puzzles (default: all)")
+    ev.add_argument("--max-new-tokens", type=int, default=4096)
+    ev.add_argument("--batch-size", type=int, default=8)
+    ev.add_argument("--out", required=True, help="output folder for predictions and metrics")
+    return parser
+
+
+def _write_image(image, path: Path) -> None:
+    # Write then rename, so a killed job never leaves a truncated PNG behind a finished record.
+    tmp = path.with_suffix(".tmp.png")
+    image.save(tmp)
+    os.replace(tmp, path)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    out = Path(args.out)
+    done: dict[str, set[str]] = {}
+    for style in args.styles:
+        folder = out / STYLES[style].folder
+        (folder / "images").mkdir(parents=True, exist_ok=True)
+        jsonl = folder / JSONL_NAME
+        done[style] = {r["id"] for r in read_jsonl(jsonl, repair=True)} if jsonl.exists() else set()
+    kwargs = dict(
+        rows=args.rows,
+        cols=args.cols,
+        n_equations=args.n_equations,
+        number_range=tuple(args.range),
+        operators=args.operators,
+    )
+    written = 0
+    for i in tqdm(range(args.n), desc="crossmath generate", unit="puzzle"):
+        puzzle_id = f"crossmath_{args.seed}_{i:06d}"
+        missing = [style for style in args.styles if puzzle_id not in done[style]]
+        if not missing:
+            continue
+        puzzle: Puzzle = generate_puzzles(1, args.seed, args.difficulty, start=i, **kwargs)[0]
+        record = puzzle.to_record()
+        answers = dict(zip(puzzle.blanks, puzzle.answer))
+        for style in missing:
+            folder = out / STYLES[style].folder
+            _write_image(render_grid(puzzle.grid, style), folder / record["img_blank"])
+            _write_image(render_grid(puzzle.grid, style, answers=answers), folder / record["img"])
+            append_jsonl(folder / JSONL_NAME, record)
+        written += 1
+    print(f"wrote {written} puzzles ({args.n - written} already present) to {out} in styles {args.styles}")
+    return 0
+
+
+def _generate_batch(model, processor, records: list[dict], modality: str, max_new_tokens: int) -> list[str]:
+    import torch
+
+    messages = [
+        build_messages(modality, record["markdown_table"], load_image(record) if modality != "text" else None)
+        for record in records
+    ]
+    texts = [processor.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in messages]
+    images = [part["image"] for m in messages for part in m[0]["content"] if part["type"] == "image"]
+    inputs = processor(text=texts, images=images or None, padding=True, return_tensors="pt").to(model.device)
+    with torch.inference_mode():
+        output = model.generate(
+            **inputs,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=processor.tokenizer.pad_token_id,
+        )
+    return processor.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    data = find_jsonl(args.data)
+    records = load_crossmath(data)[: args.n]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pred_path = out / f"predictions_{args.modality}.jsonl"
+    previous = read_jsonl(pred_path, repair=True) if pred_path.exists() else []
+    done = {p["id"] for p in previous}
+    todo = [r for r in records if r["id"] not in done]
+    if todo:
+        import torch
+
+        from tokenswap.testing import load_qwen2vl
+
+        model, processor = load_qwen2vl(args.model)
+        if torch.cuda.is_available():
+            model = model.to("cuda")
+        model.eval()
+        # Decoder-only batched generation needs the prompts flush against the new tokens.
+        processor.tokenizer.padding_side = "left"
+        for start in tqdm(range(0, len(todo), args.batch_size), desc=f"crossmath eval {args.modality}", unit="batch"):
+            batch = todo[start : start + args.batch_size]
+            responses = _generate_batch(model, processor, batch, args.modality, args.max_new_tokens)
+            for record, response in zip(batch, responses):
+                append_jsonl(
+                    pred_path,
+                    {
+                        "id": record["id"],
+                        "modality": args.modality,
+                        "difficulty": record.get("difficulty"),
+                        "response": response,
+                        "prediction": extract_answer(response),
+                        "answer": record["markdown_answer"],
+                        "answer_step": record["markdown_answer_step"],
+                    },
+                )
+    by_id = {p["id"]: p for p in read_jsonl(pred_path)}
+    preds = [by_id[r["id"]]["prediction"] for r in records]
+    run = score_run(preds, [gold_answer(r) for r in records], [gold_hops(r) for r in records])
+    summary = aggregate_runs([run])
+    report = {
+        "model": args.model,
+        "data": str(data),
+        "modality": args.modality,
+        "n": len(records),
+        "no_answer": sum(p is None for p in preds),
+        # JSON has no NaN: a hop bucket without blanks is null.
+        "metrics": {key: None if math.isnan(value) else value for key, value in run.items()},
+    }
+    (out / f"metrics_{args.modality}.json").write_text(json.dumps(report, indent=2) + "\n")
+    table = format_metrics_table({args.modality: summary})
+    (out / f"metrics_{args.modality}.md").write_text(table + "\n")
+    print(table)
+    return 0
+
+
+def cli_main(argv: list[str]) -> int:
+    """Entry point of ``tokenswap crossmath``.
+
+    Args:
+        argv: the arguments after ``crossmath`` (``generate ...`` or ``eval ...``).
+
+    Returns:
+        The exit status.
+    """
+    args = _parser().parse_args(argv)
+    if args.command == "generate":
+        return _generate(args)
+    return _evaluate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main(sys.argv[1:]))
