@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["build_inputs", "conversation_images", "generate"]
+__all__ = ["build_inputs", "conversation_images", "generate", "generate_from_inputs"]
 
 
 def conversation_images(conversation: Sequence[dict]) -> list:
@@ -75,14 +75,27 @@ def generate(
     outputs: list[str] = []
     starts = range(0, len(conversations), batch_size)
     for start in tqdm(starts, desc="generate", disable=not progress):
-        batch = build_inputs(processor, conversations[start : start + batch_size]).to(model.device)
-        tokens = model.generate(
-            **batch,
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=processor.tokenizer.pad_token_id,
-        )
-        new = tokens[:, batch["input_ids"].shape[1] :]
-        outputs.extend(processor.batch_decode(new, skip_special_tokens=True))
+        batch = build_inputs(processor, conversations[start : start + batch_size])
+        outputs.extend(generate_from_inputs(model, processor, batch, max_new_tokens))
     model.train(was_training)
     return outputs
+
+
+@torch.no_grad()
+def generate_from_inputs(model, processor, batch, max_new_tokens: int = 128) -> list[str]:
+    """Greedy completions of one pre-built left-padded batch (from :func:`build_inputs`).
+
+    Callers that score a fixed set repeatedly build the batches once and call this per batch.
+
+    Returns:
+        One decoded string per row (special tokens stripped).
+    """
+    batch = batch.to(model.device)
+    tokens = model.generate(
+        **batch,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=processor.tokenizer.pad_token_id,
+    )
+    new = tokens[:, batch["input_ids"].shape[1] :]
+    return processor.batch_decode(new, skip_special_tokens=True)

@@ -1,0 +1,90 @@
+"""TokenSwap-Bench (``dongx1997/TokenSwap-Bench``) as paired :class:`~tokenswap.eval.mc.MCItem` lists.
+
+Hub format: configs ``text`` and ``img``, split ``test`` (1,516 rows, the same rows in the same
+order in both configs); fields ``subject`` (underscored MMLU subject), ``question``, ``choices``
+(4 str), ``answer`` (int 0-3) and image columns ``image_N`` (``datasets.Image``). In ``img`` the
+question and choices hold literal ``<image N>`` tags; tag ``<image N>`` is column ``image_N``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import replace
+from typing import Literal
+
+from tokenswap.data.mmlu import load_split
+from tokenswap.eval.mc import MCItem, image_tags, pair_ids_match, recover_concepts
+
+__all__ = ["TOKENSWAP_BENCH_HUB_ID", "load_tokenswap_bench", "load_tokenswap_bench_pairs"]
+
+TOKENSWAP_BENCH_HUB_ID = "dongx1997/TokenSwap-Bench"
+_IMAGE_COLUMN = re.compile(r"image_(\d+)$")
+
+
+def load_tokenswap_bench(
+    path: str | os.PathLike = TOKENSWAP_BENCH_HUB_ID,
+    config: Literal["text", "img"] = "img",
+    split: str = "test",
+    limit: int | None = None,
+) -> list[MCItem]:
+    """One config as items with ids ``"{split}/{row}"`` (rows carry no id of their own).
+
+    Args:
+        path: hub id or a local folder in the hub layout (``img/test-*.parquet``).
+        config: ``text`` or ``img``.
+        split: ``test`` (a ``dev`` split, if built, serves k-shot prompts).
+        limit: keep the first ``limit`` rows.
+
+    Raises:
+        KeyError: missing fields, or a tag whose ``image_N`` column is absent or empty in its row.
+    """
+    ds = load_split(path, config, split)
+    if limit is not None:
+        ds = ds.select(range(min(limit, len(ds))))
+    missing = {"subject", "question", "choices", "answer"} - set(ds.column_names)
+    if missing:
+        raise KeyError(
+            f"{path} ({config}/{split}) lacks TokenSwap-Bench fields {sorted(missing)}; has {ds.column_names}"
+        )
+    image_columns = {int(m.group(1)): c for c in ds.column_names if (m := _IMAGE_COLUMN.match(c))}
+    items = []
+    for i, row in enumerate(ds):
+        item = MCItem(
+            id=f"{split}/{i}",
+            subject=row["subject"],
+            question=row["question"],
+            choices=list(row["choices"]),
+            answer=int(row["answer"]),
+        )
+        images = {}
+        for tag in image_tags(item):
+            column = image_columns.get(tag)
+            if column is None or row[column] is None:
+                raise KeyError(
+                    f"{path} ({config}/{split}) row {i}: tag <image {tag}> needs a non-empty column image_{tag}; "
+                    f"image columns present: {sorted(image_columns.values())}"
+                )
+            images[tag] = row[column]
+        items.append(replace(item, images=images))
+    return items
+
+
+def load_tokenswap_bench_pairs(
+    path: str | os.PathLike = TOKENSWAP_BENCH_HUB_ID, split: str = "test", limit: int | None = None
+) -> list[tuple[MCItem, MCItem]]:
+    """Both configs zipped row by row: ``(text item, interleaved item)``.
+
+    The interleaved items get ``concepts`` (the text each tag replaced) recovered by aligning the
+    two forms, for the recognition control.
+
+    Raises:
+        ValueError: the configs differ in length or disagree on subject/answer of a row.
+    """
+    text = load_tokenswap_bench(path, "text", split, limit)
+    img = load_tokenswap_bench(path, "img", split, limit)
+    if len(text) != len(img):
+        raise ValueError(f"{path}: config text has {len(text)} rows in {split} but img has {len(img)}")
+    pairs = [(t, replace(i, concepts=recover_concepts(t, i))) for t, i in zip(text, img)]
+    pair_ids_match(pairs)
+    return pairs

@@ -1,0 +1,460 @@
+"""The modality-gap evaluator: the same multiple-choice items in text and interleaved form, one model.
+
+Two scorers:
+
+* ``generate``: the official protocol (greedy decoding, strict-match of the last A-D letter);
+* ``loglik``: one forward pass per batch, the answer is the option letter whose next-token
+  log-probability is highest. Cheap enough to run inside a training loop.
+
+Gap = acc_text - acc_interleaved; relative gap = gap / acc_text; both overall and by number of
+swapped images. Model inputs are built once per evaluator (the held-out set is fixed) and reused
+by every :meth:`GapEvaluator.evaluate` call.
+
+Distributed: every rank scores a strided shard and results are gathered with
+``accelerate.utils.gather_object``. Units with and without images are sharded separately and
+every shard is padded to the same length with dummy repeats (dropped after gathering), so all
+ranks run the same number of forward/generate calls and, call by call, either all or none of
+them run the vision tower, which DeepSpeed ZeRO-3 needs to gather parameters without hanging.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+import torch
+
+from tokenswap.eval.generation import build_inputs, generate_from_inputs
+from tokenswap.eval.mc import (
+    LETTERS,
+    MCItem,
+    PromptMode,
+    build_conversation,
+    extract_answer,
+    format_prompt,
+    pair_ids_match,
+    shots_for,
+)
+from tokenswap.eval.recognition import recognition_items
+
+__all__ = ["GapEvaluator", "GapResult", "GapStats", "Scorer", "letter_token_ids", "summarize"]
+
+Scorer = Literal["loglik", "generate"]
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class GapStats:
+    """Accuracies and gap over a set of paired items.
+
+    Args:
+        n: number of items.
+        acc_text: accuracy on the text form.
+        acc_interleaved: accuracy on the interleaved form.
+        gap: ``acc_text - acc_interleaved``.
+        rel_gap: ``gap / acc_text``; None when ``acc_text`` is 0.
+    """
+
+    n: int
+    acc_text: float
+    acc_interleaved: float
+    gap: float
+    rel_gap: float | None
+
+    @classmethod
+    def of(cls, records: Sequence[dict]) -> GapStats:
+        n = len(records)
+        if n == 0:
+            return cls(0, math.nan, math.nan, math.nan, None)
+        acc_t = sum(r["correct_text"] for r in records) / n
+        acc_i = sum(r["correct_interleaved"] for r in records) / n
+        gap = acc_t - acc_i
+        return cls(n, acc_t, acc_i, gap, gap / acc_t if acc_t > 0 else None)
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        out = {f"{prefix}acc_text": self.acc_text, f"{prefix}acc_interleaved": self.acc_interleaved}
+        out[f"{prefix}abs"] = self.gap
+        if self.rel_gap is not None:
+            out[f"{prefix}rel"] = self.rel_gap
+        out[f"{prefix}n"] = float(self.n)
+        return out
+
+
+@dataclass
+class GapResult:
+    """What one evaluation measured.
+
+    Args:
+        scorer: ``loglik`` or ``generate``.
+        prompt: prompt mode.
+        overall: stats over all items.
+        by_images: stats per number of swapped images.
+        items: one record per item (id, subject, answer, num_images, predictions, correctness,
+            responses for ``generate``, ``recognized`` with the recognition control).
+        recognition_acc: identification accuracy over all swapped images (None without the control).
+        recognition_n: number of identification items.
+        controlled: stats over the items whose images were all identified (None without the control).
+    """
+
+    scorer: str
+    prompt: str
+    overall: GapStats
+    by_images: dict[int, GapStats]
+    items: list[dict] = field(repr=False)
+    recognition_acc: float | None = None
+    recognition_n: int = 0
+    controlled: GapStats | None = None
+
+    @property
+    def acc_text(self) -> float:
+        return self.overall.acc_text
+
+    @property
+    def acc_interleaved(self) -> float:
+        return self.overall.acc_interleaved
+
+    @property
+    def gap(self) -> float:
+        return self.overall.gap
+
+    @property
+    def rel_gap(self) -> float | None:
+        return self.overall.rel_gap
+
+    def metrics(self, prefix: str = "gap/") -> dict[str, float]:
+        """Flat scalars for a logger: ``gap/acc_text``, ``gap/abs``, ``gap/rel``, ``gap/images_2/abs``, ..."""
+        out = self.overall.metrics(prefix)
+        for k, stats in sorted(self.by_images.items()):
+            out.update(stats.metrics(f"{prefix}images_{k}/"))
+        if self.recognition_acc is not None:
+            out[f"{prefix}recognition_acc"] = self.recognition_acc
+        if self.controlled is not None:
+            out.update(self.controlled.metrics(f"{prefix}controlled/"))
+        return out
+
+    def to_dict(self) -> dict:
+        """JSON-ready (NaN becomes None)."""
+
+        def clean(v):
+            if isinstance(v, float) and math.isnan(v):
+                return None
+            if isinstance(v, dict):
+                return {str(k): clean(x) for k, x in v.items()}
+            if isinstance(v, list):
+                return [clean(x) for x in v]
+            return v
+
+        d = {
+            "scorer": self.scorer,
+            "prompt": self.prompt,
+            **asdict(self.overall),
+            "by_images": {k: asdict(s) for k, s in sorted(self.by_images.items())},
+            "recognition_acc": self.recognition_acc,
+            "recognition_n": self.recognition_n,
+            "controlled": None if self.controlled is None else asdict(self.controlled),
+            "items": self.items,
+        }
+        return clean(d)
+
+    def to_markdown(self) -> str:
+        """A table: one row overall, one per image count, and the recognition-controlled row if any."""
+
+        def fmt(v: float | None) -> str:
+            return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+
+        rows = [("all", self.overall)] + [(str(k), s) for k, s in sorted(self.by_images.items())]
+        if self.controlled is not None:
+            rows.append(("recognized", self.controlled))
+        lines = [
+            f"Modality gap ({self.scorer}, {self.prompt})",
+            "",
+            "| images | n | acc_text | acc_interleaved | gap | rel_gap |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for name, s in rows:
+            lines.append(
+                f"| {name} | {s.n} | {fmt(s.acc_text)} | {fmt(s.acc_interleaved)} | {fmt(s.gap)} | {fmt(s.rel_gap)} |"
+            )
+        if self.recognition_acc is not None:
+            lines += [
+                "",
+                f"Concept identification accuracy: {fmt(self.recognition_acc)} over {self.recognition_n} images",
+            ]
+        return "\n".join(lines) + "\n"
+
+
+def summarize(scorer: str, prompt: str, items: list[dict], recognition: Sequence[dict] | None = None) -> GapResult:
+    """Aggregate per-item records into a :class:`GapResult`.
+
+    Args:
+        scorer: scorer name (recorded).
+        prompt: prompt mode (recorded).
+        items: records with ``num_images``, ``correct_text``, ``correct_interleaved``.
+        recognition: identification records ``{"item": index into items, "correct": bool}``;
+            an item counts as recognized when all of its records are correct.
+    """
+    by: dict[int, list[dict]] = {}
+    for r in items:
+        by.setdefault(r["num_images"], []).append(r)
+    result = GapResult(
+        scorer=scorer,
+        prompt=prompt,
+        overall=GapStats.of(items),
+        by_images={k: GapStats.of(v) for k, v in sorted(by.items())},
+        items=items,
+    )
+    if recognition is not None:
+        ok = [True] * len(items)
+        for r in recognition:
+            ok[r["item"]] = ok[r["item"]] and bool(r["correct"])
+        for r, flag in zip(items, ok):
+            r["recognized"] = flag
+        result.recognition_n = len(recognition)
+        result.recognition_acc = sum(r["correct"] for r in recognition) / len(recognition) if recognition else math.nan
+        result.controlled = GapStats.of([r for r, flag in zip(items, ok) if flag])
+    return result
+
+
+# ----------------------------------------------------------------------------- scoring helpers
+
+
+def letter_token_ids(tokenizer) -> list[list[int]]:
+    """Token ids that start an answer with each letter: ``"A"`` and ``" A"`` where they are one token.
+
+    A variant counts only if its first token decodes to the bare letter (a tokenizer that splits
+    ``" A"`` into ``" "`` + ``"A"`` contributes no ``" A"`` id).
+
+    Returns:
+        Four lists of ids, for A, B, C, D.
+
+    Raises:
+        ValueError: a letter has no single-token form, or two letters share an id.
+    """
+    out = []
+    for letter in LETTERS:
+        ids = set()
+        for text in (letter, " " + letter):
+            toks = tokenizer.encode(text, add_special_tokens=False)
+            if toks and tokenizer.decode(toks[:1]).strip() == letter:
+                ids.add(toks[0])
+        if not ids:
+            raise ValueError(
+                f"the tokenizer has no token that starts an answer with {letter!r}; loglik cannot score it"
+            )
+        out.append(sorted(ids))
+    flat = [i for ids in out for i in ids]
+    if len(flat) != len(set(flat)):
+        raise ValueError(f"answer letters share token ids {out}; use the generate scorer")
+    return out
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One conversation to score. ``key`` is None for a padding repeat."""
+
+    key: tuple[str, int] | None
+    item: MCItem
+    shots: tuple[MCItem, ...] = ()
+
+    @property
+    def has_images(self) -> bool:
+        return any(x.num_images for x in (*self.shots, self.item))
+
+
+# ----------------------------------------------------------------------------- evaluator
+
+
+class GapEvaluator:
+    """Measures the modality gap of a model on fixed pairs of (text item, interleaved item).
+
+    Args:
+        processor: the model's processor (Qwen2-VL family).
+        pairs: ``(text item, interleaved item)`` with equal id, subject and answer.
+        scorer: ``loglik`` (next-token choice among the option letters) or ``generate``
+            (greedy decoding + strict match, the official protocol).
+        prompt: ``zero_shot`` (published template), ``cot`` (generate only) or ``k_shot``.
+        shots: for ``k_shot``: subject -> dev ``(text, interleaved)`` pairs; text items get text
+            shots, interleaved items get interleaved shots.
+        k: number of shots.
+        batch_size: conversations per forward/generate call (left padded).
+        max_new_tokens: generation budget (the release uses 2048; 128 for Qwen2.5-VL).
+        recognition: also score the concept-identification control (needs ``concepts`` on the
+            interleaved items).
+        recognition_seed: seed of the control's distractors.
+        progress: tqdm bar on rank 0.
+
+    Example::
+
+        evaluator = GapEvaluator(processor, pairs, scorer="loglik", batch_size=16)
+        result = evaluator.evaluate(model)        # every rank calls it under accelerate/DeepSpeed
+        print(result.to_markdown()); wandb.log(result.metrics())
+    """
+
+    def __init__(
+        self,
+        processor,
+        pairs: Sequence[tuple[MCItem, MCItem]],
+        scorer: Scorer = "loglik",
+        prompt: PromptMode = "zero_shot",
+        shots: Mapping[str, Sequence[tuple[MCItem, MCItem]]] | None = None,
+        k: int = 5,
+        batch_size: int = 8,
+        max_new_tokens: int = 128,
+        recognition: bool = False,
+        recognition_seed: int = 0,
+        progress: bool = True,
+    ):
+        if scorer not in ("loglik", "generate"):
+            raise ValueError(f"scorer must be 'loglik' or 'generate', got {scorer!r}")
+        if prompt not in ("zero_shot", "cot", "k_shot"):
+            raise ValueError(f"prompt must be 'zero_shot', 'cot' or 'k_shot', got {prompt!r}")
+        if prompt == "cot" and scorer != "generate":
+            raise ValueError("prompt='cot' needs scorer='generate' (loglik reads one next token, so it cannot reason)")
+        if prompt == "k_shot" and shots is None:
+            raise ValueError("prompt='k_shot' needs `shots` (subject -> dev pairs, e.g. from the bench's dev split)")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not pairs:
+            raise ValueError("GapEvaluator needs at least one (text, interleaved) pair")
+        pair_ids_match(pairs)
+        self.processor = processor
+        self.pairs = list(pairs)
+        self.scorer = scorer
+        self.prompt = prompt
+        self.batch_size = batch_size
+        self.max_new_tokens = max_new_tokens
+        self.progress = progress
+        self.letter_ids = letter_token_ids(processor.tokenizer) if scorer == "loglik" else None
+
+        text_shots: dict[str, list[MCItem]] = {}
+        inter_shots: dict[str, list[MCItem]] = {}
+        if prompt == "k_shot":
+            for subject in {t.subject for t, _ in self.pairs}:
+                chosen = shots_for({subject: list(shots.get(subject, ()))}, subject, k)
+                text_shots[subject] = [t for t, _ in chosen]
+                inter_shots[subject] = [i for _, i in chosen]
+        self.units: list[_Unit] = []
+        for i, (text, inter) in enumerate(self.pairs):
+            self.units.append(_Unit(("text", i), text, tuple(text_shots.get(text.subject, ()))))
+            self.units.append(_Unit(("interleaved", i), inter, tuple(inter_shots.get(inter.subject, ()))))
+        self.recognition = (
+            recognition_items([i for _, i in self.pairs], seed=recognition_seed) if recognition else None
+        )
+        for j, (_, _, item) in enumerate(self.recognition or ()):
+            self.units.append(_Unit(("recognition", j), item))
+        self._batches: list[tuple[list[int | None], object]] | None = None
+        self._built_for: tuple[int, int] | None = None
+
+    # -- input preparation (once) ------------------------------------------------
+
+    def _shard(self, rank: int, world: int) -> list[list[tuple[int, bool]]]:
+        """This rank's batches as ``(unit index, is_real)``; the same number of batches on every rank.
+
+        Padding slots repeat the pool's first unit (``is_real`` False), so a padded call runs the
+        same modules as the other ranks' calls and its result is dropped.
+        """
+        batches: list[list[tuple[int, bool]]] = []
+        for has_images in (False, True):
+            pool = [u for u, unit in enumerate(self.units) if unit.has_images == has_images]
+            if not pool:
+                continue
+            # Similar lengths side by side: less left padding per batch.
+            pool.sort(key=lambda u: (self.units[u].item.num_images, len(format_prompt(self.units[u].item))))
+            per_rank = math.ceil(len(pool) / world)
+            mine = [(u, True) for u in pool[rank::world]]
+            mine += [(pool[0], False)] * (per_rank - len(mine))
+            batches += [mine[s : s + self.batch_size] for s in range(0, per_rank, self.batch_size)]
+        return batches
+
+    def _build(self, rank: int, world: int) -> None:
+        self._batches = []
+        for slots in self._shard(rank, world):
+            convs = [build_conversation(self.units[u].item, self.prompt, self.units[u].shots) for u, _ in slots]
+            self._batches.append(([u if real else None for u, real in slots], build_inputs(self.processor, convs)))
+        self._built_for = (rank, world)
+
+    # -- scoring -----------------------------------------------------------------
+
+    @torch.no_grad()
+    def _loglik(self, model, batch) -> list[str]:
+        out = model(**batch.to(model.device), use_cache=False, logits_to_keep=1)
+        logprobs = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1)  # (B, V)
+        scores = torch.stack([torch.logsumexp(logprobs[:, ids], dim=-1) for ids in self.letter_ids], dim=-1)  # (B, 4)
+        return [LETTERS[i] for i in scores.argmax(dim=-1).tolist()]
+
+    def evaluate(self, model) -> GapResult:
+        """Score every pair (and recognition item) with ``model``; all ranks must call this.
+
+        Args:
+            model: a ``*ForConditionalGeneration`` model (the unwrapped module under DeepSpeed).
+
+        Returns:
+            The same :class:`GapResult` on every rank. The model's train/eval mode is restored.
+        """
+        from accelerate import PartialState
+        from accelerate.utils import gather_object
+        from tqdm.auto import tqdm
+
+        state = PartialState()
+        if self._built_for != (state.process_index, state.num_processes):
+            self._build(state.process_index, state.num_processes)
+        was_training = model.training
+        model.eval()
+        local: list[tuple[int, str | None, str | None]] = []
+        try:
+            bar = tqdm(
+                self._batches, desc=f"gap eval ({self.scorer})", disable=not (self.progress and state.is_main_process)
+            )
+            for idx, batch in bar:
+                if self.scorer == "loglik":
+                    preds, responses = self._loglik(model, batch), [None] * len(idx)
+                else:
+                    responses = generate_from_inputs(model, self.processor, batch, self.max_new_tokens)
+                    preds = [extract_answer(r) for r in responses]
+                local += [(u, p, r) for u, p, r in zip(idx, preds, responses) if u is not None]
+        finally:
+            model.train(was_training)
+        gathered = sorted(gather_object(local) if state.num_processes > 1 else local, key=lambda t: t[0])
+        return self._summarize({u: (p, r) for u, p, r in gathered})
+
+    def _summarize(self, outputs: dict[int, tuple[str | None, str | None]]) -> GapResult:
+        if len(outputs) != len(self.units):
+            raise RuntimeError(
+                f"gap eval gathered {len(outputs)} results for {len(self.units)} units; a rank is missing"
+            )
+        records = []
+        for i, (text, inter) in enumerate(self.pairs):
+            pt, rt = outputs[2 * i]
+            pi, ri = outputs[2 * i + 1]
+            rec = {
+                "id": text.id,
+                "subject": text.subject,
+                "answer": text.letter,
+                "num_images": inter.num_images,
+                "pred_text": pt,
+                "pred_interleaved": pi,
+                "correct_text": pt == text.letter,
+                "correct_interleaved": pi == inter.letter,
+            }
+            if self.scorer == "generate":
+                rec["response_text"], rec["response_interleaved"] = rt, ri
+            records.append(rec)
+        recognition = None
+        if self.recognition is not None:
+            recognition = []
+            for j, (item_index, tag, item) in enumerate(self.recognition):
+                pred = outputs[2 * len(self.pairs) + j][0]
+                recognition.append(
+                    {
+                        "item": item_index,
+                        "tag": tag,
+                        "concept": item.concepts[1],
+                        "pred": pred,
+                        "correct": pred == item.letter,
+                    }
+                )
+        return summarize(self.scorer, self.prompt, records, recognition)

@@ -1,0 +1,314 @@
+"""Multiple-choice items in text and image-interleaved form: prompts, strict-match scoring, swapping.
+
+This is the TokenSwap-Bench task file (nanochat ``Task`` shape: :func:`evaluate` scores one
+response). The zero-shot prompt and the interleaving are byte-identical to the public
+lmms-eval task (``DongXzz/TokenSwap`` ``lmms_eval_tasks/tokenswap/utils.py``):
+
+* prompt: ``"The following are multiple choice questions about {subject, _ -> space}.\\n"``
+  ``"Answer the question by replying A, B, C or D.\\nQuestion: {question}\\n"`` then
+  ``"{letter}. {choice}\\n"`` per choice, then ``"Answer: "``;
+* interleaving: the prompt is split on ``(<image \\d+>)``; every tag becomes an image part
+  (tag ``<image N>`` is image ``N`` of the item, column ``image_N`` of the dataset) and every
+  non-empty remainder a text part, all in one user turn;
+* scoring: the LAST match of ``(?<!\\w)([ABCD])(?=[^a-zA-Z0-9]|$|\\.)`` must equal the answer letter.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from PIL import Image
+
+from tokenswap.concepts import Concept, validate_concepts
+from tokenswap.store.image_store import ImageStore
+from tokenswap.swap import SwapPolicy
+
+__all__ = [
+    "COT_INSTRUCTION",
+    "IMAGE_TAG",
+    "LETTERS",
+    "STRICT_MATCH",
+    "MCItem",
+    "PromptMode",
+    "build_conversation",
+    "evaluate",
+    "extract_answer",
+    "format_prompt",
+    "image_tags",
+    "recover_concepts",
+    "substitute_spans",
+    "swap_concepts",
+]
+
+IMAGE_TAG = re.compile(r"(<image \d+>)")
+STRICT_MATCH = re.compile(r"(?<!\w)([ABCD])(?=[^a-zA-Z0-9]|$|\.)")
+LETTERS = "ABCD"
+# Our own chain-of-thought instruction (the release has none). It replaces the final "Answer: " so the
+# model reasons first; the strict-match filter then keeps the last letter, i.e. the one after "Answer:".
+COT_INSTRUCTION = (
+    'Think step by step, then finish your reply with a last line of the form "Answer: X", '
+    "where X is one of the letters A, B, C or D.\n"
+)
+PromptMode = Literal["zero_shot", "cot", "k_shot"]
+
+
+@dataclass(frozen=True)
+class MCItem:
+    """One multiple-choice question, in text form or interleaved form.
+
+    In the interleaved form ``question`` and ``choices`` contain literal ``<image N>`` tags (the
+    TokenSwap-Bench ``img`` convention) and ``images[N]`` is the picture for tag ``N``.
+
+    Args:
+        id: stable id (swap decisions and recognition distractors hash it).
+        subject: underscored MMLU subject, e.g. ``"high_school_biology"``.
+        question: question text.
+        choices: the four options, in A-D order.
+        answer: index of the correct option (0-3).
+        images: tag number -> image (PIL, or encoded bytes decoded on use).
+        concepts: tag number -> the concept text the image replaced (used by the recognition
+            control; empty when unknown).
+    """
+
+    id: str
+    subject: str
+    question: str
+    choices: list[str]
+    answer: int
+    images: dict[int, Image.Image | bytes] = field(default_factory=dict, compare=False)
+    concepts: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.choices) != len(LETTERS):
+            raise ValueError(f"item {self.id!r}: `choices` must hold 4 options (A-D), got {len(self.choices)}")
+        if not 0 <= self.answer < len(self.choices):
+            raise ValueError(f"item {self.id!r}: `answer` must be in 0..3, got {self.answer}")
+
+    @property
+    def letter(self) -> str:
+        """The correct answer letter."""
+        return LETTERS[self.answer]
+
+    @property
+    def num_images(self) -> int:
+        """Number of distinct ``<image N>`` tags in the question and choices."""
+        return len(image_tags(self))
+
+
+def image_tags(item: MCItem) -> list[int]:
+    """Distinct tag numbers of an item in ascending order.
+
+    >>> image_tags(MCItem("1", "x", "a <image 2> b <image 1>", ["<image 2>", "b", "c", "d"], 0))
+    [1, 2]
+    """
+    found = IMAGE_TAG.findall(" ".join([item.question, *item.choices]))
+    return sorted({int(t[7:-1]) for t in found})
+
+
+def _block(item: MCItem) -> str:
+    lines = [f"Question: {item.question}\n"]
+    lines += [f"{string.ascii_uppercase[i]}. {c}\n" for i, c in enumerate(item.choices)]
+    return "".join(lines) + "Answer: "
+
+
+def _header(subject: str) -> str:
+    return (
+        f"The following are multiple choice questions about {' '.join(subject.split('_'))}.\n"
+        "Answer the question by replying A, B, C or D.\n"
+    )
+
+
+def format_prompt(item: MCItem, mode: PromptMode = "zero_shot", shots: Sequence[MCItem] = ()) -> str:
+    """The prompt string (tags left in place).
+
+    Args:
+        item: the question.
+        mode: ``zero_shot`` (the published template), ``cot`` (zero-shot with our reasoning
+            instruction instead of the final ``"Answer: "``) or ``k_shot`` (header once, then each
+            shot answered, then the question).
+        shots: solved examples for ``k_shot``.
+
+    >>> item = MCItem("0", "college_biology", "Q?", ["w", "x", "y", "z"], 1)
+    >>> format_prompt(item)
+    'The following are multiple choice questions about college biology.\\nAnswer the question by replying A, B, C or D.\\nQuestion: Q?\\nA. w\\nB. x\\nC. y\\nD. z\\nAnswer: '
+    """
+    return "".join(_prompt_blocks(item, mode, shots)[0])
+
+
+def _prompt_blocks(item: MCItem, mode: PromptMode, shots: Sequence[MCItem]) -> tuple[list[str], list[MCItem]]:
+    # Each block's tags refer to the images of its own item (a shot's <image 1> is not the question's).
+    if mode == "zero_shot":
+        return [_header(item.subject) + _block(item)], [item]
+    if mode == "cot":
+        return [_header(item.subject) + _block(item).removesuffix("Answer: ") + COT_INSTRUCTION], [item]
+    if mode == "k_shot":
+        blocks = [_block(s) + f"{s.letter}\n\n" for s in shots] + [_block(item)]
+        blocks[0] = _header(item.subject) + blocks[0]
+        return blocks, [*shots, item]
+    raise ValueError(f"prompt mode must be 'zero_shot', 'cot' or 'k_shot', got {mode!r}")
+
+
+def _as_rgb(image: Image.Image | bytes) -> Image.Image:
+    if isinstance(image, bytes):
+        image = Image.open(io.BytesIO(image))
+    return image.convert("RGB")
+
+
+def build_conversation(item: MCItem, mode: PromptMode = "zero_shot", shots: Sequence[MCItem] = ()) -> list[dict]:
+    """One user turn with the prompt split around ``<image N>`` tags (the release's ``doc_to_messages``).
+
+    Returns:
+        ``[{"role": "user", "content": [{"type": "text"|"image", ...}, ...]}]``; images are RGB PIL.
+
+    Raises:
+        KeyError: a tag has no image in its item; names the item, the tag and the images present.
+    """
+    texts, owners = _prompt_blocks(item, mode, shots)
+    content: list[dict] = []
+    for text, owner in zip(texts, owners):
+        for part in IMAGE_TAG.split(text):
+            if IMAGE_TAG.fullmatch(part):
+                n = int(part[7:-1])
+                if n not in owner.images:
+                    raise KeyError(
+                        f"item {owner.id!r}: tag {part} has no image; images present: {sorted(owner.images)} "
+                        f"(tag <image N> needs images[N], column image_N in the dataset)"
+                    )
+                content.append({"type": "image", "image": _as_rgb(owner.images[n])})
+            elif part:
+                if content and content[-1]["type"] == "text":  # shot boundaries: one part per text run
+                    content[-1] = {"type": "text", "text": content[-1]["text"] + part}
+                else:
+                    content.append({"type": "text", "text": part})
+    return [{"role": "user", "content": content}]
+
+
+def extract_answer(response: str) -> str | None:
+    """The release's strict-match filter: the last standalone capital A-D, or None.
+
+    >>> extract_answer("A) is wrong, so D"), extract_answer("the answer is b"), extract_answer("Answer: C\\n")
+    ('D', None, 'C')
+    """
+    matches = STRICT_MATCH.findall(response)
+    return matches[-1] if matches else None
+
+
+def evaluate(example: MCItem, response: str) -> float:
+    """1.0 if the strict-match letter of ``response`` is the item's answer, else 0.0."""
+    return float(extract_answer(response) == example.letter)
+
+
+# ----------------------------------------------------------------------------- span surgery
+
+
+def substitute_spans(item: MCItem, replacements: Sequence[tuple[Concept, str]], **changes) -> MCItem:
+    """Replace concept spans of ``[question, *choices]`` with strings (tags, captions, or "" to delete).
+
+    Args:
+        item: the text item.
+        replacements: ``(concept, new text)``; ``concept.message`` 0 is the question, 1-4 the choices.
+        **changes: other fields of the returned item (e.g. ``images``).
+
+    Surrounding text is kept byte for byte; spans must not overlap.
+    """
+    texts = [item.question, *item.choices]
+    validate_concepts([c for c, _ in replacements], texts, item.id)
+    for concept, new in sorted(replacements, key=lambda r: (r[0].message, -r[0].start)):
+        t = texts[concept.message]
+        texts[concept.message] = t[: concept.start] + new + t[concept.end :]
+    return replace(item, question=texts[0], choices=texts[1:], **changes)
+
+
+def swap_concepts(
+    item: MCItem,
+    concepts: Sequence[Concept],
+    store: ImageStore,
+    policy: SwapPolicy | None = None,
+    epoch: int = 0,
+) -> MCItem:
+    """Turn a text item into its interleaved form: swapped concept spans become ``<image N>`` tags.
+
+    Concepts are spans of ``[question, *choices]`` (``Concept.message`` 0 = question, 1-4 =
+    choices). The policy decides which are swapped and which store image each gets (pure
+    functions of the item id); concepts without store images stay text. Tags are numbered 1, 2,
+    ... in reading order, one per swapped span.
+
+    Args:
+        item: the text item (no tags).
+        concepts: its concept spans.
+        store: images by concept key.
+        policy: swap decisions; default swaps every concept that has an image.
+        epoch: passed to the policy.
+
+    Returns:
+        The interleaved item (``images`` holds encoded bytes, ``concepts`` the replaced text).
+    """
+    policy = policy or SwapPolicy()
+    texts = [item.question, *item.choices]
+    ordered = validate_concepts(concepts, texts, item.id)
+    chosen = policy.decide(item.id, ordered, ["user"] * len(texts), epoch=epoch)
+    replacements, images, names = [], {}, {}
+    for k, (concept, swap) in enumerate(zip(ordered, chosen)):
+        candidates = store.get(concept.key)
+        if not swap or not candidates:
+            continue
+        n = len(images) + 1
+        picked = candidates[policy.pick(item.id, k, len(candidates), epoch=epoch)]
+        images[n] = picked.load_bytes()
+        names[n] = texts[concept.message][concept.start : concept.end]
+        replacements.append((concept, f"<image {n}>"))
+    return substitute_spans(item, replacements, images=images, concepts=names)
+
+
+def recover_concepts(text_item: MCItem, interleaved: MCItem) -> dict[int, str]:
+    """Which text each ``<image N>`` tag replaced, by aligning the two forms of one item.
+
+    TokenSwap-Bench does not ship concept names; they are needed for the recognition control.
+
+    Returns:
+        Tag number -> replaced text (first occurrence wins); tags that cannot be aligned are left out.
+
+    >>> t = MCItem("0", "s", "Is a cat bigger than a dog?", ["yes", "no", "cat", "dog"], 0)
+    >>> i = MCItem("0", "s", "Is a <image 1> bigger than a <image 2>?", ["yes", "no", "<image 1>", "dog"], 0)
+    >>> recover_concepts(t, i)
+    {1: 'cat', 2: 'dog'}
+    """
+    out: dict[int, str] = {}
+    for plain, tagged in zip([text_item.question, *text_item.choices], [interleaved.question, *interleaved.choices]):
+        parts = IMAGE_TAG.split(tagged)
+        if len(parts) == 1:
+            continue
+        pattern = "".join(f"(?P<t{i}>.+?)" if i % 2 else re.escape(p) for i, p in enumerate(parts))
+        m = re.fullmatch(pattern, plain, flags=re.DOTALL)
+        if m is None:
+            continue
+        for i in range(1, len(parts), 2):
+            out.setdefault(int(parts[i][7:-1]), m.group(f"t{i}"))
+    return out
+
+
+def pair_ids_match(pairs: Sequence[tuple[MCItem, MCItem]]) -> None:
+    """Raise if a text/interleaved pair disagrees on id, subject or answer (a misaligned bench)."""
+    for text, inter in pairs:
+        if (text.id, text.subject, text.answer) != (inter.id, inter.subject, inter.answer):
+            raise ValueError(
+                f"text item {text.id!r} ({text.subject}, answer {text.answer}) is paired with interleaved item "
+                f"{inter.id!r} ({inter.subject}, answer {inter.answer}); the two configs must list the same rows "
+                "in the same order"
+            )
+
+
+def shots_for(shots: Mapping[str, Sequence[MCItem]], subject: str, k: int) -> list[MCItem]:
+    """The first ``k`` dev examples of a subject; raises naming the subject when there are too few."""
+    have = list(shots.get(subject, ()))
+    if len(have) < k:
+        raise KeyError(
+            f"k_shot with k={k} needs {k} dev examples of subject {subject!r}, got {len(have)}; "
+            "pass shots from the source's dev split (e.g. load_mmlu(split='dev')) or lower k"
+        )
+    return have[:k]
