@@ -88,7 +88,11 @@ def _load_raw(path: str, split: str, streaming: bool):
 
 
 def iter_magpie(
-    path: str = MAGPIE_HUB_ID, split: str = "train", streaming: bool = True, max_samples: int | None = None
+    path: str = MAGPIE_HUB_ID,
+    split: str = "train",
+    streaming: bool = True,
+    max_samples: int | None = None,
+    skip_malformed: bool = False,
 ) -> Iterator[dict]:
     """Stream Magpie rows as samples, in source order.
 
@@ -98,6 +102,8 @@ def iter_magpie(
         split: split to read (local files have a single ``train`` split).
         streaming: stream instead of downloading and preparing the whole dataset first.
         max_samples: stop after this many rows; None for all.
+        skip_malformed: drop malformed rows silently instead of raising (they still count
+            towards ``max_samples``, so the output does not depend on where they are).
 
     Raises:
         ValueError: a malformed row (names the row index, uuid and field).
@@ -105,7 +111,13 @@ def iter_magpie(
     for i, row in enumerate(_load_raw(path, split, streaming)):
         if max_samples is not None and i >= max_samples:
             break
-        yield magpie_to_sample(row, i)
+        try:
+            sample = magpie_to_sample(row, i)
+        except ValueError:
+            if skip_malformed:
+                continue
+            raise
+        yield sample
 
 
 def fixture_path() -> Path:

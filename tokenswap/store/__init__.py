@@ -1,0 +1,21 @@
+"""The image store (concept key -> scored images), its image sources and its resumable builder."""
+
+from .build import build_embedded_store, build_store, load_swap_dataset, read_swap_dataset
+from .image_store import CorruptImageError, ImageStore, StoreImage, StoreWriter
+from .sources import GenerationSource, OpenMojiSource, RenderedTextSource, RetrievalSource, concept_seed
+
+__all__ = [
+    "CorruptImageError",
+    "GenerationSource",
+    "ImageStore",
+    "OpenMojiSource",
+    "RenderedTextSource",
+    "RetrievalSource",
+    "StoreImage",
+    "StoreWriter",
+    "build_embedded_store",
+    "build_store",
+    "concept_seed",
+    "load_swap_dataset",
+    "read_swap_dataset",
+]

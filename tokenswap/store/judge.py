@@ -15,8 +15,7 @@ from tokenswap.swap import interleave
 __all__ = ["ValidityJudge"]
 
 JUDGE_PROMPT = (
-    "In the message below, one phrase was replaced by the picture shown in its place. The phrase was "
-    '"{concept}".\n\n'
+    'In the message below, one phrase was replaced by the picture shown in its place. The phrase was "{concept}".\n\n'
 )
 JUDGE_QUESTION = (
     '\n\nDoes the picture clearly show "{concept}" in the sense the message uses it, so that a reader could '
