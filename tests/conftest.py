@@ -48,3 +48,33 @@ def tiny_processor(tiny_qwen2vl):
     from transformers import AutoProcessor
 
     return AutoProcessor.from_pretrained(tiny_qwen2vl)
+
+
+ASSETS = __import__("pathlib").Path(__file__).parent / "assets"
+
+# Concepts of tests/assets/swap_tiny.jsonl that the tiny store covers ("dog" is left out on purpose).
+TINY_STORE_COLORS = {"apple": "red", "banana": "yellow", "tomato": "tomato", "cat": "gray", "café": "brown"}
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tmp_path_factory):
+    """An ImageStore over the asset shapes plus solid-colour pictures; two images for 'apple'."""
+    from PIL import Image
+
+    from tokenswap.store.image_store import ImageStore, StoreWriter
+
+    root = tmp_path_factory.mktemp("tiny-store")
+    with StoreWriter(root) as w:
+        for name in ("red_square", "blue_circle", "green_triangle"):
+            w.add(name.split("_")[1], Image.open(ASSETS / "images" / f"{name}.png").convert("RGB"), source="asset")
+        for key, color in TINY_STORE_COLORS.items():
+            w.add(key, Image.new("RGB", (40, 90), color), source="solid", score=0.9)
+        w.add("apple", Image.new("RGB", (120, 60), "darkred"), source="solid", score=0.5)
+    return ImageStore(root)
+
+
+@pytest.fixture(scope="session")
+def swap_samples():
+    import json
+
+    return [json.loads(line) for line in (ASSETS / "swap_tiny.jsonl").read_text().splitlines()]

@@ -125,6 +125,9 @@ class TokenSwapCollator:
         cache_bytes: bound of the processed-pixel cache.
         system_prompt: system message inserted when a conversation has none, as the chat
             template does; must match the processor's template.
+        epoch: current epoch, for policies with ``resample_each_epoch`` (see ``EpochCallback``).
+        log_ids_to: append the sample ids of every batch to this file, one line per batch
+            (how paired runs prove they saw the same samples in the same order).
 
     Example:
         >>> from tokenswap.collator import TokenSwapCollator  # doctest: +SKIP
@@ -147,6 +150,7 @@ class TokenSwapCollator:
     cache_bytes: int = 1 << 30
     system_prompt: str = _DEFAULT_SYSTEM
     epoch: int = 0
+    log_ids_to: str | None = None
     stats: Counter = field(default_factory=Counter, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -346,6 +350,9 @@ class TokenSwapCollator:
 
     def _collate(self, examples: list[dict], arm: str) -> dict[str, torch.Tensor]:
         plans = [self._plan(ex, arm) for ex in examples]
+        if self.log_ids_to is not None:
+            with open(self.log_ids_to, "a") as f:
+                f.write(" ".join(str(ex["id"]) for ex in examples) + "\n")
         flat = [ref for _, slots in plans for s in slots for (_, _, ref) in s]
         pixels = self._pixels(flat)
 

@@ -1,0 +1,261 @@
+"""YAML configs mapped onto typed dataclasses, with dotted command-line overrides.
+
+``parse_config(PostTrainConfig)`` reads ``--config NAME.yaml`` (a bare name resolves inside
+``configs/``) and any ``section.key=value`` overrides, checks every key and type against the
+dataclass tree, collects all problems and raises one :class:`ConfigError` that names each key
+and how to fix it. ``--help`` lists every field with the docstring written under it, so the
+CLI is derived from the dataclasses and never mirrored by hand.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import os
+import sys
+import textwrap
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+import yaml
+
+__all__ = ["ConfigError", "config_to_dict", "field_docs", "load_config", "parse_config", "resolve_config_path"]
+
+T = TypeVar("T")
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigError(ValueError):
+    """One or more configuration problems; the message lists each with its fix."""
+
+    def __init__(self, problems: list[str], source: str = "config"):
+        self.problems = problems
+        super().__init__(f"{len(problems)} problem(s) in {source}:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def resolve_config_path(name: str | os.PathLike) -> Path:
+    """``post_generate.yaml`` -> ``<repo>/configs/post_generate.yaml`` unless the path exists as given."""
+    path = Path(name)
+    if path.exists():
+        return path
+    for candidate in (Path.cwd() / "configs" / path, CONFIG_DIR / path):
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError(
+        f"config {str(name)!r} not found as a path, in ./configs/ or in {CONFIG_DIR}; "
+        f"available: {sorted(p.name for p in CONFIG_DIR.glob('**/*.yaml'))[:40]}"
+    )
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    module = sys.modules[cls.__module__]
+    return typing.get_type_hints(cls, globalns=vars(module))
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
+    """Convert a YAML value to ``tp`` or record why it cannot be."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            trial: list[str] = []
+            out = _coerce(value, arg, key, trial)
+            if not trial:
+                return out
+        problems.append(f"`{key}` must be {_type_name(tp)}, got {value!r}")
+        return value
+    if origin is Literal:
+        if value not in get_args(tp):
+            problems.append(f"`{key}` must be one of {list(get_args(tp))}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            problems.append(f"`{key}` must be a mapping of {tp.__name__} fields, got {value!r}")
+            return value
+        return _build(tp, value, key + ".", problems)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            problems.append(f"`{key}` must be a list, got {value!r}")
+            return value
+        args = get_args(tp)
+        item_tp = args[0] if args else Any
+        items = [_coerce(v, item_tp, f"{key}[{i}]", problems) for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            problems.append(f"`{key}` must be a mapping, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            problems.append(f"`{key}` must be true or false, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            # YAML reads 1e-5 as a string (no dot); accept numeric strings.
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                problems.append(f"`{key}` must be a number, got {value!r}")
+                return value
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            problems.append(f"`{key}` must be an integer, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            problems.append(f"`{key}` must be a string, got {value!r}")
+        return value
+    return value
+
+
+def _build(cls: type[T], data: dict, prefix: str, problems: list[str]) -> T:
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints = _hints(cls)
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f"; did you mean `{prefix}{close[0]}`?" if close else ""
+            problems.append(f"unknown key `{prefix}{key}` for {cls.__name__}{hint} (valid: {', '.join(fields)})")
+            continue
+        kwargs[key] = _coerce(value, hints[key], prefix + key, problems)
+    for name, f in fields.items():
+        if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            problems.append(f"`{prefix}{name}` is required ({_type_name(hints[name])})")
+    if problems:
+        return None  # type: ignore[return-value]
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as e:
+        problems.append(f"{prefix.rstrip('.') or cls.__name__}: {e}")
+        return None  # type: ignore[return-value]
+
+
+def _set_dotted(data: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for p in parts[:-1]:
+        if not isinstance(node.get(p), dict):
+            node[p] = {}
+        node = node[p]
+    node[parts[-1]] = value
+
+
+def load_config(cls: type[T], path: str | os.PathLike | None = None, overrides: list[str] | tuple = ()) -> T:
+    """Build ``cls`` from a YAML file and ``key.sub=value`` overrides.
+
+    Raises:
+        ConfigError: every unknown key, wrong type, missing required field and failed
+            ``__post_init__`` check, in one message.
+    """
+    data: dict = {}
+    source = "overrides"
+    if path is not None:
+        resolved = resolve_config_path(path)
+        source = str(resolved)
+        loaded = yaml.safe_load(resolved.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError([f"the top level must be a mapping, got {type(loaded).__name__}"], source)
+        data = loaded
+    problems: list[str] = []
+    for item in overrides:
+        if "=" not in item:
+            problems.append(f"override {item!r} must look like `section.key=value`")
+            continue
+        key, raw = item.split("=", 1)
+        _set_dotted(data, key.strip(), yaml.safe_load(raw) if raw != "" else "")
+    if problems:
+        raise ConfigError(problems, source)
+    cfg = _build(cls, data, "", problems)
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
+
+
+def config_to_dict(cfg: Any) -> dict:
+    """Plain nested dict (for W&B config and saving next to checkpoints)."""
+    return dataclasses.asdict(cfg)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Docstrings written under dataclass fields (``x: int = 1`` followed by ``\"\"\"doc\"\"\"``)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _help(cls: type, prefix: str = "") -> list[str]:
+    lines = []
+    docs = field_docs(cls)
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"  {prefix}{f.name}:  ({tp.__name__}) {docs.get(f.name, '')}")
+            lines += _help(tp, prefix + f.name + ".")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            "<factory>" if f.default_factory is not dataclasses.MISSING else "<required>"
+        )
+        lines.append(f"  {prefix}{f.name}={default!r}  [{_type_name(tp)}]  {docs.get(f.name, '')}")
+    return lines
+
+
+def parse_config(cls: type[T], argv: list[str] | None = None) -> T:
+    """Command line -> config: ``[--config PATH_OR_NAME] [section.key=value ...] [--help]``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print(f"usage: [--config NAME.yaml] [key.sub=value ...]\n\n{cls.__name__} fields:")
+        print("\n".join(_help(cls)))
+        raise SystemExit(0)
+    path = None
+    overrides = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--config":
+            if i + 1 >= len(argv):
+                raise ConfigError(["--config needs a file name"], "command line")
+            path = argv[i + 1]
+            i += 2
+            continue
+        if arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        elif arg.startswith("--"):
+            raise ConfigError(
+                [f"unknown flag {arg!r}: pass options as `section.key=value` overrides (see --help)"], "command line"
+            )
+        else:
+            overrides.append(arg)
+        i += 1
+    return load_config(cls, path, overrides)
