@@ -1,0 +1,283 @@
+"""Run a model on a REST dataset folder: answers in three modalities, OCR control, OCR-first, metrics.
+
+Generation is greedy (temperature 0) through :func:`tokenswap.eval.generation.generate`. Every
+response is appended to ``OUT/predictions.jsonl`` as soon as its batch finishes, keyed by
+``item|task|variant``; a rerun skips keys already there, so an interrupted run resumes. Scores are
+recomputed from the stored responses each time (fixing the extractor needs no regeneration).
+
+Tasks per item: ``text`` once; for each evaluated variant ``image`` and ``mixed``; with OCR also
+``ocr_item`` and ``ocr_stem`` (transcriptions of the two renderings) and ``ocr_first`` (answer the
+model's own ``ocr_item`` transcription as text). An item is OCR-correct for a variant iff both
+transcriptions have CER = 0.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image
+
+from tokenswap.rest.build import BASE_VARIANT, image_path
+from tokenswap.rest.extract import extract_answer
+from tokenswap.rest.items import RestItem, build_conversation, read_items
+from tokenswap.rest.metrics import MODALITIES, ItemOutcome, rest_report
+from tokenswap.rest.ocr import OCR_PROMPT, cer
+
+__all__ = ["TEXT_VARIANT", "default_max_new_tokens", "run_rest_eval", "score_predictions", "write_report"]
+
+TEXT_VARIANT = "-"  # the text modality has no rendering
+
+
+@dataclass(frozen=True)
+class _Task:
+    item: RestItem
+    task: str
+    variant: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.item.id}|{self.task}|{self.variant}"
+
+
+def default_max_new_tokens(source: str) -> int:
+    """REST's budget: 1024 new tokens, 2048 for SoEBench."""
+    return 2048 if source == "soebench" else 1024
+
+
+def _read_predictions(path: Path) -> dict[str, dict]:
+    if not path.exists():
+        return {}
+    rows = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            # A run killed mid-write leaves at most one torn last line; it is simply redone.
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            rows[row["key"]] = row
+    return rows
+
+
+def _conversation(task: _Task, data_dir: Path, predictions: dict[str, dict]) -> list[dict]:
+    item = task.item
+    if task.task == "text":
+        return build_conversation(item, "text")
+    if task.task in ("image", "mixed"):
+        part = "item" if task.task == "image" else "stem"
+        image = Image.open(image_path(data_dir, item.id, task.variant, part)).convert("RGB")
+        return build_conversation(item, task.task, image=image)
+    if task.task in ("ocr_item", "ocr_stem"):
+        image = Image.open(image_path(data_dir, item.id, task.variant, task.task[4:])).convert("RGB")
+        return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": OCR_PROMPT}]}]
+    if task.task == "ocr_first":
+        transcript = predictions[f"{item.id}|ocr_item|{task.variant}"]["response"]
+        return build_conversation(item, "ocr_first", text=transcript)
+    raise ValueError(f"unknown task {task.task!r}")
+
+
+def _run_tasks(model, processor, tasks, data_dir, predictions, pred_path, max_new_tokens, batch_size, progress):
+    from tokenswap.eval.generation import generate
+
+    todo = [t for t in tasks if t.key not in predictions]
+    with open(pred_path, "a", encoding="utf-8") as f:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start : start + batch_size]
+            convs = [_conversation(t, data_dir, predictions) for t in batch]
+            responses = generate(model, processor, convs, max_new_tokens=max_new_tokens, batch_size=batch_size)
+            for t, response in zip(batch, responses):
+                row = {"key": t.key, "item_id": t.item.id, "task": t.task, "variant": t.variant, "response": response}
+                predictions[t.key] = row
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.flush()
+            if progress:
+                print(f"rest eval: {min(start + batch_size, len(todo))}/{len(todo)} generations", flush=True)
+
+
+def score_predictions(
+    items: Sequence[RestItem], predictions: dict[str, dict], variants: Sequence[str], ocr: bool
+) -> dict[str, dict]:
+    """Metrics per variant from stored responses.
+
+    Returns:
+        ``{variant: {"all", "ocr_correct", "ocr", "ocr_first"}}``; ``all``/``ocr_correct`` come from
+        :func:`tokenswap.rest.metrics.rest_report`; ``ocr`` holds mean CERs and the OCR-correct rate;
+        ``ocr_first`` holds image vs OCR-first accuracy and ``delta_acc`` = OCR-first - image.
+    """
+
+    def answer(item: RestItem, task: str, variant: str) -> str | None:
+        return extract_answer(predictions[f"{item.id}|{task}|{variant}"]["response"], item.answer_type, item.options)
+
+    results = {}
+    for variant in variants:
+        outcomes, cer_item, cer_stem, ocr_first_ok = [], [], [], []
+        for item in items:
+            ocr_ok = None
+            if ocr:
+                c_item = cer(item.text, predictions[f"{item.id}|ocr_item|{variant}"]["response"])
+                c_stem = cer(item.stem, predictions[f"{item.id}|ocr_stem|{variant}"]["response"])
+                cer_item.append(c_item)
+                cer_stem.append(c_stem)
+                ocr_ok = c_item == 0 and c_stem == 0
+                ocr_first_ok.append(answer(item, "ocr_first", variant) == item.gold)
+            outcomes.append(
+                ItemOutcome(
+                    item_id=item.id,
+                    gold=item.gold,
+                    answers={
+                        "text": answer(item, "text", TEXT_VARIANT),
+                        "image": answer(item, "image", variant),
+                        "mixed": answer(item, "mixed", variant),
+                    },
+                    ocr_correct=ocr_ok,
+                )
+            )
+        result = rest_report(outcomes, MODALITIES)
+        result["ocr"] = result["ocr_first"] = None
+        if ocr and items:
+            n = len(items)
+            acc_image = result["all"]["accuracy"]["image"]
+            acc_ocr_first = sum(ocr_first_ok) / n
+            result["ocr"] = {
+                "mean_cer_item": sum(cer_item) / n,
+                "mean_cer_stem": sum(cer_stem) / n,
+                "ocr_correct_rate": sum(o.ocr_correct for o in outcomes) / n,
+            }
+            result["ocr_first"] = {
+                "acc_image": acc_image,
+                "acc_ocr_first": acc_ocr_first,
+                "delta_acc": acc_ocr_first - acc_image,
+            }
+        results[variant] = result
+    return results
+
+
+def run_rest_eval(
+    model,
+    processor,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    variants: Sequence[str] = (BASE_VARIANT,),
+    ocr: bool = False,
+    n: int | None = None,
+    max_new_tokens: int | None = None,
+    batch_size: int = 8,
+    progress: bool = False,
+    model_name: str = "",
+) -> dict:
+    """Generate (resumably), score and report one model on a REST dataset folder.
+
+    Args:
+        model: a Qwen2-VL-family ``*ForConditionalGeneration`` model.
+        processor: its processor.
+        data_dir: a folder written by :func:`tokenswap.rest.build.build_rest_dataset`.
+        out_dir: where ``predictions.jsonl``, ``metrics.json``, ``report.md`` and ``accuracy.png`` go.
+        variants: rendering variants to evaluate (``sans_200`` = plain REST; others = REST+).
+        ocr: run the OCR control and the OCR-first counterfactual.
+        n: evaluate only the first ``n`` items.
+        max_new_tokens: generation budget; default 1024 (2048 for SoEBench).
+        batch_size: conversations per generate call.
+        progress: print one line per batch.
+        model_name: recorded in the report.
+
+    Returns:
+        The metrics dict written to ``metrics.json``.
+    """
+    data, out = Path(data_dir), Path(out_dir)
+    meta = json.loads((data / "meta.json").read_text())
+    unknown = [v for v in variants if v not in meta["variants"]]
+    if unknown:
+        raise ValueError(f"variants {unknown} are not in {data}; built variants: {meta['variants']}")
+    items = read_items(data / "items.jsonl")[:n]
+    max_new_tokens = max_new_tokens or default_max_new_tokens(meta["source"])
+    out.mkdir(parents=True, exist_ok=True)
+    pred_path = out / "predictions.jsonl"
+    predictions = _read_predictions(pred_path)
+
+    # Group tasks by kind so batches hold similar prompts; ocr_first needs the ocr_item transcripts first.
+    tasks = [_Task(item, "text", TEXT_VARIANT) for item in items]
+    kinds = ["image", "mixed"] + (["ocr_item", "ocr_stem"] if ocr else [])
+    tasks += [_Task(item, kind, v) for kind in kinds for v in variants for item in items]
+    _run_tasks(model, processor, tasks, data, predictions, pred_path, max_new_tokens, batch_size, progress)
+    if ocr:
+        second = [_Task(item, "ocr_first", v) for v in variants for item in items]
+        _run_tasks(model, processor, second, data, predictions, pred_path, max_new_tokens, batch_size, progress)
+
+    metrics = {
+        "model": model_name,
+        "data": str(data),
+        "source": meta["source"],
+        "n_items": len(items),
+        "max_new_tokens": max_new_tokens,
+        "ocr": ocr,
+        "base_variant": BASE_VARIANT,
+        "variants": score_predictions(items, predictions, variants, ocr),
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    write_report(metrics, out)
+    return metrics
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}"
+
+
+def write_report(metrics: dict, out_dir: str | Path) -> None:
+    """``report.md`` (one row per variant, all items and OCR-correct subset) and ``accuracy.png``."""
+    out = Path(out_dir)
+    lines = [
+        f"# REST: {metrics['model'] or 'model'} on {metrics['source']} ({metrics['n_items']} items)",
+        "",
+        "Percentages. RER/CFR/MMC as in SPECS §2; `OCR✓` columns use only items whose renderings "
+        "the model transcribed exactly (CER = 0). ΔAcc = OCR-first − image accuracy.",
+        "",
+        "| variant | acc text | acc image | acc mixed | RER | CFR | MMC | all correct "
+        "| OCR✓ rate | n OCR✓ | RER OCR✓ | CFR OCR✓ | ΔAcc OCR-first |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for variant, r in metrics["variants"].items():
+        a, o = r["all"], r["ocr_correct"]
+        acc = a["accuracy"]
+        lines.append(
+            f"| {variant} | {_fmt(acc['text'])} | {_fmt(acc['image'])} | {_fmt(acc['mixed'])} | {_fmt(a['rer'])} "
+            f"| {_fmt(a['cfr'])} | {_fmt(a['mmc'])} | {_fmt(a['all_correct'])} "
+            f"| {_fmt(r['ocr']['ocr_correct_rate']) if r['ocr'] else '–'} | {o['n'] if o else '–'} "
+            f"| {_fmt(o['rer']) if o else '–'} | {_fmt(o['cfr']) if o else '–'} "
+            f"| {_fmt(r['ocr_first']['delta_acc']) if r['ocr_first'] else '–'} |"
+        )
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    _plot(metrics, out / "accuracy.png")
+
+
+def _plot(metrics: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = list(metrics["variants"])
+    base = metrics["variants"].get(metrics["base_variant"]) or metrics["variants"][variants[0]]
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(4 + 0.9 * len(variants), 3.6), width_ratios=[1, max(1, len(variants) / 2)]
+    )
+    accs = [base["all"]["accuracy"][m] or 0.0 for m in MODALITIES]
+    left.bar(MODALITIES, accs, color=["#4c72b0", "#dd8452", "#55a868"])
+    left.set_ylim(0, 1)
+    left.set_ylabel("accuracy")
+    left.set_title("per modality (plain REST)")
+    width = 0.4
+    xs = range(len(variants))
+    for offset, modality, color in ((-width / 2, "image", "#dd8452"), (width / 2, "mixed", "#55a868")):
+        values = [metrics["variants"][v]["all"]["accuracy"][modality] or 0.0 for v in variants]
+        right.bar([x + offset for x in xs], values, width, label=modality, color=color)
+    right.axhline(base["all"]["accuracy"]["text"] or 0.0, color="#4c72b0", linestyle="--", label="text")
+    right.set_xticks(list(xs), variants, rotation=45, ha="right")
+    right.set_ylim(0, 1)
+    right.set_title("per perturbation")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
