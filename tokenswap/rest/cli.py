@@ -105,10 +105,11 @@ def _eval(args: argparse.Namespace) -> int:
         model_name=args.model,
     )
     base = metrics["variants"][BASE_VARIANT]["all"]
+    shown = [base["accuracy"][m] for m in ("text", "image", "mixed")] + [base["rer"]]
+    text_acc, image_acc, mixed_acc, rer = ("n/a" if v is None else f"{v:.3f}" for v in shown)
     print(
-        f"rest eval: {metrics['n_items']} items, acc text/image/mixed = "
-        + "/".join(f"{base['accuracy'][m]:.3f}" for m in ("text", "image", "mixed"))
-        + f", RER {base['rer']:.3f}; report in {args.out}/report.md"
+        f"rest eval: {metrics['n_items']} items, acc text/image/mixed = {text_acc}/{image_acc}/{mixed_acc}, "
+        f"RER {rer}; report in {args.out}/report.md"
     )
     return 0
 

@@ -162,6 +162,10 @@ def _text_batch(processor, texts: Sequence[str]) -> tuple[dict[str, torch.Tensor
         )
         # The user turn is last, so the last occurrence is the content (not e.g. the system prompt).
         start = prompt.rfind(text)
+        if start < 0:
+            raise ValueError(
+                f"text {text!r} does not appear verbatim in its chat prompt; strip odd whitespace from it"
+            )
         end = start + len(text)
         enc = tokenizer(prompt, return_offsets_mapping=True, add_special_tokens=False)
         ids.append(enc["input_ids"])
