@@ -62,7 +62,8 @@ def test_retrieval_over_a_folder_embeds_once_and_reuses_the_index(tiny_clip, tmp
 
 
 def test_retrieval_over_a_saved_dataset(tiny_clip, tmp_path):
-    from datasets import Dataset, Features, Image as ImageFeature, Value
+    from datasets import Dataset, Features, Value
+    from datasets import Image as ImageFeature
 
     images = [Image.new("RGB", (20, 20), c) for c in ("red", "green", "blue")]
     ds = Dataset.from_dict({"img": images, "id": ["a", "b", "c"]}, features=Features({"img": ImageFeature(), "id": Value("string")}))
