@@ -12,7 +12,8 @@ greedily in one modality::
         --modality image --max-new-tokens 4096 --out runs/crossmath
 
 This writes ``predictions_<modality>.jsonl`` (one line per puzzle), ``metrics_<modality>.json``
-and ``metrics_<modality>.md``. Both commands resume: finished puzzles are skipped.
+and ``metrics_<modality>.md``. Both commands resume: finished puzzles are skipped, and a rerun
+with different generator flags (or another model, for eval) into the same folder is refused.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ from tokenswap.crossmath.render import STYLES, render_grid
 __all__ = ["cli_main"]
 
 JSONL_NAME = "crossmath.jsonl"
+
+
+class _RefusedError(Exception):
+    """A run that would corrupt existing output; reported as one line and exit status 2."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -80,6 +85,24 @@ def _generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     out = Path(args.out)
+    # Puzzle i is a pure function of these; resuming with other values would mix two collections.
+    params = {
+        "seed": args.seed,
+        "difficulty": args.difficulty,
+        "rows": args.rows,
+        "cols": args.cols,
+        "n_equations": args.n_equations,
+        "range": list(args.range),
+        "operators": args.operators,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    params_path = out / "generate_params.json"
+    if params_path.exists() and json.loads(params_path.read_text()) != params:
+        raise _RefusedError(
+            f"{out} already holds puzzles generated with {params_path.read_text().strip()}, not {params}; "
+            "resume with the same flags (--n and --styles may change) or pick another --out"
+        )
+    params_path.write_text(json.dumps(params) + "\n")
     done: dict[str, set[str]] = {}
     for style in args.styles:
         folder = out / STYLES[style].folder
@@ -141,6 +164,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     pred_path = out / f"predictions_{args.modality}.jsonl"
     previous = read_jsonl(pred_path, repair=True) if pred_path.exists() else []
+    other_models = {p["model"] for p in previous} - {args.model}
+    if other_models:
+        raise _RefusedError(
+            f"{pred_path} holds predictions of {sorted(other_models)}, not {args.model!r}; pick another --out"
+        )
     done = {p["id"] for p in previous}
     todo = [r for r in records if r["id"] not in done]
     if todo:
@@ -162,6 +190,7 @@ def _evaluate(args: argparse.Namespace) -> int:
                     pred_path,
                     {
                         "id": record["id"],
+                        "model": args.model,
                         "modality": args.modality,
                         "difficulty": record.get("difficulty"),
                         "response": response,
@@ -200,9 +229,11 @@ def cli_main(argv: list[str]) -> int:
         The exit status.
     """
     args = _parser().parse_args(argv)
-    if args.command == "generate":
-        return _generate(args)
-    return _evaluate(args)
+    try:
+        return _generate(args) if args.command == "generate" else _evaluate(args)
+    except _RefusedError as err:
+        print(f"tokenswap crossmath {args.command}: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -55,30 +55,29 @@ def read_jsonl(path: str | os.PathLike, repair: bool = False) -> list[dict]:
 
     Args:
         path: the file.
-        repair: if True, a last line that does not parse (a write killed half way) is cut off the
-            file instead of raising, so an interrupted job can resume.
+        repair: if True, an unterminated last line (a write killed half way) is cut off the file
+            instead of being read or raising, so an interrupted job can resume by appending.
 
     Returns:
         The records in file order.
 
     Raises:
-        ValueError: if a line (other than a repairable last line) is not valid JSON.
+        ValueError: if a line is not valid JSON.
     """
     path = Path(path)
     raw = path.read_bytes()
-    records, offset = [], 0
+    if repair and raw and not raw.endswith(b"\n"):
+        raw = raw[: raw.rfind(b"\n") + 1]
+        with open(path, "r+b") as f:
+            f.truncate(len(raw))
+    records = []
     for number, line in enumerate(raw.split(b"\n"), start=1):
-        end = offset + len(line) + 1
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                if repair and end >= len(raw):
-                    with open(path, "r+b") as f:
-                        f.truncate(offset)
-                    break
-                raise ValueError(f"{path}:{number} is not valid JSON ({err}); fix or delete that line") from err
-        offset = end
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number} is not valid JSON ({err}); fix or delete that line") from err
     return records
 
 

@@ -90,11 +90,11 @@ def test_loader_errors_say_what_to_pass(tmp_path, released_style_folder):
         load_crossmath(bad)
 
 
-def test_generate_end_to_end_and_resume(tmp_path):
+def test_generate_end_to_end_and_resume(tmp_path, capsys):
     out = tmp_path / "gen"
     argv = ["generate", "--n", "4", "--seed", "3", "--out", str(out), "--styles", "original", "altstyle"]
     assert tokenswap_main(["crossmath", *argv]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["Altstyle", "Original"]
+    assert sorted(p.name for p in out.iterdir()) == ["Altstyle", "Original", "generate_params.json"]
     expected = [p.to_record() for p in generate_puzzles(4, seed=3, difficulty="mixed")]
     for folder in ("Original", "Altstyle"):
         records = load_crossmath(out / folder)
@@ -121,6 +121,16 @@ def test_generate_end_to_end_and_resume(tmp_path):
         assert [r["id"] for r in records] == [f"crossmath_3_{i:06d}" for i in range(6)]
         assert records[:4] == expected
     assert (out / "Altstyle" / "crossmath.jsonl").read_bytes().startswith(before_alt)  # nothing redone
+
+    # A complete last line whose newline was lost is redone rather than glued to the next record.
+    alt = out / "Altstyle" / "crossmath.jsonl"
+    alt.write_bytes(alt.read_bytes()[:-1])
+    assert cli_main([*argv[:2], "6", *argv[3:]]) == 0
+    assert [r["id"] for r in read_jsonl(alt)] == [f"crossmath_3_{i:06d}" for i in range(6)]
+
+    # Other generator flags into the same folder would mix two collections: refused.
+    assert cli_main([*argv, "--difficulty", "hard"]) == 2
+    assert "resume with the same flags" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("modality", ["text", "image", "image+text"])
@@ -152,3 +162,6 @@ def test_eval_on_the_tiny_model(tiny_qwen2vl, tmp_path_factory, modality, monkey
     monkeypatch.setattr("tokenswap.testing.load_qwen2vl", no_load)
     assert cli_main(argv) == 0
     assert len(read_jsonl(out / f"predictions_{modality}.jsonl")) == 2
+    other = [*argv]
+    other[other.index("--model") + 1] = "another-model"
+    assert cli_main(other) == 2
