@@ -312,7 +312,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     )
     best = summary["max"]
     print(
-        f"probe: {summary['n_pairs']} pairs, {summary['n_layers']} layers; max cosine {best['similarity']['value']:.3f} "
+        f"probe: {summary['n_pairs']} pairs, {summary['n_layers']} layers; "
+        f"max cosine {best['similarity']['value']:.3f} "
         f"(layer {best['similarity']['layer']}), max image→text {best['image_to_text']['value']:.3f}, "
         f"max text→image {best['text_to_image']['value']:.3f}; written to {args.out}"
     )

@@ -217,7 +217,8 @@ def render_text(
     height = (len(lines) - 1) * line_height + ascent + descent + 2 * margin
     if height > max_height_px:
         raise ValueError(
-            f"rendered text is {height} px tall at dpi={dpi} ({len(lines)} lines), above max_height_px={max_height_px}; "
+            f"rendered text is {height} px tall at dpi={dpi} ({len(lines)} lines), "
+            f"above max_height_px={max_height_px}; "
             "shorten the text, lower font_size_pt/dpi, widen max_width_in or raise max_height_px"
         )
     image = Image.new("RGB", (width, height), (255, 255, 255))
