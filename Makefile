@@ -10,8 +10,8 @@ STAMP := $(VENV)/.installed
 .PHONY: setup demo test slow_test quality bench clean
 
 $(STAMP): pyproject.toml
-	@command -v fc-list >/dev/null && fc-list | grep -qi "DejaVu Sans" || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-dejavu-core fontconfig >/dev/null) || \
+	@command -v fc-list >/dev/null && fc-list | grep -qi "DejaVu Sans" && fc-list | grep -qi "Dancing Script" || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-dejavu-core fonts-dancingscript fontconfig >/dev/null) || \
 	  echo "warning: could not install fonts-dejavu-core; rendered-text images fall back to Pillow's default font"
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip

@@ -85,7 +85,7 @@ def main(cfg: PostTrainConfig) -> None:
     accelerator_config = None
     if world > 1 and (cfg.train.use_cpu or not torch.cuda.is_available()):
         # CPU ranks talk over gloo; the Trainer must reuse this state instead of building its own.
-        PartialState(backend="gloo")
+        PartialState(cpu=True, backend="gloo")
         accelerator_config = {"use_configured_state": True}
     if cfg.train.deepspeed:
         os.environ.setdefault("ACCELERATE_USE_DEEPSPEED", "true")
@@ -98,12 +98,12 @@ def main(cfg: PostTrainConfig) -> None:
         gradient_accumulation_steps=cfg.train.gradient_accumulation_steps,
         learning_rate=cfg.train.learning_rate,
         lr_scheduler_type=cfg.train.lr_scheduler_type,
-        warmup_ratio=cfg.train.warmup_ratio,
+        warmup_steps=cfg.train.warmup_steps,
         weight_decay=cfg.train.weight_decay,
         num_train_epochs=cfg.train.num_train_epochs,
         max_steps=cfg.train.max_steps,
         bf16=cfg.train.bf16,
-        gradient_checkpointing=cfg.train.gradient_checkpointing,
+        activation_checkpointing=cfg.train.gradient_checkpointing,
         deepspeed=cfg.train.deepspeed,
         logging_steps=cfg.train.logging_steps,
         save_steps=cfg.train.save_steps,

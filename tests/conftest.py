@@ -52,25 +52,12 @@ def tiny_processor(tiny_qwen2vl):
 
 ASSETS = __import__("pathlib").Path(__file__).parent / "assets"
 
-# Concepts of tests/assets/swap_tiny.jsonl that the tiny store covers ("dog" is left out on purpose).
-TINY_STORE_COLORS = {"apple": "red", "banana": "yellow", "tomato": "tomato", "cat": "gray", "café": "brown"}
-
-
 @pytest.fixture(scope="session")
 def tiny_store(tmp_path_factory):
-    """An ImageStore over the asset shapes plus solid-colour pictures; two images for 'apple'."""
-    from PIL import Image
+    """ImageStore of drawn shapes and colours covering swap_tiny.jsonl except 'dog'; two images for 'apple'."""
+    from tokenswap.testing import build_tiny_store
 
-    from tokenswap.store.image_store import ImageStore, StoreWriter
-
-    root = tmp_path_factory.mktemp("tiny-store")
-    with StoreWriter(root) as w:
-        for name in ("red_square", "blue_circle", "green_triangle"):
-            w.add(name.split("_")[1], Image.open(ASSETS / "images" / f"{name}.png").convert("RGB"), source="asset")
-        for key, color in TINY_STORE_COLORS.items():
-            w.add(key, Image.new("RGB", (40, 90), color), source="solid", score=0.9)
-        w.add("apple", Image.new("RGB", (120, 60), "darkred"), source="solid", score=0.5)
-    return ImageStore(root)
+    return build_tiny_store(tmp_path_factory.mktemp("tiny-store"))
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ __all__ = [
     "QWEN2VL_CHAT_TEMPLATE",
     "QWEN2VL_SPECIAL_TOKENS",
     "build_tiny_qwen2vl",
+    "build_tiny_store",
     "load_qwen2vl",
     "tiny_qwen2vl_config",
     "train_tokenizer",
@@ -209,3 +210,56 @@ def load_qwen2vl(path: str | os.PathLike, dtype=None, attn_implementation: str |
     kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype or "auto", **kwargs)
     return model, processor
+
+
+# Concepts of tests/assets/swap_tiny.jsonl covered by the tiny store ("dog" is left out on purpose,
+# so tests see a concept without images).
+TINY_STORE_CONCEPTS = ("circle", "square", "triangle", "apple", "banana", "tomato", "cat", "café")
+
+
+def build_tiny_store(root: str | os.PathLike):
+    """A small ImageStore of drawn pictures for tests and tiny configs; two images for ``apple``.
+
+    Returns:
+        The opened ``ImageStore`` (reused if ``root`` already holds one).
+    """
+    from PIL import Image, ImageDraw
+
+    from tokenswap.store.image_store import ImageStore, StoreWriter
+
+    root = Path(root)
+    if (root / "store.json").exists():
+        return ImageStore(root)
+
+    def canvas(draw) -> Image.Image:
+        im = Image.new("RGB", (64, 64), "white")
+        draw(ImageDraw.Draw(im))
+        return im
+
+    with StoreWriter(root, info={"source": "tokenswap.testing.build_tiny_store"}) as w:
+        w.add("square", canvas(lambda d: d.rectangle([12, 12, 52, 52], fill=(220, 30, 30))), source="drawn")
+        w.add("circle", canvas(lambda d: d.ellipse([10, 10, 54, 54], fill=(30, 60, 220))), source="drawn")
+        w.add("triangle", canvas(lambda d: d.polygon([(32, 8), (58, 56), (6, 56)], fill=(30, 170, 60))), source="drawn")
+        for key, color in {"apple": "red", "banana": "yellow", "tomato": "tomato", "cat": "gray", "café": "brown"}.items():
+            w.add(key, Image.new("RGB", (40, 90), color), source="solid", score=0.9)
+        w.add("apple", Image.new("RGB", (120, 60), "darkred"), source="solid", score=0.5)
+    return ImageStore(root)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tokenswap.testing DIR``: write DIR/tiny-qwen2vl and DIR/tiny-store (used by configs/tiny)."""
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    out = Path(argv[0] if argv else ".cache")
+    corpus = []
+    assets = Path(__file__).resolve().parent.parent / "tests" / "assets" / "swap_tiny.jsonl"
+    if assets.exists():
+        corpus = [m["content"] for line in assets.read_text().splitlines() for m in json.loads(line)["messages"]]
+    print(build_tiny_qwen2vl(out / "tiny-qwen2vl", corpus=corpus))
+    print(build_tiny_store(out / "tiny-store").root)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

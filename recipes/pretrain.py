@@ -1,0 +1,164 @@
+"""Continued pre-training of Qwen2-VL on Magpie samples as text or as TokenSwap (paired arms).
+
+Every text token of the conversation is learned (user and assistant; image tokens never are).
+Reproduces the TokenSwap paper's continued pre-training comparison (Qwen2-VL-7B, 8xA100):
+
+    accelerate launch --config_file configs/accelerate/zero3_8xa100.yaml recipes/pretrain.py --config pretrain_text.yaml
+    accelerate launch --config_file configs/accelerate/zero3_8xa100.yaml recipes/pretrain.py --config pretrain_generate.yaml
+    accelerate launch --config_file configs/accelerate/zero3_8xa100.yaml recipes/pretrain.py --config pretrain_retrieve.yaml
+
+    # tiny CPU run (tests, demo)
+    python recipes/pretrain.py --config tiny/pretrain_tokenswap.yaml
+
+Then `tokenswap compare --runs outputs/pretrain_text outputs/pretrain_generate` puts the arms side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import torch
+from accelerate import PartialState
+from transformers import Trainer, TrainingArguments
+
+from tokenswap.config import config_to_dict, parse_config
+from tokenswap.data.mixture import paired_mixture
+from tokenswap.data.schema import load_samples
+from tokenswap.training import (
+    CollatorConfig,
+    DataConfig,
+    EpochCallback,
+    GapEvalConfig,
+    ModelConfig,
+    RunConfig,
+    SwapStatsCallback,
+    TrainConfig,
+    WandbConfig,
+    build_collator,
+    build_image_store,
+    build_gap_callback,
+    init_wandb,
+    install_first,
+    load_model_and_processor,
+    print0,
+)
+
+
+@dataclass(kw_only=True)
+class PretrainConfig:
+    run: RunConfig
+    """Output folder, pair name and arm."""
+    model: ModelConfig
+    """Base checkpoint and what is trained."""
+    data: DataConfig
+    """The Magpie swap dataset (llava_* keys must stay unset)."""
+    image_store: str | None = None
+    """Image store folder (tokenswap build-store); required for the tokenswap arm."""
+    collator: CollatorConfig = field(default_factory=CollatorConfig)
+    """Swap policy, token budget, ZeRO-3 dummy image."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Optimizer, schedule, precision, DeepSpeed, checkpoints."""
+    gap_eval: GapEvalConfig = field(default_factory=GapEvalConfig)
+    """In-loop modality-gap evaluation."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Run naming: {pair}-{arm} in group {pair}."""
+
+    def __post_init__(self) -> None:
+        if self.run.arm == "tokenswap" and self.image_store is None:
+            raise ValueError("the tokenswap arm needs `image_store` (a folder built by `tokenswap build-store`)")
+        if self.run.arm == "baseline":
+            raise ValueError("continued pre-training has text and tokenswap arms; the baseline is the untouched model")
+        if self.data.swap_dataset is None:
+            raise ValueError(f"the {self.run.arm} arm needs `data.swap_dataset` (the Magpie swap dataset)")
+        if self.data.llava_json is not None:
+            raise ValueError("continued pre-training uses the Magpie swap dataset only; unset `data.llava_json`")
+
+
+def main(cfg: PretrainConfig) -> None:
+    # ------------------------------------------------------------------ setup
+    os.makedirs(cfg.run.output_dir, exist_ok=True)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    accelerator_config = None
+    if world > 1 and (cfg.train.use_cpu or not torch.cuda.is_available()):
+        # CPU ranks talk over gloo; the Trainer must reuse this state instead of building its own.
+        PartialState(cpu=True, backend="gloo")
+        accelerator_config = {"use_configured_state": True}
+    if cfg.train.deepspeed:
+        os.environ.setdefault("ACCELERATE_USE_DEEPSPEED", "true")
+    rank = int(os.environ.get("RANK", "0"))
+    args = TrainingArguments(
+        output_dir=cfg.run.output_dir,
+        run_name=f"{cfg.run.pair}-{cfg.run.arm}",
+        seed=cfg.run.seed,
+        per_device_train_batch_size=cfg.train.per_device_train_batch_size,
+        gradient_accumulation_steps=cfg.train.gradient_accumulation_steps,
+        learning_rate=cfg.train.learning_rate,
+        lr_scheduler_type=cfg.train.lr_scheduler_type,
+        warmup_steps=cfg.train.warmup_steps,
+        weight_decay=cfg.train.weight_decay,
+        num_train_epochs=cfg.train.num_train_epochs,
+        max_steps=cfg.train.max_steps,
+        bf16=cfg.train.bf16,
+        activation_checkpointing=cfg.train.gradient_checkpointing,
+        deepspeed=cfg.train.deepspeed,
+        logging_steps=cfg.train.logging_steps,
+        save_steps=cfg.train.save_steps,
+        save_total_limit=cfg.train.save_total_limit,
+        dataloader_num_workers=cfg.train.dataloader_num_workers,
+        report_to=cfg.train.report_to,
+        use_cpu=cfg.train.use_cpu,
+        accelerator_config=accelerator_config,
+        # The collator reads id/messages/concepts/images; the model never sees dataset columns.
+        remove_unused_columns=False,
+        # paired_mixture already fixed a seeded order shared by the arms of a pair.
+        train_sampling_strategy="sequential",
+        save_only_model=False,
+    )
+    if rank == 0:
+        with open(os.path.join(cfg.run.output_dir, "config.json"), "w") as f:
+            json.dump(config_to_dict(cfg), f, indent=2)
+    init_wandb(cfg.wandb, cfg.run, stage="pretrain", config=config_to_dict(cfg), report_to=cfg.train.report_to)
+
+    # ------------------------------------------------------------------ data, image store, collator
+    swap = load_samples(cfg.data.swap_dataset, cfg.data.swap_limit)
+    train_dataset = paired_mixture(cfg.run.arm, None, swap, seed=cfg.data.seed)
+    print0(f"[pretrain] {cfg.run.pair}-{cfg.run.arm}: {len(train_dataset)} samples")
+
+    # ------------------------------------------------------------------ model (after TrainingArguments: ZeRO-3 init)
+    model, processor = load_model_and_processor(cfg.model)
+    store = build_image_store(cfg.image_store) if cfg.run.arm == "tokenswap" else None
+    collator = build_collator(
+        cfg.collator, processor, store, cfg.run.arm, learn="all", image_root=cfg.data.llava_image_root
+    )
+    collator.log_ids_to = os.path.join(cfg.run.output_dir, f"sample_ids.rank{rank}.txt")
+
+    # ------------------------------------------------------------------ train
+    callbacks = [EpochCallback(collator)]
+    gap_callback = build_gap_callback(cfg.gap_eval, processor, store)
+    if gap_callback is not None:
+        callbacks.append(gap_callback)
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        data_collator=collator,
+        processing_class=processor,
+        callbacks=callbacks,
+    )
+    install_first(trainer, SwapStatsCallback(collator))
+    resume = cfg.train.resume_from_checkpoint
+    trainer.train(resume_from_checkpoint=True if resume == "latest" else resume)
+
+    # ------------------------------------------------------------------ save
+    trainer.save_model(cfg.run.output_dir)
+    if trainer.is_world_process_zero():
+        processor.save_pretrained(cfg.run.output_dir)
+        with open(os.path.join(cfg.run.output_dir, "swap_stats.json"), "w") as f:
+            json.dump(dict(collator.stats), f, indent=2)
+    print0(f"[pretrain] done: {cfg.run.output_dir}")
+
+
+if __name__ == "__main__":
+    main(parse_config(PretrainConfig))
