@@ -85,7 +85,7 @@ class Puzzle:
     operators: str
     id: str
     seed: int | None = None
-    _solution: HopSolution | None = field(default=None, repr=False, compare=False)
+    _solution: HopSolution | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def solution(self) -> HopSolution:
@@ -325,6 +325,8 @@ def _choose_blanks(
         target = n_eq
     blanks: set[int] = set()
     while len(blanks) < target:
+        # Hard always deepens the chain; medium does half the time; otherwise any valid blank will do.
+        deepen = difficulty == "hard" or (difficulty == "medium" and rng.random() < 0.5)
         scored = []
         for x in rng.sample(range(n_cells), n_cells):
             if x in blanks:
@@ -336,14 +338,12 @@ def _choose_blanks(
             if (difficulty == "easy" and deepest > 1) or (difficulty == "medium" and deepest > 5):
                 continue
             scored.append((deepest, sum(hops.values()), x))
+            if not deepen:
+                break  # candidates are visited in random order, so the first valid one is a random pick
         if not scored:
             break
-        if difficulty == "easy" or (difficulty == "medium" and rng.random() < 0.5):
-            blanks.add(scored[0][2])  # candidates were visited in random order
-        else:
-            # Deepen the chain: among the deepest candidates pick at random.
-            scored.sort(key=lambda item: item[:2], reverse=True)
-            blanks.add(rng.choice(scored[: max(1, min(3, len(scored) // 4))])[2])
+        scored.sort(key=lambda item: item[:2], reverse=True)
+        blanks.add(rng.choice(scored[: max(1, min(3, len(scored) // 4))])[2])
     return blanks if blanks else None
 
 
