@@ -1,0 +1,175 @@
+"""GapEvaluator on the tiny Qwen2-VL: scorer agreement, result shape, recognition control, 2-process equality."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from tokenswap.eval.gap import GapEvaluator, GapStats, letter_token_ids, summarize
+from tokenswap.eval.mc import MCItem
+from tokenswap.eval.recognition import recognition_items
+from tokenswap.testing import load_qwen2vl
+
+
+@pytest.fixture(scope="module")
+def b_model(always_b):
+    return load_qwen2vl(always_b)
+
+
+def test_loglik_and_generate_agree_when_confident(b_model, make_pairs):
+    model, processor = b_model
+    pairs = make_pairs(8)
+    model.train()
+    loglik = GapEvaluator(processor, pairs, scorer="loglik", batch_size=3, progress=False).evaluate(model)
+    assert model.training, "evaluate must restore train mode"
+    gen = GapEvaluator(processor, pairs, scorer="generate", batch_size=3, max_new_tokens=4, progress=False)
+    generated = gen.evaluate(model)
+    for a, b in zip(loglik.items, generated.items):
+        assert a["pred_text"] == a["pred_interleaved"] == "B"
+        assert b["pred_text"] == b["pred_interleaved"] == "B", b
+        assert b["response_text"].strip() == "B"
+    expected = sum(t.answer == 1 for t, _ in pairs) / len(pairs)
+    for r in (loglik, generated):
+        assert r.acc_text == r.acc_interleaved == expected and r.gap == 0.0
+        assert sorted(r.by_images) == [0, 1, 2] and sum(s.n for s in r.by_images.values()) == 8
+    json.dumps(loglik.to_dict())
+    md = loglik.to_markdown()
+    assert "| all | 8 |" in md and "| 2 |" in md
+    metrics = loglik.metrics()
+    for key in ("gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/rel", "gap/images_1/abs"):
+        assert key in metrics
+
+
+def test_cached_inputs_are_reused(b_model, make_pairs):
+    model, processor = b_model
+    ev = GapEvaluator(processor, make_pairs(4), batch_size=4, progress=False)
+    first = ev.evaluate(model)
+    batches = ev._batches
+    assert ev.evaluate(model).items == first.items and ev._batches is batches
+
+
+def test_recognition_control_on_always_b(b_model, make_pairs):
+    model, processor = b_model
+    pairs = make_pairs(8)
+    result = GapEvaluator(processor, pairs, recognition=True, batch_size=4, progress=False).evaluate(model)
+    rec = recognition_items([i for _, i in pairs])
+    assert result.recognition_n == len(rec) == sum(i.num_images for _, i in pairs)
+    # The model always says B: an image is "identified" iff its target sits at position B.
+    identified = [r.answer == 1 for _, _, r in rec]
+    assert result.recognition_acc == sum(identified) / len(identified)
+    recognized = [all(ok for (i, _, _), ok in zip(rec, identified) if i == j) for j in range(len(pairs))]
+    assert [r["recognized"] for r in result.items] == recognized
+    assert result.controlled.n == sum(recognized)
+    assert "gap/recognition_acc" in result.metrics() and "gap/controlled/abs" in result.metrics()
+
+
+def test_recognition_items_are_deterministic_with_distinct_choices(make_pairs):
+    pairs = make_pairs(9)
+    inter = [i for _, i in pairs]
+    a, b = recognition_items(inter, seed=3), recognition_items(inter, seed=3)
+    assert [(i, t, r.choices, r.answer) for i, t, r in a] == [(i, t, r.choices, r.answer) for i, t, r in b]
+    for i, tag, r in a:
+        assert len(set(r.choices)) == 4
+        assert r.choices[r.answer] == inter[i].concepts[tag]
+        assert r.question == "<image 1>\nWhich concept does this image show?" and r.images[1] is inter[i].images[tag]
+    assert {r.answer for _, _, r in a} != {a[0][2].answer}  # positions vary
+    with pytest.raises(ValueError, match="at least 4 distinct concepts"):
+        img = Image.new("RGB", (4, 4))
+        recognition_items([MCItem("x", "s", "<image 1>", list("abcd"), 0, {1: img}, {1: "cat"})])
+
+
+def test_summarize_controlled_gap_on_constructed_records():
+    items = [
+        {"num_images": 1, "correct_text": True, "correct_interleaved": False},
+        {"num_images": 2, "correct_text": True, "correct_interleaved": True},
+        {"num_images": 2, "correct_text": True, "correct_interleaved": False},
+        {"num_images": 1, "correct_text": False, "correct_interleaved": False},
+    ]
+    recognition = [
+        {"item": 0, "correct": False},
+        {"item": 1, "correct": True},
+        {"item": 1, "correct": True},
+        {"item": 2, "correct": True},
+        {"item": 2, "correct": False},
+        {"item": 3, "correct": True},
+    ]
+    r = summarize("loglik", "zero_shot", items, recognition)
+    assert r.overall == GapStats(4, 0.75, 0.25, 0.5, 0.5 / 0.75)
+    assert r.by_images[2] == GapStats(2, 1.0, 0.5, 0.5, 0.5)
+    assert r.recognition_acc == 4 / 6
+    assert r.controlled == GapStats(2, 0.5, 0.5, 0.0, 0.0)  # items 1 and 3
+
+
+def test_argument_errors(tiny_processor, make_pairs):
+    pairs = make_pairs(2)
+    with pytest.raises(ValueError, match="cot.*generate"):
+        GapEvaluator(tiny_processor, pairs, scorer="loglik", prompt="cot")
+    with pytest.raises(ValueError, match="k_shot.*shots"):
+        GapEvaluator(tiny_processor, pairs, prompt="k_shot")
+    with pytest.raises(KeyError, match="high_school_biology"):
+        GapEvaluator(tiny_processor, pairs, prompt="k_shot", shots={"other": make_pairs(5)}, k=5)
+    text, inter = pairs[0]
+    with pytest.raises(ValueError, match="paired with"):
+        GapEvaluator(tiny_processor, [(text, pairs[1][1])])
+    ids = letter_token_ids(tiny_processor.tokenizer)
+    assert len(ids) == 4 and all(ids)
+
+
+def test_k_shot_evaluates(b_model, make_pairs):
+    model, processor = b_model
+    shots = {"high_school_biology": make_pairs(2)}
+    r = GapEvaluator(processor, make_pairs(3), prompt="k_shot", shots=shots, k=2, progress=False).evaluate(model)
+    assert r.prompt == "k_shot" and r.overall.n == 3
+
+
+_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, {tests!r})
+    from conftest import _make_pairs as make_pairs
+    from accelerate import Accelerator
+    from tokenswap.eval.gap import GapEvaluator
+    from tokenswap.testing import load_qwen2vl
+
+    state = Accelerator()  # reads ACCELERATE_USE_CPU; a bare PartialState() would not
+    model, processor = load_qwen2vl({model!r})
+    out = {{}}
+    for scorer in ("loglik", "generate"):
+        ev = GapEvaluator(processor, make_pairs(7), scorer=scorer, batch_size=2, max_new_tokens=3,
+                          recognition=True, progress=False)
+        out[scorer] = ev.evaluate(model).to_dict()
+    out["world"] = state.num_processes
+    if state.is_main_process:
+        with open({dest!r}, "w") as f:
+            json.dump(out, f)
+    """
+)
+
+
+def test_two_process_cpu_equals_single_process(tiny_qwen2vl, tmp_path, make_pairs):
+    model, processor = load_qwen2vl(tiny_qwen2vl)
+    single = {}
+    for scorer in ("loglik", "generate"):
+        ev = GapEvaluator(
+            processor, make_pairs(7), scorer=scorer, batch_size=2, max_new_tokens=3, recognition=True, progress=False
+        )
+        single[scorer] = ev.evaluate(model).to_dict()
+    dest = tmp_path / "dist.json"
+    script = tmp_path / "dist_eval.py"
+    script.write_text(_SCRIPT.format(tests=str(Path(__file__).parent), model=str(tiny_qwen2vl), dest=str(dest)))
+    accelerate = Path(sys.executable).parent / "accelerate"
+    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
+    cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", str(script)]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dist = json.loads(dest.read_text())
+    assert dist.pop("world") == 2
+    assert dist == json.loads(json.dumps(single))

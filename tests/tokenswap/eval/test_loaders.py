@@ -1,0 +1,111 @@
+"""MMLU and TokenSwap-Bench loaders on local parquet files written in the hub schemas."""
+
+from __future__ import annotations
+
+import pytest
+from datasets import ClassLabel, Dataset, Features, Image, Sequence, Value
+from PIL import Image as PILImage
+
+from tokenswap.data.mmlu import load_mmlu, mmlu_shots
+from tokenswap.data.tokenswap_bench import load_tokenswap_bench, load_tokenswap_bench_pairs
+
+MMLU_FEATURES = Features(
+    {
+        "question": Value("string"),
+        "subject": Value("string"),
+        "choices": Sequence(Value("string")),
+        "answer": ClassLabel(names=["A", "B", "C", "D"]),
+    }
+)
+
+
+def _write(ds: Dataset, path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ds.to_parquet(str(path))
+
+
+def test_mmlu_local_hub_layout(tmp_path):
+    rows = [
+        {"question": f"Q{i}?", "subject": "anatomy", "choices": ["a", "b", "c", "d"], "answer": i % 4}
+        for i in range(6)
+    ]
+    ds = Dataset.from_list(rows, features=MMLU_FEATURES)
+    _write(ds, tmp_path / "all" / "test-00000-of-00001.parquet")
+    _write(ds.select(range(5)), tmp_path / "all" / "dev-00000-of-00001.parquet")
+    _write(ds.select(range(2)), tmp_path / "all" / "validation-00000-of-00001.parquet")
+    items = load_mmlu(tmp_path, "all", "test")
+    assert [it.answer for it in items] == [0, 1, 2, 3, 0, 1]
+    assert items[0].id == "anatomy/test/0" and items[0].choices == ["a", "b", "c", "d"]
+    assert len(load_mmlu(tmp_path, "all", "test", limit=3)) == 3
+    # `dev` is read as dev, not silently as `validation`.
+    assert len(load_mmlu(tmp_path, "all", "dev")) == 5
+    assert len(load_mmlu(tmp_path, "all", "validation")) == 2
+    assert [i.question for i in mmlu_shots(tmp_path)["anatomy"]] == [f"Q{i}?" for i in range(5)]
+    with pytest.raises(FileNotFoundError, match="astronomy/test"):
+        load_mmlu(tmp_path, "astronomy", "test")
+
+
+def _bench(tmp_path):
+    red, blue = PILImage.new("RGB", (16, 16), "red"), PILImage.new("RGB", (16, 16), "blue")
+    text_rows = [
+        {
+            "subject": "college_biology",
+            "question": "Is a cat a mammal?",
+            "choices": ["yes", "no", "cat", "dog"],
+            "answer": 0,
+        },
+        {
+            "subject": "astronomy",
+            "question": "Which is hotter?",
+            "choices": ["sun", "moon", "ice", "snow"],
+            "answer": 0,
+        },
+    ]
+    img_rows = [
+        {
+            "subject": "college_biology",
+            "question": "Is a <image 1> a mammal?",
+            "choices": ["yes", "no", "<image 1>", "<image 2>"],
+            "answer": 0,
+            "image_1": red,
+            "image_2": blue,
+        },
+        {
+            "subject": "astronomy",
+            "question": "Which is hotter?",
+            "choices": ["<image 1>", "moon", "ice", "snow"],
+            "answer": 0,
+            "image_1": blue,
+            "image_2": None,
+        },
+    ]
+    base = {"subject": Value("string"), "question": Value("string"), "choices": Sequence(Value("string"))}
+    base["answer"] = Value("int64")
+    _write(Dataset.from_list(text_rows, features=Features(base)), tmp_path / "text" / "test-00000-of-00001.parquet")
+    img_features = Features({**base, "image_1": Image(), "image_2": Image()})
+    _write(Dataset.from_list(img_rows, features=img_features), tmp_path / "img" / "test-00000-of-00001.parquet")
+    return tmp_path
+
+
+def test_tokenswap_bench_local(tmp_path):
+    root = _bench(tmp_path)
+    img = load_tokenswap_bench(root, "img")
+    assert img[0].question == "Is a <image 1> a mammal?" and sorted(img[0].images) == [1, 2]
+    assert img[0].images[1].convert("RGB").getpixel((0, 0)) == (255, 0, 0)
+    assert sorted(img[1].images) == [1] and img[1].num_images == 1
+    pairs = load_tokenswap_bench_pairs(root)
+    assert [(t.id, i.id) for t, i in pairs] == [("test/0", "test/0"), ("test/1", "test/1")]
+    assert pairs[0][1].concepts == {1: "cat", 2: "dog"} and pairs[1][1].concepts == {1: "sun"}
+    assert pairs[0][0].images == {}
+
+
+def test_tokenswap_bench_missing_image_column(tmp_path):
+    base = {"subject": Value("string"), "question": Value("string"), "choices": Sequence(Value("string"))}
+    base["answer"] = Value("int64")
+    row = {"subject": "s", "question": "a <image 2>", "choices": list("abcd"), "answer": 1, "image_1": None}
+    _write(
+        Dataset.from_list([row], features=Features({**base, "image_1": Image()})),
+        tmp_path / "img" / "test-00000-of-00001.parquet",
+    )
+    with pytest.raises(KeyError, match="row 0: tag <image 2> needs a non-empty column image_2"):
+        load_tokenswap_bench(tmp_path, "img")

@@ -1,0 +1,388 @@
+"""Build a TokenSwap-Bench-format dataset from any multiple-choice source, with the paper's three filters.
+
+Per item (TokenSwap §3.2):
+
+1. **concepts**: any :class:`~tokenswap.concepts.ConceptExtractor` over the question and each
+   choice; concepts without an image in the :class:`~tokenswap.store.image_store.ImageStore`
+   are left as text (no concept with an image -> dropped, reason ``no_concepts``);
+2. **validity**: a VLM judge sees the question with only the target concept as an image (all
+   others stay text: one-at-a-time restoration) and answers ``{"valid": true|false}``
+   (no valid concept -> ``validity``);
+3. **importance**: the proxy solver must answer the text item correctly and the item with all
+   valid concept spans deleted wrongly (``importance``);
+4. **caption round-trip**: a captioner describes each image; with the captions in place of the
+   spans the proxy must still answer correctly (``caption``).
+
+Kept items are written in the TokenSwap-Bench schema (configs ``text`` and ``img``, image
+columns ``image_N``) as parquet in the hub layout, so :func:`tokenswap.data.tokenswap_bench.load_tokenswap_bench`
+and ``datasets.load_dataset(out_dir, "img", split=...)`` read them. Every item's outcome goes to
+an append-only ``results.jsonl`` flushed per item (a killed build resumes without redoing
+finished items); ``dropped.jsonl`` lists each dropped item with the filter that dropped it.
+
+Command line::
+
+    tokenswap build-bench --config bench_mmlu.yaml [key=value ...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from tokenswap.concepts import Concept, ConceptExtractor, validate_concepts
+from tokenswap.eval.mc import MCItem, build_conversation, evaluate, format_prompt, substitute_spans
+from tokenswap.llm import ChatModel, parse_json_response
+from tokenswap.store.build import ExtractorConfig, LLMConfig
+from tokenswap.store.image_store import ImageStore
+from tokenswap.swap import SwapPolicy
+
+__all__ = [
+    "CAPTION_PROMPT",
+    "FILTERS",
+    "VALIDITY_PROMPT",
+    "BenchBuildConfig",
+    "BenchBuilder",
+    "build_bench",
+    "cli_main",
+]
+
+Filter = Literal["validity", "importance", "caption"]
+FILTERS: tuple[str, ...] = ("validity", "importance", "caption")
+
+# Our prompts: the paper's are not public (SPECS §5 item 3).
+VALIDITY_PROMPT = (
+    "In the multiple-choice question below, the concept {concept!r} is shown as an image instead of words.\n"
+    "Does the image faithfully depict {concept!r} as it is meant in this question?\n"
+    'Reply with JSON only: {{"valid": true}} or {{"valid": false}}.\n\n'
+)
+CAPTION_PROMPT = "Name what this image shows in a short noun phrase of at most five words. Reply with the phrase only."
+
+
+# ============================================================================ library
+
+
+class BenchBuilder:
+    """Runs the filters item by item and writes the dataset (see the module docstring).
+
+    Args:
+        extractor: finds concept spans in the question and each choice.
+        store: concept images (the image of concept ``k`` of an item is picked by ``policy``).
+        judge: VLM for the validity filter (replies ``{"valid": bool}``).
+        proxy: solver for the importance and caption filters (replies with an answer letter).
+        captioner: VLM that names each image.
+        out_dir: output folder (``results.jsonl``, ``dropped.jsonl``, ``text/``, ``img/``, ``summary.json``).
+        filters: which filters run, in the fixed order validity, importance, caption.
+        policy: picks which store image each concept gets (deterministic in the item id).
+        split: split name of the written dataset.
+    """
+
+    def __init__(
+        self,
+        extractor: ConceptExtractor,
+        store: ImageStore,
+        judge: ChatModel | None,
+        proxy: ChatModel | None,
+        captioner: ChatModel | None,
+        out_dir: str | os.PathLike,
+        filters: Sequence[str] = FILTERS,
+        policy: SwapPolicy | None = None,
+        split: str = "test",
+    ):
+        unknown = set(filters) - set(FILTERS)
+        if unknown:
+            raise ValueError(f"filters must be among {FILTERS}, got unknown {sorted(unknown)}")
+        for name, needed, model in (
+            ("judge", "validity" in filters, judge),
+            ("proxy", "importance" in filters or "caption" in filters, proxy),
+            ("captioner", "caption" in filters, captioner),
+        ):
+            if needed and model is None:
+                raise ValueError(f"`{name}` is required by the filters {list(filters)}; pass a ChatModel")
+        self.extractor = extractor
+        self.store = store
+        self.judge = judge
+        self.proxy = proxy
+        self.captioner = captioner
+        self.out_dir = Path(out_dir)
+        self.filters = tuple(filters)
+        self.policy = policy or SwapPolicy()
+        self.split = split
+        self.results_path = self.out_dir / "results.jsonl"
+
+    # -- per item ---------------------------------------------------------------------------
+
+    def _solves(self, item: MCItem) -> bool:
+        reply = self.proxy.chat([{"role": "user", "content": format_prompt(item)}])
+        return evaluate(item, reply) == 1.0
+
+    def process(self, item: MCItem) -> dict:
+        """Run extraction and the filters on one text item; returns its ``results.jsonl`` record."""
+        texts = [item.question, *item.choices]
+        record: dict = {"id": item.id, "kept": False, "reason": None, "detail": "", "concepts": []}
+        found = [Concept(m, s, e, key) for m, t in enumerate(texts) for s, e, key in self.extractor.extract(t)]
+        try:
+            found = validate_concepts(found, texts, item.id)
+        except ValueError as e:
+            record.update(reason="no_concepts", detail=f"extractor returned invalid spans: {e}")
+            return record
+        concepts = []
+        for k, c in enumerate(found):
+            images = self.store.get(c.key)
+            if images:
+                image = images[self.policy.pick(item.id, k, len(images))]
+                concepts.append({**c.to_dict(), "text": texts[c.message][c.start : c.end], "image_id": image.image_id})
+        record["concepts"] = concepts
+        if not concepts:
+            record.update(reason="no_concepts", detail="no concept span has an image in the store")
+            return record
+        images = {c["image_id"]: self._image(c["key"], c["image_id"]) for c in concepts}
+
+        if "validity" in self.filters:
+            for c in concepts:
+                c["valid"] = self._valid(item, c, images[c["image_id"]])
+            if not any(c["valid"] for c in concepts):
+                record.update(reason="validity", detail="the judge found no image faithful to its concept")
+                return record
+        valid = [c for c in concepts if c.get("valid", True)]
+        spans = [Concept.from_dict(c) for c in valid]
+
+        if "importance" in self.filters or "caption" in self.filters:
+            if not self._solves(item):
+                record.update(reason="importance", detail="the proxy answers the text item wrongly")
+                return record
+        if "importance" in self.filters:
+            if self._solves(substitute_spans(item, [(s, "") for s in spans])):
+                record.update(reason="importance", detail="the proxy answers correctly with the concepts deleted")
+                return record
+        if "caption" in self.filters:
+            for c in valid:
+                content = [{"type": "image", "image": images[c["image_id"]]}, {"type": "text", "text": CAPTION_PROMPT}]
+                reply = self.captioner.chat([{"role": "user", "content": content}]).strip()
+                c["caption"] = reply.splitlines()[0].strip() if reply else ""
+            if not self._solves(substitute_spans(item, [(s, c["caption"]) for s, c in zip(spans, valid)])):
+                record.update(reason="caption", detail="the proxy answers wrongly with captions in place of images")
+                return record
+        record["kept"] = True
+        return record
+
+    def _image(self, key: str, image_id: str):
+        for im in self.store.get(key):
+            if im.image_id == image_id:
+                return im.load()
+        raise KeyError(f"image {image_id} of concept {key!r} is no longer in the store {self.store.root}")
+
+    def _valid(self, item: MCItem, concept: dict, image) -> bool:
+        one = substitute_spans(item, [(Concept.from_dict(concept), "<image 1>")], images={1: image})
+        content = [{"type": "text", "text": VALIDITY_PROMPT.format(concept=concept["text"])}]
+        content += build_conversation(one)[0]["content"]
+        reply = self.judge.chat([{"role": "user", "content": content}])
+        try:
+            return parse_json_response(reply).get("valid") is True
+        except ValueError:
+            return False  # an unparseable verdict is not a faithful-image verdict
+
+    # -- whole run --------------------------------------------------------------------------
+
+    def done(self) -> dict[str, dict]:
+        """Records already in ``results.jsonl`` by item id (a torn last line is ignored)."""
+        out = {}
+        if self.results_path.exists():
+            for line in self.results_path.read_text(encoding="utf-8").splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                out[row["id"]] = row
+        return out
+
+    def run(self, items: Sequence[MCItem], progress: bool = False) -> dict:
+        """Process every item not yet in ``results.jsonl``, then write the dataset; returns the summary."""
+        from tqdm.auto import tqdm
+
+        ids = [it.id for it in items]
+        if len(set(ids)) != len(ids):
+            raise ValueError("item ids must be unique: results.jsonl is keyed by id for resuming")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        done = self.done()
+        with open(self.results_path, "a", encoding="utf-8") as f:
+            for item in tqdm(items, desc="build-bench", disable=not progress):
+                if item.id in done:
+                    continue
+                record = self.process(item)
+                done[item.id] = record
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        return self.write(items, done)
+
+    def write(self, items: Sequence[MCItem], records: dict[str, dict]) -> dict:
+        """Write ``text``/``img`` parquet in the hub layout, ``dropped.jsonl``, ``README.md``, ``summary.json``."""
+        from datasets import Dataset, Features, Image, Value
+        from datasets import Sequence as HFSequence
+
+        kept_text, kept_img = [], []
+        for item in items:
+            rec = records[item.id]
+            if not rec["kept"]:
+                continue
+            valid = [c for c in rec["concepts"] if c.get("valid", True)]
+            tags = [(Concept.from_dict(c), f"<image {n}>") for n, c in enumerate(valid, start=1)]
+            images = {n: self._image(c["key"], c["image_id"]) for n, c in enumerate(valid, start=1)}
+            kept_text.append(item)
+            kept_img.append(substitute_spans(item, tags, images=images))
+        max_images = max((len(i.images) for i in kept_img), default=0)
+        base = {"subject": Value("string"), "question": Value("string"), "choices": HFSequence(Value("string"))}
+        base["answer"] = Value("int64")
+
+        def rows(its: list[MCItem], with_images: bool) -> list[dict]:
+            out = []
+            for it in its:
+                row = {
+                    "subject": it.subject,
+                    "question": it.question,
+                    "choices": list(it.choices),
+                    "answer": it.answer,
+                }
+                if with_images:
+                    row.update({f"image_{n}": it.images.get(n) for n in range(1, max_images + 1)})
+                out.append(row)
+            return out
+
+        img_features = Features({**base, **{f"image_{n}": Image() for n in range(1, max_images + 1)}})
+        for config, its, features in (("text", kept_text, Features(base)), ("img", kept_img, img_features)):
+            (self.out_dir / config).mkdir(exist_ok=True)
+            ds = Dataset.from_list(rows(its, config == "img"), features=features)
+            ds.to_parquet(str(self.out_dir / config / f"{self.split}-00000-of-00001.parquet"))
+        dropped = [
+            {"id": i.id, "reason": records[i.id]["reason"], "detail": records[i.id]["detail"]}
+            for i in items
+            if not records[i.id]["kept"]
+        ]
+        with open(self.out_dir / "dropped.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(d, ensure_ascii=False) + "\n" for d in dropped)
+        reasons: dict[str, int] = {}
+        for d in dropped:
+            reasons[d["reason"]] = reasons.get(d["reason"], 0) + 1
+        summary = {
+            "items": len(items),
+            "kept": len(kept_text),
+            "dropped": reasons,
+            "swaps": sum(len(i.images) for i in kept_img),
+            "filters": list(self.filters),
+        }
+        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        (self.out_dir / "README.md").write_text(_readme(self.split))
+        return summary
+
+
+def _readme(split: str) -> str:
+    return (
+        "---\nconfigs:\n"
+        f"- config_name: text\n  data_files:\n  - split: {split}\n    path: text/{split}-*.parquet\n"
+        f"- config_name: img\n  data_files:\n  - split: {split}\n    path: img/{split}-*.parquet\n"
+        "---\n\n# TokenSwap-Bench-format dataset\n\nBuilt by `tokenswap build-bench`; see summary.json and dropped.jsonl.\n"
+    )
+
+
+# ============================================================================ config + CLI
+
+
+@dataclass(kw_only=True)
+class BenchBuildConfig:
+    """`tokenswap build-bench`: a TokenSwap-Bench-format dataset from an MMLU-format source."""
+
+    out_dir: str
+    """Output folder; rerunning with the same folder resumes (finished items are not redone)."""
+    store: str
+    """Image store folder (built with `tokenswap build-store`)."""
+    source: str = "cais/mmlu"
+    """MMLU-format source: hub id or local copy in the hub layout (`all/test-*.parquet`)."""
+    subject: str = "all"
+    """MMLU config: `all` or one subject."""
+    split: str = "test"
+    """Source split; also the split name written (build `dev` too for k-shot evaluation)."""
+    limit: int | None = None
+    """Use the first `limit` source rows (None: all)."""
+    filters: list[str] = field(default_factory=lambda: list(FILTERS))
+    """Filters to run: any of validity, importance, caption (the paper runs all three)."""
+    extractor: ExtractorConfig = field(default_factory=ExtractorConfig)
+    """Concept extraction; a lexicon extractor with an empty vocabulary uses the store's keys."""
+    judge: LLMConfig | None = None
+    """Validity judge (a VLM)."""
+    proxy: LLMConfig | None = None
+    """Proxy solver for the importance and caption filters."""
+    captioner: LLMConfig | None = None
+    """Image captioner for the caption round-trip (a VLM)."""
+    seed: int = 0
+    """Picks which store image each concept gets."""
+    progress: bool = True
+    """Show a progress bar."""
+
+
+def _chat_model(cfg: LLMConfig | None, cache_path: Path) -> ChatModel | None:
+    from tokenswap.llm import OpenAIChatModel, TransformersChatModel
+
+    if cfg is None:
+        return None
+    if cfg.backend == "openai":
+        return OpenAIChatModel(
+            base_url=cfg.base_url,
+            model=cfg.model,
+            api_key_env=cfg.api_key_env,
+            temperature=cfg.temperature,
+            max_tokens=cfg.max_tokens,
+            timeout=cfg.timeout,
+            max_retries=cfg.max_retries,
+            cache_path=cache_path,
+        )
+    return TransformersChatModel(cfg.model, max_new_tokens=cfg.max_new_tokens, cache_path=cache_path)
+
+
+def _extractor(cfg: ExtractorConfig, store: ImageStore, cache_path: Path) -> ConceptExtractor:
+    from tokenswap.store.extract import LLMConceptExtractor, build_lexicon
+
+    if cfg.kind == "lexicon":
+        vocab = list(cfg.vocabulary)
+        if cfg.vocabulary_file:
+            lines = Path(cfg.vocabulary_file).read_text(encoding="utf-8").splitlines()
+            vocab += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+        return build_lexicon(vocab or store.keys(), aliases=cfg.aliases, plurals=cfg.plurals)
+    return LLMConceptExtractor(_chat_model(cfg.llm, cache_path), max_concepts=cfg.max_concepts)
+
+
+def build_bench(cfg: BenchBuildConfig) -> dict:
+    """Config -> :class:`BenchBuilder` run; returns the summary."""
+    from tokenswap.data.mmlu import load_mmlu
+
+    out = Path(cfg.out_dir)
+    cache = out / "cache"
+    store = ImageStore(cfg.store)
+    builder = BenchBuilder(
+        extractor=_extractor(cfg.extractor, store, cache / "extract.jsonl"),
+        store=store,
+        judge=_chat_model(cfg.judge, cache / "judge.jsonl"),
+        proxy=_chat_model(cfg.proxy, cache / "proxy.jsonl"),
+        captioner=_chat_model(cfg.captioner, cache / "captioner.jsonl"),
+        out_dir=out,
+        filters=cfg.filters,
+        policy=SwapPolicy(seed=cfg.seed),
+        split=cfg.split,
+    )
+    items = load_mmlu(cfg.source, cfg.subject, cfg.split, cfg.limit)
+    summary = builder.run(items, progress=cfg.progress)
+    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    return summary
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    """``tokenswap build-bench --config NAME.yaml [key=value ...]``."""
+    from tokenswap.config import parse_config
+
+    cfg = parse_config(BenchBuildConfig, argv)
+    summary = build_bench(cfg)
+    print(json.dumps(summary, indent=2))
+    return 0
