@@ -1,0 +1,214 @@
+"""CrossMath records as training data: image-only SFT examples and GRPO prompts.
+
+The recipes ``recipes/image_sft.py`` and ``recipes/grpo.py`` share one data section,
+:class:`CrossMathDataConfig`: either a folder written by ``tokenswap crossmath generate`` (or
+the released test set), or ``n`` puzzles generated on the fly and written in the same layout
+so that every path downstream (collator, TRL, ``tokenswap crossmath eval``) reads files.
+
+Both formats put the same user turn in front of the model as ``tokenswap crossmath eval
+--modality image``: the image-modality instruction, then the puzzle image.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from tokenswap.crossmath.data import load_crossmath, reward_columns
+from tokenswap.crossmath.generator import DIFFICULTIES, generate_puzzles
+from tokenswap.crossmath.grid import parse_markdown_table
+from tokenswap.crossmath.prompt import build_instruction
+from tokenswap.crossmath.render import STYLES, StyleName, render_grid
+from tokenswap.crossmath.solver import chain_of_thought
+
+__all__ = [
+    "CrossMathDataConfig",
+    "crossmath_source",
+    "grpo_dataset",
+    "load_training_records",
+    "sft_example",
+    "write_puzzles",
+]
+
+JSONL_NAME = "crossmath.jsonl"
+
+
+@dataclass(kw_only=True)
+class CrossMathDataConfig:
+    path: str | None = None
+    """Output of `tokenswap crossmath generate` (the `style` subfolder is used), a style folder or a JSONL.
+    None: generate `n` puzzles from `seed` into `<run.output_dir>/<generate_subdir>/`."""
+    style: StyleName = "original"
+    """Visual style: picks the subfolder of a generate folder, and renders generated puzzles."""
+    limit: int | None = None
+    """Use the first N records."""
+    n: int = 1000
+    """Puzzles to generate when `path` is None."""
+    seed: int = 0
+    """Generator seed; puzzle i depends only on (seed, i). Held-out data needs another seed."""
+    difficulty: Literal["easy", "medium", "hard", "mixed"] = "mixed"
+    """Generated difficulty; mixed cycles easy, medium, hard."""
+    rows: int = 13
+    """Generator canvas rows (odd); puzzles are cropped to their cells."""
+    cols: int = 13
+    """Generator canvas columns (odd)."""
+    n_equations: int | None = None
+    """Equations per generated puzzle (None: 6-12)."""
+    number_range: list[int] = field(default_factory=lambda: [1, 100])
+    """[lo, hi] of every generated operand and result."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.difficulty != "mixed" and self.difficulty not in DIFFICULTIES:
+            problems.append(f"`difficulty` must be one of {[*DIFFICULTIES, 'mixed']}, got {self.difficulty!r}")
+        if len(self.number_range) != 2 or not 1 <= self.number_range[0] <= self.number_range[1]:
+            problems.append(f"`number_range` must be [lo, hi] with 1 <= lo <= hi, got {self.number_range}")
+        if self.path is None and self.n < 1:
+            problems.append(f"`n` must be >= 1 when `path` is unset (puzzles are generated), got {self.n}")
+        if self.limit is not None and self.limit < 1:
+            problems.append(f"`limit` must be >= 1 or null, got {self.limit}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+def write_puzzles(puzzles: list, folder: str | os.PathLike, style: StyleName) -> Path:
+    """Write puzzles in the released layout: ``<folder>/crossmath.jsonl`` + ``<folder>/images/<id>_blank.png``.
+
+    A folder that already holds exactly these records is left as it is, so a rerun (or the other
+    ranks, after the main process wrote it) costs no rendering.
+
+    Args:
+        puzzles: :class:`~tokenswap.crossmath.generator.Puzzle` objects.
+        folder: the style folder to write.
+        style: the visual style of the puzzle images.
+
+    Returns:
+        The JSONL path.
+    """
+    folder = Path(folder)
+    jsonl = folder / JSONL_NAME
+    records = [p.to_record() for p in puzzles]
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    if jsonl.exists() and jsonl.read_text(encoding="utf-8") == lines:
+        if all((folder / r["img_blank"]).exists() for r in records):
+            return jsonl
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    for puzzle, record in zip(puzzles, records):
+        # Write then rename, so a killed job never leaves a truncated PNG behind.
+        tmp = folder / (record["img_blank"] + ".tmp.png")
+        render_grid(puzzle.grid, style).save(tmp)
+        os.replace(tmp, folder / record["img_blank"])
+    tmp = jsonl.with_suffix(".jsonl.tmp")
+    tmp.write_text(lines, encoding="utf-8")
+    os.replace(tmp, jsonl)
+    return jsonl
+
+
+def crossmath_source(cfg: CrossMathDataConfig, generate_dir: str | os.PathLike) -> Path:
+    """The JSONL file or style folder a data section reads, generating its puzzles first when ``path`` is unset.
+
+    Args:
+        cfg: the data section.
+        generate_dir: where generated puzzles are written (a ``<Style>`` subfolder is made).
+
+    Returns:
+        A path :func:`~tokenswap.crossmath.data.load_crossmath` (and ``tokenswap crossmath eval --data``) accepts.
+    """
+    folder = STYLES[cfg.style].folder
+    if cfg.path is None:
+        puzzles = generate_puzzles(
+            cfg.n,
+            cfg.seed,
+            cfg.difficulty,
+            rows=cfg.rows,
+            cols=cfg.cols,
+            n_equations=cfg.n_equations,
+            number_range=tuple(cfg.number_range),
+        )
+        return write_puzzles(puzzles, Path(generate_dir) / folder, cfg.style)
+    source = Path(cfg.path)
+    # The top of a `tokenswap crossmath generate` output holds one folder per style.
+    if source.is_dir() and (source / folder).is_dir():
+        source = source / folder
+    return source
+
+
+def load_training_records(cfg: CrossMathDataConfig, generate_dir: str | os.PathLike) -> list[dict]:
+    """The records of a data section: loaded from ``cfg.path``, or generated into ``generate_dir``.
+
+    Args:
+        cfg: the data section.
+        generate_dir: where generated puzzles are written (a ``<Style>`` subfolder is made).
+
+    Returns:
+        Released-format records (the first ``cfg.limit``) with ``id`` and an absolute ``image_path``.
+
+    Raises:
+        FileNotFoundError: if ``cfg.path`` does not exist or holds no JSONL.
+        KeyError: if a record has no ``img_blank`` (image-only training needs the puzzle image).
+    """
+    source = crossmath_source(cfg, generate_dir)
+    records = load_crossmath(source)[: cfg.limit]
+    for record in records:
+        if "image_path" not in record:
+            raise KeyError(f"record {record['id']!r} of {source} has no img_blank; image-only training needs one")
+        record["image_path"] = str(Path(record["image_path"]).resolve())
+    return records
+
+
+def sft_example(record: dict) -> dict:
+    """One image-only SFT example in the :class:`~tokenswap.collator.TokenSwapCollator` schema.
+
+    The user turn is the image-modality instruction followed by the puzzle image (the ``<image>``
+    marker, filled from ``images``), as ``build_messages("image", ...)`` renders it; the target
+    verbalises the hop solver's rounds and ends in ``<answer>…</answer>``.
+
+    Args:
+        record: a loaded CrossMath record with ``image_path``.
+
+    Returns:
+        ``{"id", "messages": [user, assistant], "images": [image_path]}``.
+
+    Raises:
+        ValueError: if the hop solver cannot determine every blank of the record.
+    """
+    return {
+        "id": record["id"],
+        "messages": [
+            {"role": "user", "content": build_instruction("image") + "<image>"},
+            {"role": "assistant", "content": chain_of_thought(parse_markdown_table(record["markdown_table"]))},
+        ],
+        "images": [record["image_path"]],
+    }
+
+
+def grpo_dataset(records: list[dict]):
+    """Image-only GRPO prompts as a ``datasets.Dataset`` in the layout TRL's ``GRPOTrainer`` reads.
+
+    Columns: ``prompt`` (one user turn: the image-modality instruction, then an image placeholder
+    that TRL fills from the ``image`` column), ``image`` (the puzzle, decoded to PIL on access),
+    ``answer`` and ``answer_hops`` (passed to the reward functions), ``id`` and ``difficulty``.
+
+    Args:
+        records: loaded CrossMath records with ``image_path``.
+
+    Returns:
+        A ``datasets.Dataset`` with one row per record.
+    """
+    from datasets import Dataset, Image
+
+    prompt = [{"role": "user", "content": [{"type": "text", "text": build_instruction("image")}, {"type": "image"}]}]
+    rows = [
+        {
+            "id": record["id"],
+            "difficulty": record.get("difficulty"),
+            "prompt": prompt,
+            "image": record["image_path"],
+            **reward_columns(record),
+        }
+        for record in records
+    ]
+    return Dataset.from_list(rows).cast_column("image", Image())
