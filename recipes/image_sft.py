@@ -93,12 +93,13 @@ def main(cfg: ImageSFTConfig) -> None:
     os.makedirs(cfg.run.output_dir, exist_ok=True)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     accelerator_config = None
+    if cfg.train.deepspeed:
+        # Before any PartialState exists, so the process state is built for DeepSpeed.
+        os.environ.setdefault("ACCELERATE_USE_DEEPSPEED", "true")
     if world > 1 and (cfg.train.use_cpu or not torch.cuda.is_available()):
         # CPU ranks talk over gloo; the Trainer must reuse this state instead of building its own.
-        PartialState(cpu=True, backend="gloo")
+        PartialState(cpu=not cfg.train.deepspeed, backend="gloo")
         accelerator_config = {"use_configured_state": True}
-    if cfg.train.deepspeed:
-        os.environ.setdefault("ACCELERATE_USE_DEEPSPEED", "true")
     rank = int(os.environ.get("RANK", "0"))
     args = TrainingArguments(
         output_dir=cfg.run.output_dir,
@@ -127,7 +128,7 @@ def main(cfg: ImageSFTConfig) -> None:
         save_only_model=False,
     )
     if rank == 0:
-        with open(os.path.join(cfg.run.output_dir, "config.json"), "w") as f:
+        with open(os.path.join(cfg.run.output_dir, "run_config.json"), "w") as f:
             json.dump(config_to_dict(cfg), f, indent=2)
     init_wandb(cfg.wandb, cfg.run, stage="image_sft", config=config_to_dict(cfg), report_to=cfg.train.report_to)
 

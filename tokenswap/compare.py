@@ -1,0 +1,294 @@
+"""Compare the arms of paired runs: a markdown table, a plot, and optionally a W&B report.
+
+Runs are read from wherever they were logged:
+
+- a recipe output folder (``log_history.json`` + ``config.json`` written by every recipe);
+- a W&B offline run folder (``wandb/offline-run-*``) or its ``.wandb`` file, read directly
+  (W&B writes no summary file offline, so this module parses the record log);
+- ``wandb:ENTITY/PROJECT/GROUP`` through the W&B API (online runs of one pair).
+
+Runs with the same arm are treated as seeds: the table gives mean ± 95% CI across them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import struct
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["RunRecord", "compare_runs", "load_run", "make_wandb_report", "read_trainer_run", "read_wandb_offline"]
+
+DEFAULT_METRICS = ("loss", "gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/rel")
+ARM_ORDER = ("baseline", "text", "tokenswap")
+# Two-sided 95% Student-t quantiles by degrees of freedom (scipy is not a dependency).
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+@dataclass
+class RunRecord:
+    """One logged run: its name, pair (group), arm, config and per-step history."""
+
+    name: str
+    group: str
+    arm: str
+    config: dict = field(default_factory=dict)
+    history: list[dict] = field(default_factory=list)
+
+    def series(self, metric: str) -> tuple[list[float], list[float]]:
+        steps, values = [], []
+        for row in self.history:
+            if metric in row and row[metric] is not None:
+                steps.append(row.get("step", row.get("_step", len(steps))))
+                values.append(float(row[metric]))
+        return steps, values
+
+    def last(self, metric: str) -> float | None:
+        _, values = self.series(metric)
+        return values[-1] if values else None
+
+
+# ---------------------------------------------------------------------------- readers
+def _wandb_records(path: str):
+    """Yield the protobuf records of a ``.wandb`` file (LevelDB log framing, 32 KiB blocks)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    if data[:4] != b":W&B":
+        raise ValueError(f"{path} is not a W&B run file (bad magic {data[:4]!r})")
+    block, pos, pending = 32768, 7, b""
+    while pos + 7 <= len(data):
+        room = block - pos % block
+        if room < 7:  # the writer pads the tail of a block that cannot hold a header
+            pos += room
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0 and length == 0:
+            break
+        payload = data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind == 1:  # FULL
+            chunk = payload
+        elif kind == 2:  # FIRST
+            pending = payload
+            continue
+        elif kind == 3:  # MIDDLE
+            pending += payload
+            continue
+        else:  # LAST
+            chunk, pending = pending + payload, b""
+        record = pb.Record()
+        record.ParseFromString(chunk)
+        yield record
+
+
+def read_wandb_offline(path: str | os.PathLike) -> RunRecord:
+    """Read an offline W&B run (folder ``offline-run-*`` or its ``run-*.wandb`` file)."""
+    path = str(path)
+    if os.path.isdir(path):
+        files = glob.glob(os.path.join(path, "run-*.wandb"))
+        if not files:
+            raise FileNotFoundError(f"{path}: no run-*.wandb file; point at a wandb/offline-run-* folder")
+        path = files[0]
+    name = group = ""
+    config: dict = {}
+    history = []
+    for rec in _wandb_records(path):
+        kind = rec.WhichOneof("record_type")
+        if kind == "run":
+            name, group = rec.run.display_name, rec.run.run_group
+            config.update({u.key: json.loads(u.value_json) for u in rec.run.config.update})
+        elif kind == "config":
+            config.update({u.key: json.loads(u.value_json) for u in rec.config.update})
+        elif kind == "history":
+            row = {}
+            for item in rec.history.item:
+                key = item.key or "/".join(item.nested_key)
+                row[key] = json.loads(item.value_json)
+            row["step"] = row.get("train/global_step", row.get("_step"))
+            history.append(row)
+    history = [{(k[len("train/"):] if k.startswith("train/") else k): v for k, v in r.items()} for r in history]
+    return RunRecord(name=name, group=group, arm=str(config.get("arm", "?")), config=config, history=history)
+
+
+def read_trainer_run(output_dir: str | os.PathLike) -> RunRecord:
+    """Read a recipe output folder (``log_history.json`` + ``config.json``)."""
+    out = Path(output_dir)
+    log = out / "log_history.json"
+    if not log.exists():
+        raise FileNotFoundError(f"{out}: no log_history.json (written by the recipes when training ends)")
+    config = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
+    run = config.get("run", {})
+    return RunRecord(
+        name=f"{run.get('pair', out.name)}-{run.get('arm', '?')}",
+        group=run.get("pair", ""),
+        arm=run.get("arm", "?"),
+        config=config,
+        history=json.loads(log.read_text()),
+    )
+
+
+def read_wandb_api(spec: str) -> list[RunRecord]:
+    """``ENTITY/PROJECT/GROUP`` -> the runs of that group through the W&B API (needs a login)."""
+    import wandb
+
+    entity, project, group = spec.split("/", 2)
+    runs = wandb.Api().runs(f"{entity}/{project}", filters={"group": group})
+    out = []
+    for r in runs:
+        history = [dict(row, step=row.get("train/global_step", row.get("_step"))) for row in r.scan_history()]
+        history = [{(k[len("train/"):] if k.startswith("train/") else k): v for k, v in row.items()} for row in history]
+        out.append(RunRecord(name=r.name, group=group, arm=str(r.config.get("arm", "?")), config=dict(r.config),
+                             history=history))
+    return out
+
+
+def load_run(spec: str) -> list[RunRecord]:
+    """Dispatch on what ``spec`` points at (see module docstring)."""
+    if spec.startswith("wandb:"):
+        return read_wandb_api(spec[len("wandb:"):])
+    p = Path(spec)
+    if (p / "log_history.json").exists():
+        return [read_trainer_run(p)]
+    if p.suffix == ".wandb" or glob.glob(str(p / "run-*.wandb")):
+        return [read_wandb_offline(p)]
+    offline = sorted(glob.glob(str(p / "wandb" / "offline-run-*")))
+    if offline:
+        return [read_wandb_offline(offline[-1])]
+    raise FileNotFoundError(
+        f"{spec}: not a recipe output folder (log_history.json), a W&B offline run, or wandb:ENTITY/PROJECT/GROUP"
+    )
+
+
+# ---------------------------------------------------------------------------- comparison
+def _mean_ci(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, float("nan")
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, _T95.get(n - 1, 1.96) * sd / math.sqrt(n)
+
+
+def compare_runs(runs: list[RunRecord], metrics: tuple[str, ...] = DEFAULT_METRICS) -> dict:
+    """Final value of each metric per arm, mean ± 95% CI over the runs (seeds) of an arm.
+
+    Returns:
+        ``{"arms": {arm: {"n": int, metric: {"mean", "ci95", "values"}}}, "metrics": [...]}``.
+    """
+    by_arm: dict[str, list[RunRecord]] = defaultdict(list)
+    for r in runs:
+        by_arm[r.arm].append(r)
+    arms = sorted(by_arm, key=lambda a: (ARM_ORDER.index(a) if a in ARM_ORDER else len(ARM_ORDER), a))
+    table: dict = {"arms": {}, "metrics": list(metrics)}
+    for arm in arms:
+        row: dict = {"n": len(by_arm[arm]), "runs": [r.name for r in by_arm[arm]]}
+        for m in metrics:
+            values = [v for r in by_arm[arm] if (v := r.last(m)) is not None]
+            if values:
+                mean, ci = _mean_ci(values)
+                row[m] = {"mean": mean, "ci95": ci, "values": values}
+        table["arms"][arm] = row
+    return table
+
+
+def to_markdown(table: dict) -> str:
+    metrics = table["metrics"]
+    lines = ["| arm | runs | " + " | ".join(metrics) + " |", "|---|---|" + "---|" * len(metrics)]
+    for arm, row in table["arms"].items():
+        cells = []
+        for m in metrics:
+            if m not in row:
+                cells.append("—")
+            elif math.isnan(row[m]["ci95"]):
+                cells.append(f"{row[m]['mean']:.4f}")
+            else:
+                cells.append(f"{row[m]['mean']:.4f} ± {row[m]['ci95']:.4f}")
+        lines.append(f"| {arm} | {row['n']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_runs(runs: list[RunRecord], metrics: tuple[str, ...], path: str | os.PathLike) -> None:
+    """One panel per metric over steps; one colour per arm, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    present = [m for m in metrics if any(r.series(m)[1] for r in runs)]
+    fig, axes = plt.subplots(1, max(1, len(present)), figsize=(4.2 * max(1, len(present)), 3.4), squeeze=False)
+    colors = {"baseline": "tab:gray", "text": "tab:blue", "tokenswap": "tab:orange"}
+    for ax, m in zip(axes[0], present):
+        seen = set()
+        for r in runs:
+            steps, values = r.series(m)
+            if not values:
+                continue
+            label = r.arm if r.arm not in seen else None
+            seen.add(r.arm)
+            ax.plot(steps, values, color=colors.get(r.arm, "tab:green"), alpha=0.8, label=label, marker="." if len(values) < 20 else None)
+        ax.set_title(m)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    if present:
+        axes[0][0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def make_wandb_report(entity: str, project: str, group: str, metrics: tuple[str, ...] = DEFAULT_METRICS, title: str | None = None):
+    """A W&B report (``wandb-workspaces``) whose panels put the arms of ``group`` side by side.
+
+    Returns the unsaved ``Report``; call ``.save()`` to publish it (needs a login).
+    """
+    try:
+        import wandb_workspaces.reports.v2 as wr
+    except ImportError as e:
+        raise ImportError("--wandb-report needs `pip install wandb-workspaces` (extra: tokenswap[report])") from e
+
+    runset = wr.Runset(entity=entity, project=project, name=group, filters=f"Config('pair') == '{group}'",
+                       groupby=["arm"])
+    # The Trainer's W&B callback logs under train/.
+    panels = [wr.LinePlot(title=m, x="Step", y=[f"train/{m}"], groupby="arm") for m in metrics]
+    return wr.Report(
+        entity=entity,
+        project=project,
+        title=title or f"TokenSwap pair {group}",
+        description="Paired arms (baseline / text / tokenswap): same samples, same order; only the user side differs.",
+        blocks=[wr.H1(f"Pair {group}"), wr.PanelGrid(runsets=[runset], panels=panels)],
+    )
+
+
+def cli_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tokenswap compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", nargs="+", required=True,
+                        help="recipe output folders, W&B offline run folders, or wandb:ENTITY/PROJECT/GROUP")
+    parser.add_argument("--out", required=True, help="folder for comparison.md, comparison.json, comparison.png")
+    parser.add_argument("--metrics", nargs="+", default=list(DEFAULT_METRICS))
+    parser.add_argument("--wandb-report", action="store_true", help="also create a W&B report (needs --entity/--project/--group)")
+    parser.add_argument("--entity")
+    parser.add_argument("--project", default="tokenswap")
+    parser.add_argument("--group")
+    args = parser.parse_args(argv)
+    runs = [r for spec in args.runs for r in load_run(spec)]
+    table = compare_runs(runs, tuple(args.metrics))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "comparison.json").write_text(json.dumps(table, indent=2))
+    (out / "comparison.md").write_text(to_markdown(table))
+    plot_runs(runs, tuple(args.metrics), out / "comparison.png")
+    print(to_markdown(table))
+    print(f"wrote {out / 'comparison.md'}, {out / 'comparison.png'}, {out / 'comparison.json'}")
+    if args.wandb_report:
+        if not (args.entity and args.group):
+            parser.error("--wandb-report needs --entity and --group")
+        report = make_wandb_report(args.entity, args.project, args.group, tuple(args.metrics))
+        report.save()
+        print(f"W&B report: {report.url}")
+    return 0
