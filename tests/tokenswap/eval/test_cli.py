@@ -1,0 +1,55 @@
+"""`tokenswap eval` end to end on a local bench, and the bench config file."""
+
+from __future__ import annotations
+
+import json
+
+from datasets import Dataset, Features, Image, Sequence, Value
+from PIL import Image as PILImage
+
+from tokenswap.config import load_config
+from tokenswap.eval.bench_builder import BenchBuildConfig
+from tokenswap.eval.cli import cli_main
+
+CONCEPTS = ["cat", "dog", "sun", "car"]
+
+
+def _write_bench(root) -> None:
+    base = {"subject": Value("string"), "question": Value("string"), "choices": Sequence(Value("string"))}
+    base["answer"] = Value("int64")
+    text, img = [], []
+    for i, c in enumerate(CONCEPTS):
+        q = f"Is the {c} small?"
+        text.append({"subject": "miscellaneous", "question": q, "choices": ["yes", "no", "maybe", c], "answer": i})
+        img.append(
+            {
+                "subject": "miscellaneous",
+                "question": "Is the <image 1> small?",
+                "choices": ["yes", "no", "maybe", "<image 1>"],
+                "answer": i,
+                "image_1": PILImage.new("RGB", (28, 28), ["red", "green", "blue", "white"][i]),
+            }
+        )
+    for config, rows, features in (
+        ("text", text, Features(base)),
+        ("img", img, Features({**base, "image_1": Image()})),
+    ):
+        (root / config).mkdir(parents=True)
+        Dataset.from_list(rows, features=features).to_parquet(str(root / config / "test-00000-of-00001.parquet"))
+
+
+def test_eval_cli_writes_gap_json_and_md(tiny_qwen2vl, tmp_path):
+    _write_bench(tmp_path / "bench")
+    out = tmp_path / "out"
+    argv = ["--model", str(tiny_qwen2vl), "--bench", str(tmp_path / "bench"), "--scorer", "loglik"]
+    argv += ["--batch-size", "2", "--out", str(out), "--recognition"]
+    assert cli_main(argv) == 0
+    result = json.loads((out / "gap.json").read_text())
+    assert result["n"] == 4 and result["scorer"] == "loglik" and result["recognition_n"] == 4
+    assert result["gap"] == result["acc_text"] - result["acc_interleaved"]
+    assert "| all | 4 |" in (out / "gap.md").read_text()
+
+
+def test_bench_config_loads():
+    cfg = load_config(BenchBuildConfig, "bench_mmlu.yaml")
+    assert cfg.filters == ["validity", "importance", "caption"] and cfg.judge.backend == "openai"
