@@ -168,6 +168,8 @@ def main(cfg: ImageSFTConfig) -> None:
         processor.save_pretrained(cfg.run.output_dir)
         with open(os.path.join(cfg.run.output_dir, "collator_stats.json"), "w") as f:
             json.dump(dict(collator.stats), f, indent=2)
+        with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
+            json.dump(trainer.state.log_history, f, indent=2)
     print0(f"[image_sft] saved: {cfg.run.output_dir}")
 
     # ------------------------------------------------------------------ held-out eval (image modality, rank 0)

@@ -1,0 +1,192 @@
+"""GRPO on image-only CrossMath prompts with the hop-weighted reward, starting from the image-only SFT model
+(CrossMath paper §GRPO, SPECS §1.9: 4 rollouts, LoRA r=16, lr 1e-6, 200 steps, max completion 6000).
+
+The reward of a completion is ``Σ w_i·1[pred_i == gold_i] / Σ w_i`` over the blanks, with ``w_i``
+growing with the blank's hop depth (``reward.weighting``: linear ``hop``, power ``hop**p``, affine
+``1 + alpha·(hop-1)``); optionally plus ``reward.format_weight`` × a well-formed-answer reward.
+
+    # after recipes/image_sft.py wrote outputs/image_sft_crossmath (merged model + processor)
+    accelerate launch --config_file configs/accelerate/zero2.yaml recipes/grpo.py --config grpo_crossmath.yaml
+
+    # another weighting, with dotted overrides
+    accelerate launch --config_file configs/accelerate/zero2.yaml recipes/grpo.py --config grpo_crossmath.yaml \\
+        reward.weighting=power reward.p=2 run.output_dir=outputs/grpo_crossmath_power2
+
+    # tiny CPU run (tests, demo); generation runs through transformers, no vLLM
+    python -m tokenswap.testing .cache
+    python recipes/grpo.py --config tiny/grpo_crossmath.yaml
+
+TRL logs ``rewards/<reward name>/mean`` (e.g. ``rewards/hop_weighted_reward_linear/mean``) every
+``train.logging_steps``. With LoRA the reference model of the KL term (``grpo.beta > 0``) is the
+starting model itself, with the adapter disabled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from accelerate import PartialState
+from trl import GRPOConfig, GRPOTrainer
+
+from tokenswap.config import config_to_dict, parse_config
+from tokenswap.crossmath import REWARDS, get_hop_weighted_reward
+from tokenswap.crossmath.training_data import CrossMathDataConfig, grpo_dataset, load_training_records
+from tokenswap.training import (
+    ModelConfig,
+    RunConfig,
+    TrainConfig,
+    WandbConfig,
+    init_wandb,
+    load_model_and_processor,
+    print0,
+)
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    num_generations: int = 4
+    """Completions sampled per puzzle (the group whose rewards are normalised into advantages)."""
+    max_completion_length: int = 6000
+    """Token budget per completion; a completion cut here usually has no <answer> and scores 0."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling of the rollouts."""
+    beta: float = 0.04
+    """KL coefficient against the starting model (0: no KL term and no reference forward)."""
+
+
+@dataclass(kw_only=True)
+class RewardConfig:
+    name: Literal["hop_weighted", "micro_accuracy"] = "hop_weighted"
+    """Accuracy reward from tokenswap.crossmath.REWARDS; hop_weighted uses `weighting`, `p` and `alpha`."""
+    weighting: Literal["linear", "power", "affine", "uniform"] = "linear"
+    """Hop weights: linear w=hop, power w=hop**p, affine w=1+alpha*(hop-1), uniform w=1 (= micro accuracy)."""
+    p: float = 1.0
+    """Exponent of the power weighting."""
+    alpha: float = 1.0
+    """Slope of the affine weighting."""
+    format_weight: float = 0.0
+    """Weight of the well-formed-answer reward added to the accuracy reward (0: not used)."""
+
+    def __post_init__(self) -> None:
+        if self.format_weight < 0:
+            raise ValueError(f"`format_weight` must be >= 0, got {self.format_weight}")
+
+
+@dataclass(kw_only=True)
+class GRPORecipeConfig:
+    run: RunConfig
+    """Output folder and W&B naming; `arm` must be text (no concepts are swapped)."""
+    model: ModelConfig
+    """The starting checkpoint (the merged image-SFT output) and the new LoRA adapter."""
+    data: CrossMathDataConfig = field(default_factory=CrossMathDataConfig)
+    """Training puzzles: a `tokenswap crossmath generate` folder, or generated on the fly."""
+    grpo: RolloutConfig = field(default_factory=RolloutConfig)
+    """Rollouts per puzzle, completion budget, sampling, KL."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Which reward, and how hops are weighted."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Optimizer, schedule, precision, DeepSpeed, checkpoints; per-device batch counts completions."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Run naming: {pair}-{arm} in group {pair}."""
+
+    def __post_init__(self) -> None:
+        if self.run.arm != "text":
+            raise ValueError(f"CrossMath GRPO swaps no concepts: set `run.arm: text`, got {self.run.arm!r}")
+
+
+def main(cfg: GRPORecipeConfig) -> None:
+    # ------------------------------------------------------------------ setup
+    os.makedirs(cfg.run.output_dir, exist_ok=True)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    accelerator_config = None
+    if cfg.train.deepspeed:
+        # Before any PartialState exists, so the process state is built for DeepSpeed.
+        os.environ.setdefault("ACCELERATE_USE_DEEPSPEED", "true")
+    if world > 1 and (cfg.train.use_cpu or not torch.cuda.is_available()):
+        # CPU ranks talk over gloo; the Trainer must reuse this state instead of building its own.
+        PartialState(cpu=not cfg.train.deepspeed, backend="gloo")
+        accelerator_config = {"use_configured_state": True}
+    rank = int(os.environ.get("RANK", "0"))
+    args = GRPOConfig(
+        output_dir=cfg.run.output_dir,
+        run_name=f"{cfg.run.pair}-{cfg.run.arm}",
+        seed=cfg.run.seed,
+        per_device_train_batch_size=cfg.train.per_device_train_batch_size,
+        gradient_accumulation_steps=cfg.train.gradient_accumulation_steps,
+        learning_rate=cfg.train.learning_rate,
+        lr_scheduler_type=cfg.train.lr_scheduler_type,
+        warmup_steps=cfg.train.warmup_steps,
+        weight_decay=cfg.train.weight_decay,
+        num_train_epochs=cfg.train.num_train_epochs,
+        max_steps=cfg.train.max_steps,
+        bf16=cfg.train.bf16,
+        activation_checkpointing=cfg.train.gradient_checkpointing,
+        deepspeed=cfg.train.deepspeed,
+        logging_steps=cfg.train.logging_steps,
+        save_steps=cfg.train.save_steps,
+        save_total_limit=cfg.train.save_total_limit,
+        dataloader_num_workers=cfg.train.dataloader_num_workers,
+        report_to=cfg.train.report_to,
+        use_cpu=cfg.train.use_cpu,
+        accelerator_config=accelerator_config,
+        # The rewards read answer/answer_hops and TRL reads image; keep every column.
+        remove_unused_columns=False,
+        num_generations=cfg.grpo.num_generations,
+        max_completion_length=cfg.grpo.max_completion_length,
+        temperature=cfg.grpo.temperature,
+        top_p=cfg.grpo.top_p,
+        beta=cfg.grpo.beta,
+        reward_weights=[1.0, cfg.reward.format_weight] if cfg.reward.format_weight > 0 else None,
+    )
+    if rank == 0:
+        with open(os.path.join(cfg.run.output_dir, "run_config.json"), "w") as f:
+            json.dump(config_to_dict(cfg), f, indent=2)
+    init_wandb(cfg.wandb, cfg.run, stage="grpo", config=config_to_dict(cfg), report_to=cfg.train.report_to)
+
+    # ------------------------------------------------------------------ data, rewards
+    # Rank 0 generates and renders the puzzles; the other ranks then find them on disk.
+    with args.main_process_first(desc="crossmath data"):
+        records = load_training_records(cfg.data, os.path.join(cfg.run.output_dir, "train_data"))
+    train_dataset = grpo_dataset(records)
+    if cfg.reward.name == "hop_weighted":
+        accuracy = get_hop_weighted_reward(cfg.reward.weighting, cfg.reward.p, cfg.reward.alpha)
+    else:
+        accuracy = REWARDS[cfg.reward.name]
+    reward_funcs = [accuracy, REWARDS["format"]] if cfg.reward.format_weight > 0 else [accuracy]
+    print0(
+        f"[grpo] {cfg.run.pair}: {len(train_dataset)} puzzles ({cfg.data.style} style), "
+        f"rewards {[f.__name__ for f in reward_funcs]}"
+    )
+
+    # ------------------------------------------------------------------ model (after GRPOConfig: ZeRO-3 init)
+    model, processor = load_model_and_processor(cfg.model)
+
+    # ------------------------------------------------------------------ train
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=train_dataset,
+        processing_class=processor,
+    )
+    resume = cfg.train.resume_from_checkpoint
+    trainer.train(resume_from_checkpoint=True if resume == "latest" else resume)
+
+    # ------------------------------------------------------------------ save
+    # With LoRA this is the adapter (adapter_config.json names the starting model); without, the full model.
+    trainer.save_model(cfg.run.output_dir)
+    if trainer.is_world_process_zero():
+        processor.save_pretrained(cfg.run.output_dir)
+        with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
+            json.dump(trainer.state.log_history, f, indent=2)
+    print0(f"[grpo] done: {cfg.run.output_dir}")
+
+
+if __name__ == "__main__":
+    main(parse_config(GRPORecipeConfig))

@@ -1,0 +1,155 @@
+"""Run the CrossMath recipes' real entry points (image-only SFT, then GRPO from its output) on CPU with the tiny model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from tokenswap.config import load_config
+from tokenswap.crossmath import gold_answer, gold_hops, load_crossmath
+from tokenswap.crossmath.rewards import completion_text
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_recipe(name: str):
+    spec = importlib.util.spec_from_file_location(f"recipe_{name}", ROOT / "recipes" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve string annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def log_history(out: Path) -> list[dict]:
+    return json.loads((out / "log_history.json").read_text())
+
+
+def lora_b(folder: Path) -> dict[str, torch.Tensor]:
+    weights = load_file(folder / "adapter_model.safetensors")
+    return {k: v for k, v in weights.items() if "lora_B" in k}
+
+
+@pytest.fixture(scope="module")
+def image_sft():
+    return load_recipe("image_sft")
+
+
+@pytest.fixture(scope="module")
+def grpo():
+    return load_recipe("grpo")
+
+
+@pytest.fixture(scope="module")
+def sft_out(image_sft, tiny_qwen2vl, tmp_path_factory):
+    """One tiny image-only SFT run (3 steps, LoRA merged, held-out eval), shared by the SFT and GRPO tests."""
+    out = tmp_path_factory.mktemp("image_sft")
+    cfg = load_config(
+        image_sft.ImageSFTConfig,
+        "tiny/image_sft_crossmath.yaml",
+        [f"run.output_dir={out}", f"model.name_or_path={tiny_qwen2vl}"],
+    )
+    image_sft.main(cfg)
+    return out
+
+
+def test_real_crossmath_configs_validate(image_sft, grpo):
+    sft = load_config(image_sft.ImageSFTConfig, "image_sft_crossmath.yaml")
+    assert sft.model.lora.r == 16 and sft.train.learning_rate == 2e-5 and sft.collator.max_length == 5000
+    assert sft.train.gradient_accumulation_steps == 8 and sft.train.num_train_epochs == 2
+    rl = load_config(grpo.GRPORecipeConfig, "grpo_crossmath.yaml")
+    assert rl.model.name_or_path == sft.run.output_dir  # GRPO starts from the SFT output
+    assert (rl.grpo.num_generations, rl.grpo.max_completion_length, rl.train.max_steps) == (4, 6000, 200)
+    assert rl.model.lora.r == 16 and rl.train.learning_rate == 1e-6 and rl.reward.name == "hop_weighted"
+    with pytest.raises(ValueError, match="run.arm: text"):
+        load_config(grpo.GRPORecipeConfig, "grpo_crossmath.yaml", ["run.arm=tokenswap"])
+    with pytest.raises(ValueError, match="reward.weighting"):
+        load_config(grpo.GRPORecipeConfig, "grpo_crossmath.yaml", ["reward.weighting=cubic"])
+
+
+def test_image_sft_trains_merges_saves_and_evaluates(sft_out, tiny_qwen2vl):
+    losses = [h["loss"] for h in log_history(sft_out) if "loss" in h]
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    assert losses[-1] < losses[0]
+    # LoRA B starts at zero: non-zero B means the adapter was trained.
+    assert all(b.abs().max() > 0 for b in lora_b(sft_out / "adapter").values())
+    stats = json.loads((sft_out / "collator_stats.json").read_text())
+    # Every sample carried its puzzle and nothing was cut (the loader may collate one batch ahead: >= 3 x 2).
+    assert stats["images"] == stats["samples"] >= 6 and stats.get("samples_truncated", 0) == 0
+
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    merged = AutoModelForImageTextToText.from_pretrained(sft_out)
+    base = AutoModelForImageTextToText.from_pretrained(tiny_qwen2vl)
+    AutoProcessor.from_pretrained(sft_out)
+    name = next(n for n, _ in merged.named_parameters() if "language_model" in n and n.endswith("q_proj.weight"))
+    assert not torch.equal(merged.get_parameter(name), base.get_parameter(name))
+    vision = next(n for n, _ in merged.named_parameters() if "visual.blocks" in n)
+    assert torch.equal(merged.get_parameter(vision), base.get_parameter(vision))  # LoRA covers the LLM only
+
+    report = json.loads((sft_out / "eval" / "metrics_image.json").read_text())
+    assert report["modality"] == "image" and report["n"] == 4 and report["model"] == str(sft_out)
+    heldout = {r["markdown_table"] for r in load_crossmath(sft_out / "eval_data" / "Original")}
+    train = {r["markdown_table"] for r in load_crossmath(sft_out / "train_data" / "Original")}
+    assert heldout and not heldout & train
+
+
+def test_grpo_from_sft_checkpoint(grpo, sft_out, tmp_path, monkeypatch):
+    calls: list[dict] = []
+    real_factory = grpo.get_hop_weighted_reward
+
+    def recording_factory(weighting, p, alpha):
+        reward = real_factory(weighting, p, alpha)
+
+        def recorded(completions, answer, answer_hops, **kwargs):
+            calls.append({"completions": completions, "answer": answer, "answer_hops": answer_hops, **kwargs})
+            scores = reward(completions, answer, answer_hops, **kwargs)
+            # A random tiny model never writes <answer>, so every real score is 0 and GRPO's advantages
+            # vanish; a tie-breaker gives each group variance so the policy update path is exercised.
+            return [s + 0.01 * i for i, s in enumerate(scores)]
+
+        recorded.__name__ = reward.__name__
+        return recorded
+
+    monkeypatch.setattr(grpo, "get_hop_weighted_reward", recording_factory)
+    out = tmp_path / "grpo"
+    cfg = load_config(
+        grpo.GRPORecipeConfig,
+        "tiny/grpo_crossmath.yaml",
+        [f"run.output_dir={out}", f"model.name_or_path={sft_out}"],
+    )
+    grpo.main(cfg)
+
+    # The reward saw the dataset columns, per completion, matching the puzzle each completion answers.
+    assert len(calls) == 2
+    records = {r["id"]: r for r in load_crossmath(out / "train_data" / "Original")}
+    for call in calls:
+        assert {"prompts", "completions", "answer", "answer_hops", "image", "id", "difficulty"} <= set(call)
+        assert len(call["completions"]) == 4 and len(set(call["id"])) == 1  # one puzzle x 4 rollouts
+        record = records[call["id"][0]]
+        assert call["answer"][0] == gold_answer(record) and call["answer_hops"][0] == gold_hops(record)
+        assert isinstance(completion_text(call["completions"][0]), str)
+        with Image.open(record["image_path"]) as image:
+            assert call["image"][0].size == image.size
+
+    logs = [h for h in log_history(out) if "loss" in h]
+    assert len(logs) == 2 and all(math.isfinite(h["loss"]) for h in logs)
+    assert all("rewards/hop_weighted_reward_linear/mean" in h and "rewards/format_reward/mean" in h for h in logs)
+    assert all(h["reward_std"] > 0 for h in logs)
+
+    # A fresh adapter on the SFT weights: it moved, and it reloads on top of the SFT checkpoint.
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == str(sft_out)
+    assert any(b.abs().max() > 0 for b in lora_b(out).values())
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(sft_out), out)
+    assert model.peft_config["default"].r == 16
+    AutoProcessor.from_pretrained(out)
