@@ -23,6 +23,7 @@ starting model itself, with the adapter disabled.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import Literal
 
 import torch
 from accelerate import PartialState
+from peft import LoraConfig as PeftLoraConfig
 from trl import GRPOConfig, GRPOTrainer
 
 from tokenswap.config import config_to_dict, parse_config
@@ -165,7 +167,18 @@ def main(cfg: GRPORecipeConfig) -> None:
     )
 
     # ------------------------------------------------------------------ model (after GRPOConfig: ZeRO-3 init)
-    model, processor = load_model_and_processor(cfg.model)
+    # TRL adds the adapter itself (dtype handled for ZeRO-3), and with a fresh adapter the KL reference is
+    # the starting model with adapters disabled, instead of a second adapter copied from the first.
+    model, processor = load_model_and_processor(dataclasses.replace(cfg.model, lora=None))
+    peft_config = None
+    if cfg.model.lora is not None:
+        peft_config = PeftLoraConfig(
+            r=cfg.model.lora.r,
+            lora_alpha=cfg.model.lora.alpha,
+            lora_dropout=cfg.model.lora.dropout,
+            target_modules=cfg.model.lora.target_modules,
+            task_type="CAUSAL_LM",
+        )
 
     # ------------------------------------------------------------------ train
     trainer = GRPOTrainer(
@@ -174,6 +187,7 @@ def main(cfg: GRPORecipeConfig) -> None:
         args=args,
         train_dataset=train_dataset,
         processing_class=processor,
+        peft_config=peft_config,
     )
     resume = cfg.train.resume_from_checkpoint
     trainer.train(resume_from_checkpoint=True if resume == "latest" else resume)

@@ -59,6 +59,14 @@ from tokenswap.crossmath.rewards import (
     micro_accuracy_reward,
 )
 from tokenswap.crossmath.solver import HopSolution, chain_of_thought, solve
+from tokenswap.crossmath.training_data import (
+    CrossMathDataConfig,
+    crossmath_source,
+    grpo_dataset,
+    load_training_records,
+    sft_example,
+    write_puzzles,
+)
 
 __all__ = [
     "BLANK",
@@ -69,6 +77,7 @@ __all__ = [
     "OPERATORS",
     "REWARDS",
     "STYLES",
+    "CrossMathDataConfig",
     "Difficulty",
     "Equation",
     "HopSolution",
@@ -83,6 +92,7 @@ __all__ = [
     "build_user_content",
     "chain_of_thought",
     "classify_difficulty",
+    "crossmath_source",
     "extract_answer",
     "find_equations",
     "find_jsonl",
@@ -94,11 +104,13 @@ __all__ = [
     "get_hop_weighted_reward",
     "gold_answer",
     "gold_hops",
+    "grpo_dataset",
     "hop_weighted_reward",
     "hop_weights",
     "khop_accuracy",
     "load_crossmath",
     "load_image",
+    "load_training_records",
     "macro_accuracy",
     "micro_accuracy",
     "micro_accuracy_reward",
@@ -109,6 +121,8 @@ __all__ = [
     "render_grid",
     "reward_columns",
     "score_run",
+    "sft_example",
     "sft_messages",
     "solve",
+    "write_puzzles",
 ]
