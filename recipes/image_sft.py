@@ -11,7 +11,7 @@ the hop solver's rounds and ends in ``<answer>…</answer>`` (CrossMath paper §
     accelerate launch --config_file configs/accelerate/zero2.yaml recipes/image_sft.py \\
         --config image_sft_crossmath.yaml data.path=data/crossmath_train train.num_train_epochs=1
 
-    # tiny CPU run (tests, demo); builds nothing but the tiny checkpoint
+    # tiny CPU run (tests, demo); the first line writes .cache/tiny-qwen2vl once
     python -m tokenswap.testing .cache
     python recipes/image_sft.py --config tiny/image_sft_crossmath.yaml
 
