@@ -12,7 +12,7 @@ growing with the blank's hop depth (``reward.weighting``: linear ``hop``, power 
     accelerate launch --config_file configs/accelerate/zero2.yaml recipes/grpo.py --config grpo_crossmath.yaml \\
         reward.weighting=power reward.p=2 run.output_dir=outputs/grpo_crossmath_power2
 
-    # tiny CPU run (tests, demo; rollouts use transformers generate, no vLLM); the first line writes .cache/tiny-qwen2vl once
+    # tiny CPU run (tests, demo; rollouts use transformers generate, no vLLM); line 1 writes .cache/tiny-qwen2vl
     python -m tokenswap.testing .cache
     python recipes/grpo.py --config tiny/grpo_crossmath.yaml
 

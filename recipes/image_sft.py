@@ -178,7 +178,7 @@ def main(cfg: ImageSFTConfig) -> None:
         seen = {record["markdown_table"] for record in records}
         overlap = [r["id"] for r in load_crossmath(heldout)[: cfg.eval.data.limit] if r["markdown_table"] in seen]
         if overlap:
-            raise ValueError(f"eval puzzles {overlap[:5]} are training puzzles too; give eval.data another seed or path")
+            raise ValueError(f"eval puzzles {overlap[:5]} are also training puzzles; give eval.data another seed")
         argv = ["eval", "--model", cfg.run.output_dir, "--data", str(heldout), "--modality", "image"]
         argv += ["--max-new-tokens", str(cfg.eval.max_new_tokens), "--batch-size", str(cfg.eval.batch_size)]
         argv += ["--out", os.path.join(cfg.run.output_dir, "eval")]

@@ -1,4 +1,4 @@
-"""Run the CrossMath recipes' real entry points (image-only SFT, then GRPO from its output) on CPU with the tiny model."""
+"""Run the CrossMath recipes (image-only SFT, then GRPO from its output) on CPU with the tiny model."""
 
 from __future__ import annotations
 
