@@ -43,10 +43,12 @@ from tokenswap.training import (
     build_collator,
     build_image_store,
     build_gap_callback,
+    finish_wandb,
     init_wandb,
     install_first,
     load_model_and_processor,
     print0,
+    resolve_checkpoint,
 )
 
 
@@ -120,7 +122,7 @@ def main(cfg: PostTrainConfig) -> None:
         save_only_model=False,
     )
     if rank == 0:
-        with open(os.path.join(cfg.run.output_dir, "config.json"), "w") as f:
+        with open(os.path.join(cfg.run.output_dir, "tokenswap_config.json"), "w") as f:
             json.dump(config_to_dict(cfg), f, indent=2)
     init_wandb(cfg.wandb, cfg.run, stage="post_train", config=config_to_dict(cfg), report_to=cfg.train.report_to)
 
@@ -133,7 +135,8 @@ def main(cfg: PostTrainConfig) -> None:
     print0(f"[post_train] {cfg.run.pair}-{cfg.run.arm}: {len(train_dataset)} samples")
 
     # ------------------------------------------------------------------ model (after TrainingArguments: ZeRO-3 init)
-    model, processor = load_model_and_processor(cfg.model)
+    resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
+    model, processor = load_model_and_processor(cfg.model, resume_from=resume)
     store = build_image_store(cfg.image_store) if cfg.run.arm == "tokenswap" else None
     collator = build_collator(
         cfg.collator, processor, store, cfg.run.arm, learn="assistant", image_root=cfg.data.llava_image_root
@@ -154,8 +157,7 @@ def main(cfg: PostTrainConfig) -> None:
         callbacks=callbacks,
     )
     install_first(trainer, SwapStatsCallback(collator))
-    resume = cfg.train.resume_from_checkpoint
-    trainer.train(resume_from_checkpoint=True if resume == "latest" else resume)
+    trainer.train(resume_from_checkpoint=resume)
 
     # ------------------------------------------------------------------ save
     trainer.save_model(cfg.run.output_dir)
@@ -165,6 +167,7 @@ def main(cfg: PostTrainConfig) -> None:
             json.dump(dict(collator.stats), f, indent=2)
         with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
             json.dump(trainer.state.log_history, f, indent=2)
+    finish_wandb()
     print0(f"[post_train] done: {cfg.run.output_dir}")
 
 

@@ -39,10 +39,12 @@ from tokenswap.training import (
     build_collator,
     build_image_store,
     build_gap_callback,
+    finish_wandb,
     init_wandb,
     install_first,
     load_model_and_processor,
     print0,
+    resolve_checkpoint,
 )
 
 
@@ -118,7 +120,7 @@ def main(cfg: PretrainConfig) -> None:
         save_only_model=False,
     )
     if rank == 0:
-        with open(os.path.join(cfg.run.output_dir, "config.json"), "w") as f:
+        with open(os.path.join(cfg.run.output_dir, "tokenswap_config.json"), "w") as f:
             json.dump(config_to_dict(cfg), f, indent=2)
     init_wandb(cfg.wandb, cfg.run, stage="pretrain", config=config_to_dict(cfg), report_to=cfg.train.report_to)
 
@@ -128,7 +130,8 @@ def main(cfg: PretrainConfig) -> None:
     print0(f"[pretrain] {cfg.run.pair}-{cfg.run.arm}: {len(train_dataset)} samples")
 
     # ------------------------------------------------------------------ model (after TrainingArguments: ZeRO-3 init)
-    model, processor = load_model_and_processor(cfg.model)
+    resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
+    model, processor = load_model_and_processor(cfg.model, resume_from=resume)
     store = build_image_store(cfg.image_store) if cfg.run.arm == "tokenswap" else None
     collator = build_collator(
         cfg.collator, processor, store, cfg.run.arm, learn="all", image_root=cfg.data.llava_image_root
@@ -149,8 +152,7 @@ def main(cfg: PretrainConfig) -> None:
         callbacks=callbacks,
     )
     install_first(trainer, SwapStatsCallback(collator))
-    resume = cfg.train.resume_from_checkpoint
-    trainer.train(resume_from_checkpoint=True if resume == "latest" else resume)
+    trainer.train(resume_from_checkpoint=resume)
 
     # ------------------------------------------------------------------ save
     trainer.save_model(cfg.run.output_dir)
@@ -160,6 +162,7 @@ def main(cfg: PretrainConfig) -> None:
             json.dump(dict(collator.stats), f, indent=2)
         with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
             json.dump(trainer.state.log_history, f, indent=2)
+    finish_wandb()
     print0(f"[pretrain] done: {cfg.run.output_dir}")
 
 

@@ -2,7 +2,7 @@
 
 Runs are read from wherever they were logged:
 
-- a recipe output folder (``log_history.json`` + ``config.json`` written by every recipe);
+- a recipe output folder (``log_history.json`` + ``tokenswap_config.json`` written by every recipe);
 - a W&B offline run folder (``wandb/offline-run-*``) or its ``.wandb`` file, read directly
   (W&B writes no summary file offline, so this module parses the record log);
 - ``wandb:ENTITY/PROJECT/GROUP`` through the W&B API (online runs of one pair).
@@ -117,12 +117,12 @@ def read_wandb_offline(path: str | os.PathLike) -> RunRecord:
 
 
 def read_trainer_run(output_dir: str | os.PathLike) -> RunRecord:
-    """Read a recipe output folder (``log_history.json`` + ``config.json``)."""
+    """Read a recipe output folder (``log_history.json`` + ``tokenswap_config.json``)."""
     out = Path(output_dir)
     log = out / "log_history.json"
     if not log.exists():
         raise FileNotFoundError(f"{out}: no log_history.json (written by the recipes when training ends)")
-    config = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
+    config = json.loads((out / "tokenswap_config.json").read_text()) if (out / "tokenswap_config.json").exists() else {}
     run = config.get("run", {})
     return RunRecord(
         name=f"{run.get('pair', out.name)}-{run.get('arm', '?')}",

@@ -32,11 +32,13 @@ __all__ = [
     "build_collator",
     "build_gap_callback",
     "build_image_store",
+    "finish_wandb",
     "init_wandb",
     "install_first",
     "load_model_and_processor",
     "print0",
     "resolve_attn_implementation",
+    "resolve_checkpoint",
 ]
 
 logger = logging.getLogger(__name__)
@@ -135,8 +137,8 @@ class TrainConfig:
     """Peak learning rate."""
     lr_scheduler_type: str = "cosine"
     """Any transformers scheduler name."""
-    warmup_ratio: float = 0.03
-    """Fraction of steps of linear warm-up."""
+    warmup_steps: float = 0.03
+    """Linear warm-up: a step count, or a fraction of all steps when < 1."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     num_train_epochs: float = 1.0
@@ -223,17 +225,36 @@ def resolve_attn_implementation(requested: str) -> str:
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "auto": "auto"}
 
 
-def load_model_and_processor(cfg: ModelConfig):
+def resolve_checkpoint(output_dir: str, resume: str | None) -> str | None:
+    """``"latest"`` -> the newest ``checkpoint-N`` in ``output_dir`` (None if there is none yet)."""
+    if resume != "latest":
+        return resume
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+
+
+def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None):
     """Load a Qwen2-VL-family checkpoint with the configured pixels, attention, freezing and LoRA.
 
     Under DeepSpeed ZeRO-3 call this after creating ``TrainingArguments`` so weights load
     partitioned (``zero.Init``).
+
+    Args:
+        cfg: the model section.
+        resume_from: a Trainer checkpoint folder of a full-weight run to take the weights from.
+            transformers 5.24's ``Trainer`` resume loads Qwen2-VL checkpoints with
+            ``strict=False`` into renamed keys (``model.layers.*`` on disk vs
+            ``model.language_model.layers.*`` in memory) and so silently keeps the initial
+            weights; ``from_pretrained`` applies the key mapping. Optimizer, scheduler and RNG
+            state still come from the Trainer.
     """
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     processor = AutoProcessor.from_pretrained(cfg.name_or_path, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
+    weights = resume_from if resume_from is not None and cfg.lora is None else cfg.name_or_path
     model = AutoModelForImageTextToText.from_pretrained(
-        cfg.name_or_path,
+        weights,
         dtype=_DTYPES[cfg.dtype],
         attn_implementation=resolve_attn_implementation(cfg.attn_implementation),
     )
@@ -370,3 +391,11 @@ def build_gap_callback(cfg: GapEvalConfig, processor, store: ImageStore | None):
         cfg.bench, processor=processor, every_steps=cfg.every_steps, scorer=cfg.scorer, limit=cfg.limit,
         batch_size=cfg.batch_size,
     )
+
+
+def finish_wandb() -> None:
+    """Close the W&B run opened by :func:`init_wandb` (flushes offline run files)."""
+    import sys
+
+    if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
+        sys.modules["wandb"].finish()

@@ -1,0 +1,168 @@
+"""Run the pre-/post-training recipes' real entry points on CPU with the tiny model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tokenswap.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+ASSETS = ROOT / "tests" / "assets"
+
+
+def load_recipe(name: str):
+    spec = importlib.util.spec_from_file_location(f"recipe_{name}", ROOT / "recipes" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve string annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def overrides(out, model, store, *extra):
+    return [
+        f"run.output_dir={out}",
+        f"model.name_or_path={model}",
+        f"data.swap_dataset={ASSETS / 'swap_tiny.jsonl'}",
+        *( [f"image_store={store}"] if store else []),
+        *extra,
+    ]
+
+
+def post_overrides(out, model, store, *extra):
+    return overrides(out, model, store, f"data.llava_json={ASSETS / 'llava_tiny.json'}",
+                     f"data.llava_image_root={ASSETS / 'images'}", *extra)
+
+
+def losses(out: Path) -> list[float]:
+    return [h["loss"] for h in json.loads((out / "log_history.json").read_text()) if "loss" in h]
+
+
+def sample_ids(out: Path, rank: int = 0) -> list[str]:
+    return (out / f"sample_ids.rank{rank}.txt").read_text().split()
+
+
+@pytest.fixture(scope="module")
+def post():
+    return load_recipe("post_train")
+
+
+def test_paired_post_training_arms(post, tiny_qwen2vl, tiny_store, tmp_path):
+    outs = {}
+    for arm in ("baseline", "text", "tokenswap"):
+        out = tmp_path / arm
+        store = tiny_store.root if arm == "tokenswap" else None
+        cfg = load_config(post.PostTrainConfig, f"tiny/post_{arm}.yaml", post_overrides(out, tiny_qwen2vl, store))
+        post.main(cfg)
+        outs[arm] = out
+        trace = losses(out)
+        assert len(trace) == 4 and all(torch.isfinite(torch.tensor(trace)))
+        assert trace[-1] < trace[0], f"{arm}: loss did not fall: {trace}"
+        before = load_file(Path(tiny_qwen2vl) / "model.safetensors")
+        after = load_file(out / "model.safetensors")
+        assert any(not torch.equal(before[k], after[k]) for k in before), f"{arm}: no parameter changed"
+
+    # the text and tokenswap arms see the same samples in the same order ...
+    assert sample_ids(outs["text"]) == sample_ids(outs["tokenswap"])
+    # ... and the baseline sees the LLaVA rows of that order, without the Magpie rows
+    llava_in_text_order = [i for i in sample_ids(outs["text"]) if i.startswith("ll-")]
+    n = min(len(llava_in_text_order), 10)  # the baseline wraps into a 2nd epoch after its 10 rows
+    assert sample_ids(outs["baseline"])[:n] == llava_in_text_order[:n]
+    assert not any(i.startswith("mp-") for i in sample_ids(outs["baseline"]))
+
+    swap = json.loads((outs["tokenswap"] / "swap_stats.json").read_text())
+    text = json.loads((outs["text"] / "swap_stats.json").read_text())
+    assert swap["concepts_swapped"] > 0 and text.get("concepts_swapped", 0) == 0
+    # the output folder is a complete checkpoint: it reloads through from_pretrained
+    from tokenswap.testing import load_qwen2vl
+
+    model, processor = load_qwen2vl(outs["tokenswap"])
+    assert processor.tokenizer.chat_template == load_qwen2vl(tiny_qwen2vl)[1].tokenizer.chat_template
+
+
+def test_resume_reproduces_uninterrupted_losses(post, tiny_qwen2vl, tiny_store, tmp_path):
+    store = tiny_store.root
+    full = tmp_path / "full"
+    post.main(load_config(post.PostTrainConfig, "tiny/post_tokenswap.yaml", post_overrides(full, tiny_qwen2vl, store)))
+    part = tmp_path / "part"
+    post.main(load_config(post.PostTrainConfig, "tiny/post_tokenswap.yaml",
+                          post_overrides(part, tiny_qwen2vl, store, "train.max_steps=2")))
+    assert (part / "checkpoint-2").is_dir()
+    post.main(load_config(post.PostTrainConfig, "tiny/post_tokenswap.yaml",
+                          post_overrides(part, tiny_qwen2vl, store, "train.resume_from_checkpoint=latest")))
+    resumed = losses(part)
+    torch.testing.assert_close(torch.tensor(resumed[-2:]), torch.tensor(losses(full)[-2:]), rtol=1e-5, atol=1e-5)
+
+
+def test_pretrain_learns_all_text_tokens(tiny_qwen2vl, tiny_store, tmp_path):
+    pre = load_recipe("pretrain")
+    out = tmp_path / "pre"
+    cfg = load_config(pre.PretrainConfig, "tiny/pretrain_tokenswap.yaml",
+                      overrides(out, tiny_qwen2vl, tiny_store.root, "train.max_steps=2"))
+    pre.main(cfg)
+    assert len(losses(out)) == 2
+    with pytest.raises(Exception, match="continued pre-training has text and tokenswap arms"):
+        load_config(pre.PretrainConfig, "tiny/pretrain_text.yaml", overrides(out, tiny_qwen2vl, None, "run.arm=baseline"))
+
+
+def test_wandb_offline_run_is_read_back_and_compared(post, tiny_qwen2vl, tiny_store, tmp_path, monkeypatch):
+    from tokenswap.compare import cli_main, load_run
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for arm in ("text", "tokenswap"):
+        store = tiny_store.root if arm == "tokenswap" else None
+        post.main(load_config(post.PostTrainConfig, f"tiny/post_{arm}.yaml", post_overrides(
+            tmp_path / arm, tiny_qwen2vl, store, "train.report_to=[wandb]", "wandb.mode=offline")))
+    run_dirs = sorted((tmp_path / "tokenswap" / "wandb").glob("offline-run-*"))
+    assert len(run_dirs) == 1
+    (run,) = load_run(str(run_dirs[0]))
+    assert (run.name, run.group, run.arm) == ("tiny-post-tokenswap", "tiny-post", "tokenswap")
+    steps, values = run.series("loss")
+    assert values == pytest.approx(losses(tmp_path / "tokenswap"), rel=1e-3) and len(steps) == 4
+    assert run.last("swap/images_per_sample") > 0
+
+    out = tmp_path / "cmp"
+    assert cli_main(["--runs", str(tmp_path / "text"), str(run_dirs[0]), "--out", str(out)]) == 0
+    table = json.loads((out / "comparison.json").read_text())
+    assert list(table["arms"]) == ["text", "tokenswap"]
+    assert table["arms"]["text"]["loss"]["values"] == [losses(tmp_path / "text")[-1]]
+    assert (out / "comparison.png").stat().st_size > 1000
+
+
+def _launch(config_file: str, out: Path, model, store, *extra) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / config_file),
+           str(ROOT / "recipes" / "post_train.py"), "--config", "tiny/post_tokenswap.yaml",
+           *post_overrides(out, model, store, *extra)]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize(
+    "launcher, extra",
+    [
+        ("configs/accelerate/cpu_2proc.yaml", ()),
+        ("configs/accelerate/zero3_cpu2.yaml", ("train.deepspeed=configs/deepspeed/zero3.json",)),
+    ],
+    ids=["ddp", "zero3"],
+)
+def test_two_rank_cpu_runs(launcher, extra, tiny_qwen2vl, tiny_store, tmp_path):
+    out = tmp_path / "run"
+    proc = _launch(launcher, out, tiny_qwen2vl, tiny_store.root, *extra)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ids0, ids1 = sample_ids(out, 0), sample_ids(out, 1)
+    # two real ranks with disjoint shards of the first epoch (20 samples, 10 per rank)
+    assert len(ids0) >= 16 and len(ids1) >= 16 and not set(ids0[:10]) & set(ids1[:10])
+    trace = losses(out)
+    assert len(trace) == 4 and trace[-1] < trace[0]
+    from tokenswap.testing import load_qwen2vl
+
+    model, _ = load_qwen2vl(out)  # ZeRO-3 gathers the full weights at save
+    assert sum(p.numel() for p in model.parameters()) > 100_000
