@@ -42,6 +42,7 @@ from tokenswap.training import (
     RunConfig,
     TrainConfig,
     WandbConfig,
+    finish_wandb,
     init_wandb,
     load_model_and_processor,
     print0,
@@ -147,7 +148,7 @@ def main(cfg: GRPORecipeConfig) -> None:
         reward_weights=[1.0, cfg.reward.format_weight] if cfg.reward.format_weight > 0 else None,
     )
     if rank == 0:
-        with open(os.path.join(cfg.run.output_dir, "run_config.json"), "w") as f:
+        with open(os.path.join(cfg.run.output_dir, "tokenswap_config.json"), "w") as f:
             json.dump(config_to_dict(cfg), f, indent=2)
     init_wandb(cfg.wandb, cfg.run, stage="grpo", config=config_to_dict(cfg), report_to=cfg.train.report_to)
 
@@ -199,6 +200,7 @@ def main(cfg: GRPORecipeConfig) -> None:
         processor.save_pretrained(cfg.run.output_dir)
         with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
             json.dump(trainer.state.log_history, f, indent=2)
+    finish_wandb()
     print0(f"[grpo] done: {cfg.run.output_dir}")
 
 

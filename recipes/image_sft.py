@@ -46,6 +46,7 @@ from tokenswap.training import (
     TrainConfig,
     WandbConfig,
     build_collator,
+    finish_wandb,
     init_wandb,
     load_model_and_processor,
     print0,
@@ -128,7 +129,7 @@ def main(cfg: ImageSFTConfig) -> None:
         save_only_model=False,
     )
     if rank == 0:
-        with open(os.path.join(cfg.run.output_dir, "run_config.json"), "w") as f:
+        with open(os.path.join(cfg.run.output_dir, "tokenswap_config.json"), "w") as f:
             json.dump(config_to_dict(cfg), f, indent=2)
     init_wandb(cfg.wandb, cfg.run, stage="image_sft", config=config_to_dict(cfg), report_to=cfg.train.report_to)
 
@@ -170,6 +171,7 @@ def main(cfg: ImageSFTConfig) -> None:
             json.dump(dict(collator.stats), f, indent=2)
         with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
             json.dump(trainer.state.log_history, f, indent=2)
+    finish_wandb()
     print0(f"[image_sft] saved: {cfg.run.output_dir}")
 
     # ------------------------------------------------------------------ held-out eval (image modality, rank 0)

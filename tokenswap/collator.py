@@ -305,7 +305,7 @@ class TokenSwapCollator:
             slots[c.message].append((c.start, c.end, _ImageRef(key=im.image_id, load=im.load, concept=c, what=c.key)))
         for i, s in enumerate(slots):
             s.sort(key=lambda x: x[0])
-            for (a0, a1, ra), (b0, _, rb) in zip(s, s[1:]):
+            for (_a0, a1, ra), (b0, _, rb) in zip(s, s[1:]):
                 if b0 < a1:
                     raise ValueError(
                         f"sample {sid!r}: concept {(rb.concept or ra.concept).key!r} overlaps an {IMAGE_MARKER} "
