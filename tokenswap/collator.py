@@ -327,17 +327,17 @@ class TokenSwapCollator:
                 todo.append((i, ref.load()))
             except (CorruptImageError, OSError, ValueError) as e:
                 out[i] = e
-        if todo:
-            # One processor call for all misses: it batches same-size images.
-            proc = self.processor.image_processor(images=[im for _, im in todo], return_tensors="pt")
-            grids = proc["image_grid_thw"].tolist()
-            offsets = np.cumsum([0] + [t * h * w for t, h, w in grids])
-            for j, (i, _) in enumerate(todo):
-                pixels = proc["pixel_values"][offsets[j] : offsets[j + 1]]
-                grid = tuple(grids[j])
-                out[i] = (pixels, grid)
-                if refs[i].key is not None:
-                    self._cache.put(refs[i].key, pixels, grid)
+        for i, image in todo:
+            # One processor call per image, not one for all misses: the batched call stacks, groups
+            # and concatenates (a full extra copy of every miss, about 2x slower on CPU), and its
+            # slices would be views that keep the whole batch tensor alive after LRU eviction.
+            # The pixels are identical either way (checked in tests/tokenswap/test_collator.py).
+            proc = self.processor.image_processor(images=[image], return_tensors="pt")
+            pixels = proc["pixel_values"]
+            grid = tuple(proc["image_grid_thw"][0].tolist())
+            out[i] = (pixels, grid)
+            if refs[i].key is not None:
+                self._cache.put(refs[i].key, pixels, grid)
         return out
 
     # ------------------------------------------------------------------ collate
