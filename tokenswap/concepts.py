@@ -146,8 +146,12 @@ class LexiconExtractor:
             self._forms[form] = normalize_concept(key)
         if not self._forms:
             raise ValueError("LexiconExtractor: the vocabulary is empty after filtering stop words and numbers")
-        # One alternation, longest forms first, so the regex engine does the longest match.
-        alternation = "|".join(re.escape(f) for f in sorted(self._forms, key=len, reverse=True))
+        # One alternation, longest forms first, so the regex engine does the longest match. Any
+        # whitespace run matches a form's single space ("ice\ncream" wrapped across lines), as
+        # extract() collapses it before the lookup.
+        alternation = "|".join(
+            r"\s+".join(map(re.escape, f.split(" "))) for f in sorted(self._forms, key=len, reverse=True)
+        )
         self._pattern = re.compile(rf"(?<!\w)({alternation})(?!\w)", re.IGNORECASE)
 
     def __len__(self) -> int:
