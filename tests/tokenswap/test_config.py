@@ -1,0 +1,186 @@
+"""YAML -> typed dataclasses: every problem named with its fix, in one ConfigError; dotted overrides; the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from tokenswap.config import CONFIG_DIR, ConfigError, field_docs, load_config, parse_config, resolve_config_path
+
+
+@dataclass(kw_only=True)
+class Optim:
+    lr: float = 1e-3
+    """Peak learning rate."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """Adam betas."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"`lr` must be > 0, got {self.lr}")
+
+
+@dataclass(kw_only=True)
+class Extra:
+    depth: int = 1
+    """Nesting depth."""
+
+
+@dataclass(kw_only=True)
+class Toy:
+    name: str
+    """Run name (required)."""
+    steps: int = 10
+    """Optimizer steps."""
+    mode: Literal["text", "tokenswap"] = "text"
+    """Which arm."""
+    limit: int | None = None
+    """Optional cap."""
+    tags: list[str] = field(default_factory=list)
+    """Free-form tags."""
+    use_cpu: bool = False
+    """Force CPU."""
+    optim: Optim = field(default_factory=Optim)
+    """Optimizer settings."""
+    extra: Extra | None = None
+    """Optional section."""
+
+
+def write(tmp_path, text: str, name: str = "toy.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def problems_of(excinfo) -> list[str]:
+    return excinfo.value.problems
+
+
+# ---------------------------------------------------------------------------- happy paths
+def test_nested_optional_and_coerced_values(tmp_path):
+    path = write(tmp_path, "name: r\nsteps: 3\nmode: tokenswap\nlimit: 5\noptim:\n  lr: 1e-5\nextra:\n  depth: 2\n")
+    cfg = load_config(Toy, path)
+    assert cfg == Toy(name="r", steps=3, mode="tokenswap", limit=5, optim=Optim(lr=1e-5), extra=Extra(depth=2))
+    assert isinstance(cfg.optim.lr, float)  # YAML reads 1e-5 (no dot) as a string
+
+
+def test_optional_accepts_null_and_defaults_fill_the_rest(tmp_path):
+    cfg = load_config(Toy, write(tmp_path, "name: r\nlimit: null\nextra: null\n"))
+    assert cfg.limit is None and cfg.extra is None and cfg.optim == Optim() and cfg.tags == []
+
+
+def test_dotted_overrides_win_and_create_nested_sections(tmp_path):
+    path = write(tmp_path, "name: r\noptim:\n  lr: 0.1\n")
+    cfg = load_config(Toy, path, ["optim.lr=0.5", "extra.depth=4", "tags=[a, b]", "use_cpu=true", "name=other"])
+    assert cfg.optim.lr == 0.5 and cfg.extra == Extra(depth=4)
+    assert cfg.tags == ["a", "b"] and cfg.use_cpu is True and cfg.name == "other"
+    assert load_config(Toy, None, ["name=x", "limit=null"]).limit is None
+
+
+def test_empty_file_uses_defaults_plus_overrides(tmp_path):
+    assert load_config(Toy, write(tmp_path, ""), ["name=x"]).name == "x"
+
+
+# ---------------------------------------------------------------------------- errors
+def test_unknown_key_suggests_the_closest_field(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(Toy, write(tmp_path, "name: r\nstep: 3\noptim:\n  lrr: 0.1\n"))
+    assert any("unknown key `step` for Toy; did you mean `steps`?" in p for p in problems_of(e))
+    assert any("unknown key `optim.lrr` for Optim; did you mean `optim.lr`?" in p for p in problems_of(e))
+
+
+@pytest.mark.parametrize(
+    "yaml_text, expected",
+    [
+        ("steps: ten", "`steps` must be an integer, got 'ten'"),
+        ("steps: 1.5", "`steps` must be an integer, got 1.5"),
+        ("steps: true", "`steps` must be an integer, got True"),
+        ("optim:\n  lr: abc", "`optim.lr` must be a number, got 'abc'"),
+        ("steps: [1, 2]", "`steps` must be an integer, got [1, 2]"),
+        ("tags: solo", "`tags` must be a list, got 'solo'"),
+        ("tags: [a, 3]", "`tags[1]` must be a string, got 3"),
+        ("use_cpu: 'yes'", "`use_cpu` must be true or false, got 'yes'"),
+        ("mode: image", "`mode` must be one of ['text', 'tokenswap'], got 'image'"),
+        ("limit: many", "`limit` must be int | None, got 'many'"),
+        ("optim: 3", "`optim` must be a mapping of Optim fields, got 3"),
+        ("name: 5", "`name` must be a string, got 5"),
+    ],
+)
+def test_wrong_types_name_key_type_and_value(tmp_path, yaml_text, expected):
+    text = yaml_text if yaml_text.startswith("name") else "name: r\n" + yaml_text
+    with pytest.raises(ConfigError) as e:
+        load_config(Toy, write(tmp_path, text))
+    assert problems_of(e) == [expected]
+
+
+def test_missing_required_field():
+    with pytest.raises(ConfigError) as e:
+        load_config(Toy, None, ["steps=3"])
+    assert problems_of(e) == ["`name` is required (str)"]
+
+
+def test_every_problem_is_reported_in_one_error(tmp_path):
+    path = write(tmp_path, "stepz: 1\nmode: image\noptim:\n  lr: abc\ntags: x\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(Toy, path, ["use_cpu=maybe"])
+    assert len(problems_of(e)) == 6, problems_of(e)
+    message = str(e.value)
+    assert message.startswith(f"6 problem(s) in {path}:")
+    for needle in ("stepz", "`mode`", "`optim.lr`", "`tags`", "`use_cpu`", "`name` is required"):
+        assert needle in message
+
+
+def test_post_init_error_is_surfaced_with_its_section(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(Toy, write(tmp_path, "name: r\noptim:\n  lr: -1\n"))
+    assert problems_of(e) == ["optim: `lr` must be > 0, got -1.0"]
+
+
+def test_override_without_equals_and_non_mapping_top_level(tmp_path):
+    with pytest.raises(ConfigError, match="override 'optim.lr' must look like `section.key=value`"):
+        load_config(Toy, None, ["name=x", "optim.lr"])
+    with pytest.raises(ConfigError, match="the top level must be a mapping, got list"):
+        load_config(Toy, write(tmp_path, "- a\n- b\n"))
+
+
+# ---------------------------------------------------------------------------- paths and CLI
+def test_bare_name_resolves_in_configs(tmp_path, monkeypatch):
+    (tmp_path / "configs").mkdir()
+    write(tmp_path / "configs", "name: from-configs\n", "mine.yaml")
+    monkeypatch.chdir(tmp_path)
+    assert parse_config(Toy, ["--config", "mine.yaml"]).name == "from-configs"
+    assert parse_config(Toy, ["--config=mine.yaml", "steps=2"]).steps == 2
+
+
+def test_repo_configs_resolve_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_config_path("tiny/post_text.yaml") == CONFIG_DIR / "tiny" / "post_text.yaml"
+    with pytest.raises(FileNotFoundError, match="not found as a path.*available: "):
+        resolve_config_path("no_such_config.yaml")
+
+
+def test_help_lists_field_docstrings(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_config(Toy, ["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "Toy fields:" in out
+    assert "steps=10  [int]  Optimizer steps." in out
+    assert "name='<required>'" in out and "Run name (required)." in out
+    assert "optim.lr=0.001  [float]  Peak learning rate." in out  # nested fields carry their dotted path
+    assert "'text' | 'tokenswap'" in out
+    assert field_docs(Optim) == {"lr": "Peak learning rate.", "betas": "Adam betas."}
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--lr", "3"], "unknown flag '--lr': pass options as `section.key=value`"),
+        (["--config"], "--config needs a file name"),
+    ],
+)
+def test_cli_errors(argv, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_config(Toy, argv)
