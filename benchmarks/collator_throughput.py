@@ -19,6 +19,8 @@ Modes, each over the same batches:
   tokens masked. The collator's own helpers (``interleaved_messages``) are not used: they share
   its cache.
 * ``cold``: a fresh collator (empty pixel cache) for every batch: nothing it needs was seen.
+* ``first_pass``: one fresh collator over the whole stream of batches (a first epoch: the 60
+  store images miss once, then hit).
 * ``warm``: one collator after one untimed pass over the batches.
 * ``floor``: ``torch.clone`` of every tensor of the warm outputs: the cost of merely producing
   that many bytes.
@@ -244,7 +246,7 @@ def main() -> None:
     png_bytes = [len(im.load_bytes()) for im in store]
 
     # ------------------------------------------------------------------ measure
-    runs: dict[str, list[float]] = {"naive": [], "cold": [], "warm": [], "floor": []}
+    runs: dict[str, list[float]] = {"naive": [], "cold": [], "first_pass": [], "warm": [], "floor": []}
     n_samples = len(samples)
     for rep in range(args.repeats):
         naive_s, naive_out = timed(lambda b: naive_collate(processor, store, policy, b), batches)
@@ -257,8 +259,8 @@ def main() -> None:
         runs["cold"].append(time.perf_counter() - t0)
 
         warm = new_collator()
-        for b in batches:
-            warm(b)
+        first_s, first_out = timed(warm, batches)
+        runs["first_pass"].append(first_s)
         warm_s, warm_out = 0.0, []
         for _ in range(args.warm_passes):
             s, warm_out = timed(warm, batches)
@@ -270,6 +272,7 @@ def main() -> None:
 
         for i, ref in enumerate(naive_out):
             check_same(cold_out[i], ref, f"cold batch {i}")
+            check_same(first_out[i], ref, f"first-pass batch {i}")
             check_same(warm_out[i], ref, f"warm batch {i}")
         print(f"repeat {rep}: " + ", ".join(f"{k} {v[-1]:.3f}s" for k, v in runs.items()), flush=True)
 
@@ -303,6 +306,7 @@ def main() -> None:
         "ratios": {
             "warm_over_naive": rate["warm"] / rate["naive"],
             "cold_over_naive": rate["cold"] / rate["naive"],
+            "first_pass_over_naive": rate["first_pass"] / rate["naive"],
             "floor_over_warm": rate["floor"] / rate["warm"],
         },
         "targets": {"warm_over_naive": 30.0, "cold_over_naive": 3.0},
@@ -320,13 +324,13 @@ def main() -> None:
         f"{s['tokens_per_sample_mean_with_images']:.0f} with images, {s['images_per_sample_mean']:.2f} images "
         f"({s['visual_tokens_per_image']} visual tokens, {s['png_kib_mean']:.0f} KiB PNG) per sample"
     )
-    print(f"{'mode':<8}{'samples/s':>12}{'ms/batch':>10}")
-    for k in ("naive", "cold", "warm", "floor"):
-        print(f"{k:<8}{rate[k]:>12.1f}{1000 * best[k] / args.batches:>10.1f}")
+    print(f"{'mode':<12}{'samples/s':>12}{'ms/batch':>10}")
+    for k in ("naive", "cold", "first_pass", "warm", "floor"):
+        print(f"{k:<12}{rate[k]:>12.1f}{1000 * best[k] / args.batches:>10.1f}")
     r = result["ratios"]
     print(
         f"warm/naive {r['warm_over_naive']:.1f}x (target >= 30), cold/naive {r['cold_over_naive']:.2f}x "
-        f"(target >= 3), floor/warm {r['floor_over_warm']:.2f}x; outputs identical to the processor"
+        f"(target >= 3), first_pass/naive {r['first_pass_over_naive']:.2f}x, floor/warm {r['floor_over_warm']:.2f}x; outputs identical to the processor"
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
