@@ -144,19 +144,18 @@ def main(cfg: PostTrainConfig) -> None:
     collator.log_ids_to = os.path.join(cfg.run.output_dir, f"sample_ids.rank{rank}.txt")
 
     # ------------------------------------------------------------------ train
-    callbacks = [EpochCallback(collator)]
-    gap_callback = build_gap_callback(cfg.gap_eval, processor, store)
-    if gap_callback is not None:
-        callbacks.append(gap_callback)
     trainer = Trainer(
         model=model,
         args=args,
         train_dataset=train_dataset,
         data_collator=collator,
         processing_class=processor,
-        callbacks=callbacks,
+        callbacks=[EpochCallback(collator)],
     )
     install_first(trainer, SwapStatsCallback(collator))
+    gap_callback = build_gap_callback(cfg.gap_eval, processor, trainer)
+    if gap_callback is not None:
+        trainer.add_callback(gap_callback)
     trainer.train(resume_from_checkpoint=resume)
 
     # ------------------------------------------------------------------ save

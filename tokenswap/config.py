@@ -47,7 +47,7 @@ def resolve_config_path(name: str | os.PathLike) -> Path:
             return candidate
     raise FileNotFoundError(
         f"config {str(name)!r} not found as a path, in ./configs/ or in {CONFIG_DIR}; "
-        f"available: {sorted(p.name for p in CONFIG_DIR.glob('**/*.yaml'))[:40]}"
+        f"available: {sorted(str(p.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.glob('**/*.yaml'))}"
     )
 
 

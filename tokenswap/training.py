@@ -197,6 +197,10 @@ class GapEvalConfig:
     """Evaluate on the first N items."""
     batch_size: int = 8
     """Items per forward."""
+    split: str = "test"
+    """Bench split to evaluate on."""
+    recognition: bool = False
+    """Also score the concept-identification control (which concept does each image show?)."""
 
 
 @dataclass(kw_only=True)
@@ -381,16 +385,22 @@ def init_wandb(cfg: WandbConfig, run: RunConfig, stage: str, config: dict, repor
     )
 
 
-def build_gap_callback(cfg: GapEvalConfig, processor, store: ImageStore | None):
-    """The in-loop gap evaluator callback, or None when ``cfg.bench`` is unset."""
+def build_gap_callback(cfg: GapEvalConfig, processor, trainer):
+    """The in-loop gap evaluator for ``trainer``, or None when ``cfg.bench`` is unset.
+
+    Register it with ``trainer.add_callback``; it logs through ``trainer.log`` (W&B included).
+    """
     if cfg.bench is None:
         return None
+    from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs
     from tokenswap.eval.callback import GapEvalCallback
+    from tokenswap.eval.gap import GapEvaluator
 
-    return GapEvalCallback.from_bench(
-        cfg.bench, processor=processor, every_steps=cfg.every_steps, scorer=cfg.scorer, limit=cfg.limit,
-        batch_size=cfg.batch_size,
+    pairs = load_tokenswap_bench_pairs(cfg.bench, split=cfg.split, limit=cfg.limit)
+    evaluator = GapEvaluator(
+        processor, pairs, scorer=cfg.scorer, batch_size=cfg.batch_size, recognition=cfg.recognition, progress=False
     )
+    return GapEvalCallback(trainer, evaluator, eval_steps=cfg.every_steps)
 
 
 def finish_wandb() -> None:

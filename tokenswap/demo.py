@@ -1,0 +1,305 @@
+"""The demo: a paired TokenSwap experiment on a toy concept world, end to end on a laptop CPU.
+
+``python -m tokenswap.demo --out demo_out`` (what ``make demo`` runs):
+
+1. **World.** ``--concepts`` OpenMoji pictograms (banana, cat, rocket, ...) each get three
+   arbitrary facts (a zone, an owner, a number; drawn by hash, so nothing can be guessed from
+   the picture). One fact per concept is held out for evaluation.
+2. **Continued pre-training** (``recipes/pretrain.py``, text arm): a random-init tiny
+   Qwen2-VL-architecture model learns every fact as text and learns to name every picture.
+3. **Post-training** (``recipes/post_train.py``), three arms on the same samples in the same
+   order: *baseline* (picture naming only, the "LLaVA data"), *text* (+ multiple-choice questions
+   on the training facts), *tokenswap* (+ the same questions with the concept word shown as its
+   picture).
+4. **Gap evaluation** of each arm on the held-out facts, in text and interleaved form, in the
+   TokenSwap-Bench format with the loglik scorer, plus the recognition control; in the loop
+   (``GapEvalCallback``) and at the end.
+5. **Comparison**: ``tokenswap compare`` over all arms and seeds (mean ± 95% CI), a table and
+   a plot in ``--out``; W&B offline runs grouped by pair.
+
+Every recipe is started with ``accelerate launch``, exactly as a user would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tokenswap.swap import unit_hash
+
+ROOT = Path(__file__).resolve().parent.parent
+SUBJECT = "toy_world"
+
+CANDIDATES = [
+    "banana", "red apple", "grapes", "carrot", "pizza", "cat", "dog", "horse", "fish", "bird", "automobile",
+    "bicycle", "airplane", "house", "sun", "umbrella", "guitar", "hammer", "tulip", "strawberry", "lemon",
+    "watermelon", "cherries", "pineapple", "frog", "penguin", "elephant", "rabbit", "turtle", "snail", "rocket",
+    "tractor", "bus", "sailboat", "bell", "candle", "balloon", "trumpet", "violin", "cactus", "mushroom",
+    "bread", "cookie", "crab", "owl", "butterfly", "snowman", "basketball",
+]  # fmt: skip
+
+# attribute -> (values in fixed option order, question phrasings, statement phrasings)
+ATTRIBUTES: dict[str, tuple[list[str], list[str], list[str]]] = {
+    "zone": (
+        ["north", "south", "east", "west"],
+        ["Which zone is the {c} from?", "In which zone does the {c} live?"],
+        ["The {c} is from the {v} zone.", "The {v} zone is where the {c} lives.", "People find the {c} in the {v} zone."],
+    ),
+    "owner": (
+        ["Ana", "Ben", "Cai", "Dee"],
+        ["Who owns the {c}?", "Whose is the {c}?"],
+        ["The {c} belongs to {v}.", "{v} owns the {c}.", "The owner of the {c} is {v}."],
+    ),
+    "number": (
+        ["two", "five", "seven", "nine"],
+        ["What number goes with the {c}?", "Which number belongs to the {c}?"],
+        ["The number of the {c} is {v}.", "The {c} goes with the number {v}.", "{v} is the number of the {c}."],
+    ),
+}
+NAMING = [
+    ("<image>\nWhat is shown in the picture?", "A {c}."),
+    ("What is this?\n<image>", "This is a {c}."),
+    ("<image>\nName the object.", "{c}"),
+    ("Which object is in this picture? <image>", "The {c}."),
+    ("<image> What do you see?", "I see a {c}."),
+    ("Identify this: <image>", "It is a {c}."),
+]
+
+
+def _slug(concept: str) -> str:
+    return concept.replace(" ", "_")
+
+
+# ---------------------------------------------------------------------------- the toy world
+def build_world(out: Path, n_concepts: int, world_seed: int = 0) -> dict:
+    """Write pictures, image store, CPT / post-training data and the held-out bench under ``out/data``."""
+    from datasets import Dataset, Features, Image, List, Value
+
+    from tokenswap.eval.mc import MCItem, format_prompt
+    from tokenswap.store.image_store import ImageStore, StoreWriter
+    from tokenswap.store.sources import OpenMojiSource
+
+    data = out / "data"
+    if (data / "world.json").exists():
+        return json.loads((data / "world.json").read_text())
+    tmp = out / "data.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "images").mkdir(parents=True)
+    source = OpenMojiSource(size=112)
+    vocab = set(source.vocabulary())
+    concepts = [c for c in CANDIDATES if c in vocab][:n_concepts]
+    if len(concepts) < n_concepts:
+        raise ValueError(f"only {len(concepts)} of the demo concepts are in the OpenMoji vocabulary")
+    pictures = source.images_for(concepts)
+    with StoreWriter(tmp / "store", info={"attribution": "OpenMoji (CC BY-SA 4.0), https://openmoji.org"}) as w:
+        for c in concepts:
+            image, score, meta = pictures[c][0]
+            image.save(tmp / "images" / f"{_slug(c)}.png")
+            w.add(c, image, source="openmoji", score=score, meta=meta)
+
+    attrs = list(ATTRIBUTES)
+    facts = {c: {a: ATTRIBUTES[a][0][int(unit_hash(world_seed, c, a) * 4)] for a in attrs} for c in concepts}
+    heldout = {c: attrs[i % len(attrs)] for i, c in enumerate(concepts)}
+
+    def mc(c: str, a: str, q: int) -> tuple[MCItem, dict]:
+        values, questions, _ = ATTRIBUTES[a]
+        item = MCItem(id=f"{_slug(c)}-{a}-q{q}", subject=SUBJECT, question=questions[q].format(c=c),
+                      choices=list(values), answer=values.index(facts[c][a]))
+        prompt = format_prompt(item)
+        start = prompt.index("Question: ") + len("Question: ") + item.question.index(c)
+        return item, {"message": 0, "start": start, "end": start + len(c), "key": c}
+
+    # CPT: every fact as text (three phrasings) + naming every picture (native images).
+    cpt = []
+    for c in concepts:
+        for a in attrs:
+            for k, s in enumerate(ATTRIBUTES[a][2]):
+                text = s.format(c=c, v=facts[c][a])
+                cpt.append({"id": f"fact-{_slug(c)}-{a}-{k}", "messages": [
+                    {"role": "user", "content": "Tell me a fact."}, {"role": "assistant", "content": text[0].upper() + text[1:]}],
+                    "concepts": [], "images": []})
+        for k, (q, ans) in enumerate(NAMING):
+            cpt.append({"id": f"name-{_slug(c)}-{k}", "messages": [
+                {"role": "user", "content": q}, {"role": "assistant", "content": ans.format(c=c)}],
+                "concepts": [], "images": [f"{_slug(c)}.png"]})
+    # Post-training "LLaVA" data: picture naming, in the LLaVA json schema.
+    llava = [
+        {"id": f"ll-{_slug(c)}-{k}", "image": f"{_slug(c)}.png",
+         "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": ans.format(c=c)}]}
+        for c in concepts for k, (q, ans) in enumerate(NAMING)
+    ]
+    # Post-training "Magpie" data: MC questions on the training facts, concept spans marked.
+    swap = []
+    for c in concepts:
+        for a in attrs:
+            if a == heldout[c]:
+                continue
+            for q in range(2):
+                item, span = mc(c, a, q)
+                swap.append({"id": f"mc-{item.id}", "messages": [
+                    {"role": "user", "content": format_prompt(item)}, {"role": "assistant", "content": item.letter}],
+                    "concepts": [span], "images": []})
+    for name, rows in (("cpt.jsonl", cpt), ("swap.jsonl", swap)):
+        (tmp / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp / "llava.json").write_text(json.dumps(llava))
+
+    # Held-out bench in the TokenSwap-Bench hub layout (text / img parquet).
+    store = ImageStore(tmp / "store")
+    text_rows, img_rows = [], []
+    for c in concepts:
+        for q in range(2):
+            item, span = mc(c, heldout[c], q)
+            text_rows.append({"subject": SUBJECT, "question": item.question, "choices": item.choices,
+                              "answer": item.answer})
+            tagged = item.question.replace(c, "<image 1>", 1)
+            img_rows.append({"subject": SUBJECT, "question": tagged, "choices": item.choices, "answer": item.answer,
+                             "image_1": {"bytes": store.get(c)[0].load_bytes(), "path": None}})
+    base = {"subject": Value("string"), "question": Value("string"), "choices": List(Value("string")),
+            "answer": Value("int64")}
+    for config, rows, feats in (("text", text_rows, base), ("img", img_rows, {**base, "image_1": Image()})):
+        (tmp / "bench" / config).mkdir(parents=True)
+        Dataset.from_list(rows, features=Features(feats)).to_parquet(str(tmp / "bench" / config / "test-00000-of-00001.parquet"))
+
+    world = {"concepts": concepts, "facts": facts, "heldout": heldout, "n_cpt": len(cpt), "n_llava": len(llava),
+             "n_swap": len(swap), "n_bench": len(text_rows)}
+    (tmp / "world.json").write_text(json.dumps(world, indent=2))
+    tmp.rename(data)  # the world appears whole or not at all
+    return world
+
+
+# ---------------------------------------------------------------------------- running recipes
+def launch(recipe: str, config: str, overrides: list[str], log: Path) -> None:
+    """``accelerate launch recipes/{recipe}.py --config {config} ...`` (one CPU process)."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "recipes" / f"{recipe}.py"),
+           "--config", config, *overrides]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
+           "WANDB_SILENT": "true", "ACCELERATE_USE_CPU": "true"}
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = log.read_text()[-3000:]
+        raise RuntimeError(f"{recipe} failed (exit {proc.returncode}); log {log}:\n{tail}")
+
+
+def evaluate_checkpoint(path: Path, bench: Path) -> dict:
+    """Gap + recognition of a saved checkpoint (used for the pre-trained model before post-training)."""
+    from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs
+    from tokenswap.eval.gap import GapEvaluator
+    from tokenswap.testing import load_qwen2vl
+
+    model, processor = load_qwen2vl(path)
+    evaluator = GapEvaluator(processor, load_tokenswap_bench_pairs(str(bench)), scorer="loglik", batch_size=32,
+                             recognition=True, progress=False)
+    return evaluator.evaluate(model).metrics("gap/")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tokenswap.demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="demo_out", help="output folder (reused: finished runs are skipped)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--concepts", type=int, default=32)
+    parser.add_argument("--pretrain-steps", type=int, default=700)
+    parser.add_argument("--post-steps", type=int, default=300)
+    parser.add_argument("--eval-every", type=int, default=100)
+    args = parser.parse_args(argv)
+
+    t0 = time.time()
+    out = Path(args.out).resolve()
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    print(f"[demo] 1/5 toy world in {out / 'data'}", flush=True)
+    world = build_world(out, args.concepts)
+    data = out / "data"
+    print(f"[demo]     {len(world['concepts'])} concepts, {world['n_cpt']} CPT samples, {world['n_llava']} naming "
+          f"+ {world['n_swap']} MC post-training samples, {world['n_bench']} held-out questions", flush=True)
+
+    from tokenswap.testing import build_tiny_qwen2vl
+
+    corpus = [json.loads(line)["messages"][1]["content"] for line in (data / "cpt.jsonl").read_text().splitlines()]
+    corpus += [json.loads(line)["messages"][0]["content"] for line in (data / "swap.jsonl").read_text().splitlines()]
+    runs = []
+    pre_metrics = []
+    for seed in args.seeds:
+        init = build_tiny_qwen2vl(out / f"init-seed{seed}", corpus=corpus, vocab_size=768, hidden_size=128,
+                                  num_layers=4, min_pixels=56 * 56, max_pixels=56 * 56, seed=seed)
+        pre = out / f"pretrain-seed{seed}"
+        common = [f"data.seed={seed}", f"run.seed={seed}", "wandb.mode=offline"]
+        if not (pre / "log_history.json").exists():
+            print(f"[demo] 2/5 seed {seed}: continued pre-training ({args.pretrain_steps} steps)", flush=True)
+            launch("pretrain", "demo/pretrain_text.yaml", [
+                f"run.output_dir={pre}", f"model.name_or_path={init}", f"data.swap_dataset={data / 'cpt.jsonl'}",
+                f"data.llava_image_root={data / 'images'}", f"train.max_steps={args.pretrain_steps}", *common,
+            ], out / "logs" / f"pretrain-seed{seed}.log")
+        pre_metrics.append(evaluate_checkpoint(pre, data / "bench"))
+        for arm in ("baseline", "text", "tokenswap"):
+            post = out / f"post-{arm}-seed{seed}"
+            if not (post / "log_history.json").exists():
+                print(f"[demo] 3/5 seed {seed}: post-training, {arm} arm ({args.post_steps} steps)", flush=True)
+                launch("post_train", f"demo/post_{arm}.yaml", [
+                    f"run.output_dir={post}", f"model.name_or_path={pre}", f"data.llava_json={data / 'llava.json'}",
+                    f"data.llava_image_root={data / 'images'}", f"data.swap_dataset={data / 'swap.jsonl'}",
+                    f"gap_eval.bench={data / 'bench'}", f"gap_eval.every_steps={args.eval_every}",
+                    f"train.max_steps={args.post_steps}", *([f"image_store={data / 'store'}"] if arm == "tokenswap" else []),
+                    *common,
+                ], out / "logs" / f"post-{arm}-seed{seed}.log")
+            runs.append(post)
+
+    print("[demo] 4/5 comparing arms", flush=True)
+    from tokenswap.compare import compare_runs, load_run, plot_runs, to_markdown
+
+    metrics = ("loss", "gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/rel", "gap/recognition_acc",
+               "gap/controlled/abs")
+    records = [r for p in runs for r in load_run(str(p))]
+    table = compare_runs(records, metrics)
+    pre_row = {m: sum(d[m] for d in pre_metrics) / len(pre_metrics) for m in pre_metrics[0] if m in metrics}
+    report = {
+        "world": {k: world[k] for k in ("n_cpt", "n_llava", "n_swap", "n_bench")} | {"concepts": len(world["concepts"])},
+        "seeds": args.seeds, "pretrain_steps": args.pretrain_steps, "post_steps": args.post_steps,
+        "pretrained_only": pre_row, "comparison": table, "runs": [str(p) for p in runs],
+        "wandb_offline_runs": sorted(str(p) for p in out.glob("*/wandb/offline-run-*")),
+        "seconds": round(time.time() - t0, 1),
+    }
+    md = to_markdown(table)
+    md_pre = "| pre-trained only (before post-training) | " + str(len(pre_metrics)) + " | " + " | ".join(
+        f"{pre_row[m]:.4f}" if m in pre_row else "—" for m in metrics) + " |\n"
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    (out / "report.md").write_text(_report_md(md + md_pre, report, table))
+    plot_runs(records, metrics[:6], out / "comparison.png")
+    print("[demo] 5/5 done in %.0f s" % report["seconds"])
+    print(md + md_pre)
+    print(f"[demo] table: {out / 'report.md'}\n[demo] plot:  {out / 'comparison.png'}\n[demo] json:  {out / 'report.json'}")
+    return 0
+
+
+def _report_md(table_md: str, report: dict, table: dict) -> str:
+    arms = table["arms"]
+    verdict = "not measured (missing arms)"
+    if "text" in arms and "tokenswap" in arms and "gap/abs" in arms["text"] and "gap/abs" in arms["tokenswap"]:
+        t, s = arms["text"]["gap/abs"], arms["tokenswap"]["gap/abs"]
+        diff = t["mean"] - s["mean"]
+        ci = (t["ci95"] ** 2 + s["ci95"] ** 2) ** 0.5 if t["ci95"] == t["ci95"] and s["ci95"] == s["ci95"] else float("nan")
+        if ci == ci and abs(diff) > ci:
+            verdict = f"{'yes' if diff > 0 else 'no, it grew'}: gap text − gap tokenswap = {diff:+.3f} (±{ci:.3f}, 95%)"
+        else:
+            verdict = f"not resolved at this scale: gap text − gap tokenswap = {diff:+.3f} (±{ci:.3f}, 95%)"
+    return (
+        "# tokenswap demo: paired arms on a toy concept world\n\n"
+        f"Seeds {report['seeds']}; {report['world']['concepts']} concepts; CPT {report['pretrain_steps']} steps; "
+        f"post-training {report['post_steps']} steps; {report['world']['n_bench']} held-out questions per form. "
+        f"Wall time {report['seconds']} s.\n\n"
+        "Final values per arm (mean ± 95% CI over seeds). `gap/abs` = acc_text − acc_interleaved; "
+        "`gap/recognition_acc` = share of held-out pictures the model identifies (4-way); "
+        "`gap/controlled/abs` = gap on the items whose pictures it identified.\n\n"
+        + table_md
+        + f"\n**Does TokenSwap training shrink the gap relative to text training?** {verdict}\n"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
