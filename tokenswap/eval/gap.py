@@ -287,6 +287,10 @@ class GapEvaluator:
         recognition_seed: seed of the control's distractors.
         progress: tqdm bar on rank 0.
 
+    Ranks and world size come from ``accelerate.PartialState``: create the ``Accelerator`` (or
+    the ``Trainer``) first. On CPU a bare ``PartialState()`` ignores ``ACCELERATE_USE_CPU`` and
+    would see one process per rank.
+
     Example::
 
         evaluator = GapEvaluator(processor, pairs, scorer="loglik", batch_size=16)
