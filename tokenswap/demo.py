@@ -5,10 +5,10 @@
 1. **World.** ``--concepts`` OpenMoji pictograms (banana, cat, rocket, ...) each get three
    arbitrary facts (a zone, an owner, a number; drawn by hash, so nothing can be guessed from
    the picture). One fact per concept is held out for evaluation.
-2. **Continued pre-training** (``recipes/pretrain.py``, text arm): a random-init tiny
+2. **Continued pre-training** (``recipes/pretrain.py``, text arm, once): a random-init tiny
    Qwen2-VL-architecture model learns every fact as text and learns to name every picture.
-3. **Post-training** (``recipes/post_train.py``), three arms on the same samples in the same
-   order: *baseline* (picture naming only, the "LLaVA data"), *text* (+ multiple-choice questions
+3. **Post-training** (``recipes/post_train.py``), per seed three arms on the same samples in the
+   same order: *baseline* (picture naming only, the "LLaVA data"), *text* (+ multiple-choice questions
    on the training facts), *tokenswap* (+ the same questions with the concept word shown as its
    picture).
 4. **Gap evaluation** of each arm on the held-out facts, in text and interleaved form, in the
@@ -35,6 +35,7 @@ from tokenswap.swap import unit_hash
 
 ROOT = Path(__file__).resolve().parent.parent
 SUBJECT = "toy_world"
+PIXELS = 112 * 112  # pictograms at 112 px: 16 visual tokens each (56 px was too coarse to learn from scratch)
 
 CANDIDATES = [
     "banana", "red apple", "grapes", "carrot", "pizza", "cat", "dog", "horse", "fish", "bird", "automobile",
@@ -79,9 +80,9 @@ def _slug(concept: str) -> str:
 # ---------------------------------------------------------------------------- the toy world
 def build_world(out: Path, n_concepts: int, world_seed: int = 0) -> dict:
     """Write pictures, image store, CPT / post-training data and the held-out bench under ``out/data``."""
-    from datasets import Dataset, Features, Image, List, Value
-
-    from tokenswap.eval.mc import MCItem, format_prompt
+    from tokenswap.concepts import Concept
+    from tokenswap.data.tokenswap_bench import write_tokenswap_bench
+    from tokenswap.eval.mc import MCItem, format_prompt, swap_concepts
     from tokenswap.store.image_store import ImageStore, StoreWriter
     from tokenswap.store.sources import OpenMojiSource
 
@@ -151,23 +152,16 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0) -> dict:
 
     # Held-out bench in the TokenSwap-Bench hub layout (text / img parquet).
     store = ImageStore(tmp / "store")
-    text_rows, img_rows = [], []
+    pairs = []
     for c in concepts:
         for q in range(2):
-            item, span = mc(c, heldout[c], q)
-            text_rows.append({"subject": SUBJECT, "question": item.question, "choices": item.choices,
-                              "answer": item.answer})
-            tagged = item.question.replace(c, "<image 1>", 1)
-            img_rows.append({"subject": SUBJECT, "question": tagged, "choices": item.choices, "answer": item.answer,
-                             "image_1": {"bytes": store.get(c)[0].load_bytes(), "path": None}})
-    base = {"subject": Value("string"), "question": Value("string"), "choices": List(Value("string")),
-            "answer": Value("int64")}
-    for config, rows, feats in (("text", text_rows, base), ("img", img_rows, {**base, "image_1": Image()})):
-        (tmp / "bench" / config).mkdir(parents=True)
-        Dataset.from_list(rows, features=Features(feats)).to_parquet(str(tmp / "bench" / config / "test-00000-of-00001.parquet"))
+            item, _ = mc(c, heldout[c], q)
+            start = item.question.index(c)
+            pairs.append((item, swap_concepts(item, [Concept(0, start, start + len(c), c)], store)))
+    write_tokenswap_bench(pairs, tmp / "bench")
 
     world = {"concepts": concepts, "facts": facts, "heldout": heldout, "n_cpt": len(cpt), "n_llava": len(llava),
-             "n_swap": len(swap), "n_bench": len(text_rows)}
+             "n_swap": len(swap), "n_bench": len(pairs)}
     (tmp / "world.json").write_text(json.dumps(world, indent=2))
     tmp.rename(data)  # the world appears whole or not at all
     return world
@@ -204,10 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tokenswap.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="demo_out", help="output folder (reused: finished runs are skipped)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--concepts", type=int, default=32)
-    parser.add_argument("--pretrain-steps", type=int, default=700)
-    parser.add_argument("--post-steps", type=int, default=300)
-    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--concepts", type=int, default=24)
+    parser.add_argument("--pretrain-steps", type=int, default=1200)
+    parser.add_argument("--post-steps", type=int, default=200)
+    parser.add_argument("--eval-every", type=int, default=50)
     args = parser.parse_args(argv)
 
     t0 = time.time()
@@ -223,30 +217,32 @@ def main(argv: list[str] | None = None) -> int:
 
     corpus = [json.loads(line)["messages"][1]["content"] for line in (data / "cpt.jsonl").read_text().splitlines()]
     corpus += [json.loads(line)["messages"][0]["content"] for line in (data / "swap.jsonl").read_text().splitlines()]
+    # One pre-trained model (the knowledge every arm starts from); seeds vary post-training
+    # (data order, swap seed), which is the comparison the paper makes.
+    init = build_tiny_qwen2vl(out / "init", corpus=corpus, vocab_size=768, hidden_size=128, num_layers=4,
+                              min_pixels=PIXELS, max_pixels=PIXELS, seed=0)
+    pre = out / "pretrain"
+    if not (pre / "log_history.json").exists():
+        print(f"[demo] 2/5 continued pre-training ({args.pretrain_steps} steps: facts as text + naming pictures)", flush=True)
+        launch("pretrain", "demo/pretrain_text.yaml", [
+            f"run.output_dir={pre}", f"model.name_or_path={init}", f"data.swap_dataset={data / 'cpt.jsonl'}",
+            f"data.llava_image_root={data / 'images'}", f"train.max_steps={args.pretrain_steps}",
+        ], out / "logs" / "pretrain.log")
+    pre_metrics = evaluate_checkpoint(pre, data / "bench")
+    print(f"[demo]     after pre-training: acc_text {pre_metrics['gap/acc_text']:.3f}, acc_interleaved "
+          f"{pre_metrics['gap/acc_interleaved']:.3f}, recognition {pre_metrics['gap/recognition_acc']:.3f}", flush=True)
     runs = []
-    pre_metrics = []
     for seed in args.seeds:
-        init = build_tiny_qwen2vl(out / f"init-seed{seed}", corpus=corpus, vocab_size=768, hidden_size=128,
-                                  num_layers=4, min_pixels=56 * 56, max_pixels=56 * 56, seed=seed)
-        pre = out / f"pretrain-seed{seed}"
-        common = [f"data.seed={seed}", f"run.seed={seed}", "wandb.mode=offline"]
-        if not (pre / "log_history.json").exists():
-            print(f"[demo] 2/5 seed {seed}: continued pre-training ({args.pretrain_steps} steps)", flush=True)
-            launch("pretrain", "demo/pretrain_text.yaml", [
-                f"run.output_dir={pre}", f"model.name_or_path={init}", f"data.swap_dataset={data / 'cpt.jsonl'}",
-                f"data.llava_image_root={data / 'images'}", f"train.max_steps={args.pretrain_steps}", *common,
-            ], out / "logs" / f"pretrain-seed{seed}.log")
-        pre_metrics.append(evaluate_checkpoint(pre, data / "bench"))
         for arm in ("baseline", "text", "tokenswap"):
             post = out / f"post-{arm}-seed{seed}"
             if not (post / "log_history.json").exists():
                 print(f"[demo] 3/5 seed {seed}: post-training, {arm} arm ({args.post_steps} steps)", flush=True)
                 launch("post_train", f"demo/post_{arm}.yaml", [
-                    f"run.output_dir={post}", f"model.name_or_path={pre}", f"data.llava_json={data / 'llava.json'}",
+                    f"run.output_dir={post}", f"run.seed={seed}", f"data.seed={seed}", f"collator.swap_seed={seed}",
+                    f"model.name_or_path={pre}", f"data.llava_json={data / 'llava.json'}",
                     f"data.llava_image_root={data / 'images'}", f"data.swap_dataset={data / 'swap.jsonl'}",
                     f"gap_eval.bench={data / 'bench'}", f"gap_eval.every_steps={args.eval_every}",
                     f"train.max_steps={args.post_steps}", *([f"image_store={data / 'store'}"] if arm == "tokenswap" else []),
-                    *common,
                 ], out / "logs" / f"post-{arm}-seed{seed}.log")
             runs.append(post)
 
@@ -257,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                "gap/controlled/abs")
     records = [r for p in runs for r in load_run(str(p))]
     table = compare_runs(records, metrics)
-    pre_row = {m: sum(d[m] for d in pre_metrics) / len(pre_metrics) for m in pre_metrics[0] if m in metrics}
+    pre_row = {m: v for m, v in pre_metrics.items() if m in metrics}
     report = {
         "world": {k: world[k] for k in ("n_cpt", "n_llava", "n_swap", "n_bench")} | {"concepts": len(world["concepts"])},
         "seeds": args.seeds, "pretrain_steps": args.pretrain_steps, "post_steps": args.post_steps,
@@ -266,12 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.time() - t0, 1),
     }
     md = to_markdown(table)
-    md_pre = "| pre-trained only (before post-training) | " + str(len(pre_metrics)) + " | " + " | ".join(
+    md_pre = "| pre-trained only (before post-training) | 1 | " + " | ".join(
         f"{pre_row[m]:.4f}" if m in pre_row else "—" for m in metrics) + " |\n"
     (out / "report.json").write_text(json.dumps(report, indent=2))
     (out / "report.md").write_text(_report_md(md + md_pre, report, table))
     plot_runs(records, metrics[:6], out / "comparison.png")
-    print("[demo] 5/5 done in %.0f s" % report["seconds"])
+    print(f"[demo] 5/5 done in {report['seconds']:.0f} s")
     print(md + md_pre)
     print(f"[demo] table: {out / 'report.md'}\n[demo] plot:  {out / 'comparison.png'}\n[demo] json:  {out / 'report.json'}")
     return 0

@@ -16,7 +16,7 @@ from typing import Literal
 from tokenswap.data.mmlu import load_split
 from tokenswap.eval.mc import MCItem, image_tags, pair_ids_match, recover_concepts
 
-__all__ = ["TOKENSWAP_BENCH_HUB_ID", "load_tokenswap_bench", "load_tokenswap_bench_pairs"]
+__all__ = ["TOKENSWAP_BENCH_HUB_ID", "load_tokenswap_bench", "load_tokenswap_bench_pairs", "write_tokenswap_bench"]
 
 TOKENSWAP_BENCH_HUB_ID = "dongx1997/TokenSwap-Bench"
 _IMAGE_COLUMN = re.compile(r"image_(\d+)$")
@@ -88,3 +88,48 @@ def load_tokenswap_bench_pairs(
     pairs = [(t, replace(i, concepts=recover_concepts(t, i))) for t, i in zip(text, img)]
     pair_ids_match(pairs)
     return pairs
+
+
+def write_tokenswap_bench(
+    pairs: list[tuple[MCItem, MCItem]], out_dir: str | os.PathLike, split: str = "test"
+) -> None:
+    """Write ``(text item, interleaved item)`` pairs as ``text/`` and ``img/`` parquet in the hub layout.
+
+    The result loads with :func:`load_tokenswap_bench_pairs` (and ``datasets.load_dataset`` via the
+    README's config declaration). Image columns ``image_1..image_M`` hold encoded image bytes.
+    """
+    from pathlib import Path
+
+    from datasets import Dataset, Features, Image, Value
+    from datasets import Sequence as HFSequence
+
+    out = Path(out_dir)
+    pair_ids_match(pairs)
+    max_images = max((len(i.images) for _, i in pairs), default=0)
+    base = {"subject": Value("string"), "question": Value("string"), "choices": HFSequence(Value("string")),
+            "answer": Value("int64")}
+
+    def rows(items: list[MCItem], with_images: bool) -> list[dict]:
+        out_rows = []
+        for it in items:
+            row = {"subject": it.subject, "question": it.question, "choices": list(it.choices), "answer": it.answer}
+            if with_images:
+                row.update({f"image_{n}": it.images.get(n) for n in range(1, max_images + 1)})
+            out_rows.append(row)
+        return out_rows
+
+    img_features = Features({**base, **{f"image_{n}": Image() for n in range(1, max_images + 1)}})
+    for config, items, features in (
+        ("text", [t for t, _ in pairs], Features(base)),
+        ("img", [i for _, i in pairs], img_features),
+    ):
+        (out / config).mkdir(parents=True, exist_ok=True)
+        ds = Dataset.from_list(rows(items, config == "img"), features=features)
+        ds.to_parquet(str(out / config / f"{split}-00000-of-00001.parquet"))
+    (out / "README.md").write_text(
+        "---\nconfigs:\n"
+        f"- config_name: text\n  data_files:\n  - split: {split}\n    path: text/{split}-*.parquet\n"
+        f"- config_name: img\n  data_files:\n  - split: {split}\n    path: img/{split}-*.parquet\n---\n"
+        "TokenSwap-Bench layout: `text` and `img` configs, the same rows in the same order; "
+        "`<image N>` tags in `img` refer to column `image_N`.\n"
+    )

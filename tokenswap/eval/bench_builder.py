@@ -221,8 +221,7 @@ class BenchBuilder:
 
     def write(self, items: Sequence[MCItem], records: dict[str, dict]) -> dict:
         """Write ``text``/``img`` parquet in the hub layout, ``dropped.jsonl``, ``README.md``, ``summary.json``."""
-        from datasets import Dataset, Features, Image, Value
-        from datasets import Sequence as HFSequence
+        from tokenswap.data.tokenswap_bench import write_tokenswap_bench
 
         kept_text, kept_img = [], []
         for item in items:
@@ -234,29 +233,7 @@ class BenchBuilder:
             images = {n: self._image(c["key"], c["image_id"]) for n, c in enumerate(valid, start=1)}
             kept_text.append(item)
             kept_img.append(substitute_spans(item, tags, images=images))
-        max_images = max((len(i.images) for i in kept_img), default=0)
-        base = {"subject": Value("string"), "question": Value("string"), "choices": HFSequence(Value("string"))}
-        base["answer"] = Value("int64")
-
-        def rows(its: list[MCItem], with_images: bool) -> list[dict]:
-            out = []
-            for it in its:
-                row = {
-                    "subject": it.subject,
-                    "question": it.question,
-                    "choices": list(it.choices),
-                    "answer": it.answer,
-                }
-                if with_images:
-                    row.update({f"image_{n}": it.images.get(n) for n in range(1, max_images + 1)})
-                out.append(row)
-            return out
-
-        img_features = Features({**base, **{f"image_{n}": Image() for n in range(1, max_images + 1)}})
-        for config, its, features in (("text", kept_text, Features(base)), ("img", kept_img, img_features)):
-            (self.out_dir / config).mkdir(exist_ok=True)
-            ds = Dataset.from_list(rows(its, config == "img"), features=features)
-            ds.to_parquet(str(self.out_dir / config / f"{self.split}-00000-of-00001.parquet"))
+        write_tokenswap_bench(list(zip(kept_text, kept_img)), self.out_dir, self.split)
         dropped = [
             {"id": i.id, "reason": records[i.id]["reason"], "detail": records[i.id]["detail"]}
             for i in items
@@ -275,17 +252,7 @@ class BenchBuilder:
             "filters": list(self.filters),
         }
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        (self.out_dir / "README.md").write_text(_readme(self.split))
         return summary
-
-
-def _readme(split: str) -> str:
-    return (
-        "---\nconfigs:\n"
-        f"- config_name: text\n  data_files:\n  - split: {split}\n    path: text/{split}-*.parquet\n"
-        f"- config_name: img\n  data_files:\n  - split: {split}\n    path: img/{split}-*.parquet\n"
-        "---\n\n# TokenSwap-Bench-format dataset\n\nBuilt by `tokenswap build-bench`; see summary.json and dropped.jsonl.\n"
-    )
 
 
 # ============================================================================ config + CLI
