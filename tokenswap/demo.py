@@ -6,11 +6,12 @@
    arbitrary facts (a zone, an owner, a number; drawn by hash, so nothing can be guessed from
    the picture). One fact per concept is held out for evaluation.
 2. **Continued pre-training** (``recipes/pretrain.py``, text arm, once): a random-init tiny
-   Qwen2-VL-architecture model learns every fact as text and learns to name every picture.
+   Qwen2-VL-architecture model learns every fact as text (plus, as text, the multiple-choice
+   questions on the training facts) and learns to name every picture.
 3. **Post-training** (``recipes/post_train.py``), per seed three arms on the same samples in the
-   same order: *baseline* (picture naming only, the "LLaVA data"), *text* (+ multiple-choice questions
-   on the training facts), *tokenswap* (+ the same questions with the concept word shown as its
-   picture).
+   same order: *baseline* (picture naming and identification only, the "LLaVA data"), *text*
+   (+ multiple-choice questions on the training facts), *tokenswap* (+ the same questions with the
+   concept word shown as its picture).
 4. **Gap evaluation** of each arm on the held-out facts, in text and interleaved form, in the
    TokenSwap-Bench format with the loglik scorer, plus the recognition control; in the loop
    (``GapEvalCallback``) and at the end.
@@ -83,6 +84,7 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0) -> dict:
     from tokenswap.concepts import Concept
     from tokenswap.data.tokenswap_bench import write_tokenswap_bench
     from tokenswap.eval.mc import MCItem, format_prompt, swap_concepts
+    from tokenswap.eval.recognition import RECOGNITION_QUESTION, RECOGNITION_SUBJECT
     from tokenswap.store.image_store import ImageStore, StoreWriter
     from tokenswap.store.sources import OpenMojiSource
 
@@ -129,12 +131,6 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0) -> dict:
             cpt.append({"id": f"name-{_slug(c)}-{k}", "messages": [
                 {"role": "user", "content": q}, {"role": "assistant", "content": ans.format(c=c)}],
                 "concepts": [], "images": [f"{_slug(c)}.png"]})
-    # Post-training "LLaVA" data: picture naming, in the LLaVA json schema.
-    llava = [
-        {"id": f"ll-{_slug(c)}-{k}", "image": f"{_slug(c)}.png",
-         "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": ans.format(c=c)}]}
-        for c in concepts for k, (q, ans) in enumerate(NAMING)
-    ]
     # Post-training "Magpie" data: MC questions on the training facts, concept spans marked.
     swap = []
     for c in concepts:
@@ -146,6 +142,34 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0) -> dict:
                 swap.append({"id": f"mc-{item.id}", "messages": [
                     {"role": "user", "content": format_prompt(item)}, {"role": "assistant", "content": item.letter}],
                     "concepts": [span], "images": []})
+    # The same questions as text also go into CPT ("mixed training"): without some QA next to the
+    # facts, a small model memorises the training answers and never learns to look facts up,
+    # and the held-out questions stay at chance in every arm.
+    cpt += [{**row, "id": "cpt-" + row["id"], "concepts": []} for row in swap]
+    # Post-training "LLaVA" data (every arm): picture naming, plus 4-way identification in the
+    # recognition control's own format, so that control measures recognition, not the format ...
+    llava = [
+        {"id": f"ll-{_slug(c)}-{k}", "image": f"{_slug(c)}.png",
+         "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": ans.format(c=c)}]}
+        for c in concepts for k, (q, ans) in enumerate(NAMING)
+    ]
+    # ... and a replay of the fact statements, so that post-training on a few questions does not
+    # wash out what pre-training stored (without it, held-out text accuracy falls back to chance).
+    llava += [
+        {"id": f"ll-{row['id']}", "conversations": [{"from": "human", "value": row["messages"][0]["content"]},
+                                                  {"from": "gpt", "value": row["messages"][1]["content"]}]}
+        for row in cpt if row["id"].startswith("fact-")
+    ]
+    for c in concepts:
+        for k in range(2):
+            others = sorted((o for o in concepts if o != c), key=lambda o: unit_hash(world_seed, c, k, o))[:3]
+            pos = int(unit_hash(world_seed, c, k, "pos") * 4)
+            others.insert(pos, c)
+            item = MCItem(id=f"id-{_slug(c)}-{k}", subject=RECOGNITION_SUBJECT, question=RECOGNITION_QUESTION,
+                          choices=others, answer=pos)
+            llava.append({"id": f"ll-{item.id}", "image": f"{_slug(c)}.png", "conversations": [
+                {"from": "human", "value": format_prompt(item).replace("<image 1>", "<image>")},
+                {"from": "gpt", "value": item.letter}]})
     for name, rows in (("cpt.jsonl", cpt), ("swap.jsonl", swap)):
         (tmp / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp / "llava.json").write_text(json.dumps(llava))
@@ -199,9 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="demo_out", help="output folder (reused: finished runs are skipped)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--concepts", type=int, default=24)
-    parser.add_argument("--pretrain-steps", type=int, default=1200)
-    parser.add_argument("--post-steps", type=int, default=200)
-    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--pretrain-steps", type=int, default=1000)
+    parser.add_argument("--post-steps", type=int, default=120)
+    parser.add_argument("--eval-every", type=int, default=40)
     args = parser.parse_args(argv)
 
     t0 = time.time()

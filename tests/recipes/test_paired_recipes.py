@@ -153,15 +153,19 @@ def _launch(config_file: str, out: Path, model, store, *extra) -> subprocess.Com
     ],
     ids=["ddp", "zero3"],
 )
-def test_two_rank_cpu_runs(launcher, extra, tiny_qwen2vl, tiny_store, tmp_path):
+def test_two_rank_cpu_runs(launcher, extra, tiny_qwen2vl, tiny_store, tiny_bench, tmp_path):
     out = tmp_path / "run"
-    proc = _launch(launcher, out, tiny_qwen2vl, tiny_store.root, *extra)
+    gap = (f"gap_eval.bench={tiny_bench}", "gap_eval.every_steps=2", "gap_eval.recognition=true")
+    proc = _launch(launcher, out, tiny_qwen2vl, tiny_store.root, *extra, *gap)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ids0, ids1 = sample_ids(out, 0), sample_ids(out, 1)
     # two real ranks: each takes every other batch of 4, so their first two batches are disjoint
     assert len(ids0) >= 16 and len(ids1) >= 16 and not set(ids0[:8]) & set(ids1[:8])
     trace = losses(out)
     assert len(trace) == 4 and trace[-1] < trace[0]
+    # the in-loop evaluator ran on both ranks together (ZeRO-3 gathers parameters collectively)
+    gap_steps = [h["step"] for h in json.loads((out / "log_history.json").read_text()) if "gap/acc_text" in h]
+    assert gap_steps == [2, 4]
     from tokenswap.testing import load_qwen2vl
 
     model, _ = load_qwen2vl(out)  # ZeRO-3 gathers the full weights at save

@@ -1,0 +1,53 @@
+"""A reduced demo (one seed, few steps) end to end through the real accelerate launches."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch):
+    from tokenswap.compare import read_wandb_offline
+    from tokenswap.demo import main
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    out = tmp_path / "demo"
+    argv = ["--out", str(out), "--seeds", "0", "--concepts", "8", "--pretrain-steps", "12", "--post-steps", "6",
+            "--eval-every", "3"]
+    assert main(argv) == 0
+
+    report = json.loads((out / "report.json").read_text())
+    arms = report["comparison"]["arms"]
+    assert list(arms) == ["baseline", "text", "tokenswap"]
+    for arm, row in arms.items():
+        assert row["n"] == 1
+        history = json.loads((out / f"post-{arm}-seed0" / "log_history.json").read_text())
+        for metric in ("loss", "gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/recognition_acc"):
+            logged = [h[metric] for h in history if metric in h]
+            assert row[metric]["values"] == [logged[-1]], (arm, metric)
+        gap = [h for h in history if "gap/abs" in h][-1]
+        assert gap["gap/abs"] == pytest.approx(gap["gap/acc_text"] - gap["gap/acc_interleaved"])
+        assert [h["step"] for h in history if "gap/abs" in h] == [3, 6]
+
+    md = (out / "report.md").read_text()
+    assert "| tokenswap | 1 |" in md and "Does TokenSwap training shrink the gap" in md
+    assert f"{arms['text']['gap/abs']['mean']:.4f}" in md
+    assert (out / "comparison.png").stat().st_size > 5000
+
+    # the text and tokenswap arms saw the same samples in the same order
+    ids = {arm: (out / f"post-{arm}-seed0" / "sample_ids.rank0.txt").read_text() for arm in ("text", "tokenswap")}
+    assert ids["text"] == ids["tokenswap"]
+    swap_stats = json.loads((out / "post-tokenswap-seed0" / "swap_stats.json").read_text())
+    assert swap_stats["concepts_swapped"] > 0
+
+    # one offline W&B run per recipe run, post-training runs grouped by pair and named {pair}-{arm}
+    runs = [read_wandb_offline(p) for p in report["wandb_offline_runs"]]
+    post = sorted((r.name, r.group) for r in runs if r.group == "demo-post")
+    assert post == [("demo-post-baseline", "demo-post"), ("demo-post-text", "demo-post"),
+                    ("demo-post-tokenswap", "demo-post")]
+
+    # rerunning reuses every finished run (resumable) and reproduces the same report
+    assert main(argv) == 0
+    again = json.loads((out / "report.json").read_text())
+    assert again["comparison"] == report["comparison"]
