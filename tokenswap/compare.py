@@ -221,9 +221,13 @@ def plot_runs(runs: list[RunRecord], metrics: tuple[str, ...], path: str | os.Pa
     import matplotlib.pyplot as plt
 
     present = [m for m in metrics if any(r.series(m)[1] for r in runs)]
-    fig, axes = plt.subplots(1, max(1, len(present)), figsize=(4.2 * max(1, len(present)), 3.4), squeeze=False)
+    cols = min(3, max(1, len(present)))
+    rows = math.ceil(max(1, len(present)) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.3 * rows), squeeze=False)
     colors = {"baseline": "tab:gray", "text": "tab:blue", "tokenswap": "tab:orange"}
-    for ax, m in zip(axes[0], present):
+    for ax in axes.flat[len(present):]:
+        ax.axis("off")
+    for ax, m in zip(axes.flat, present):
         seen = set()
         for r in runs:
             steps, values = r.series(m)
@@ -236,7 +240,7 @@ def plot_runs(runs: list[RunRecord], metrics: tuple[str, ...], path: str | os.Pa
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     if present:
-        axes[0][0].legend()
+        axes.flat[0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

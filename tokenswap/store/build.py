@@ -21,7 +21,7 @@ where it stopped, redoes nothing already committed and never leaves a half-writt
 4. **report** (rank 0): ``report.json`` with counts, coverage and time per stage.
 
 Ranks synchronise through ``done`` marker files, so nothing here needs a process group; when
-``accelerate`` is installed its ``PartialState`` only tells a process its rank.
+ranks come from the launcher's RANK and WORLD_SIZE (``accelerate launch``, ``torchrun``).
 
 Output folder::
 
@@ -410,16 +410,13 @@ def _iter_samples(cfg: DataConfig) -> Iterator[dict]:
 
 
 def _rank_and_world() -> tuple[int, int]:
-    """This process's rank and the number of processes (1 outside a launcher)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1
-    try:
-        from accelerate import PartialState
-    except ImportError:
-        return int(os.environ.get("RANK", "0")), world
-    state = PartialState()
-    return state.process_index, state.num_processes
+    """This process's rank and the number of processes (1 outside a launcher).
+
+    Read from the launcher's environment (``accelerate launch`` and ``torchrun`` set RANK and
+    WORLD_SIZE): the build synchronises through marker files and needs no process group, and a
+    bare ``PartialState()`` on CPU reports every process as rank 0 of 1.
+    """
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _wait_for(paths: list[Path], what: str, timeout_s: float) -> None:
