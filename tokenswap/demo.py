@@ -4,7 +4,8 @@
 
 1. **World.** ``--concepts`` OpenMoji pictograms (banana, cat, rocket, ...) each get three
    arbitrary facts (a zone, an owner, a number; drawn by hash, so nothing can be guessed from
-   the picture). One fact per concept is held out for evaluation.
+   the picture). Concepts are split in two groups: TokenSwap practice uses group A's pictures,
+   the bench asks about group B's facts with group B's pictures (which no question ever showed).
 2. **Continued pre-training** (``recipes/pretrain.py``, text arm, once): a random-init tiny
    Qwen2-VL-architecture model learns every fact as text (plus, as text, the multiple-choice
    questions on the training facts) and learns to name every picture.
@@ -12,7 +13,8 @@
    same order: *baseline* (picture naming and identification only, the "LLaVA data"), *text*
    (+ multiple-choice questions on the training facts), *tokenswap* (+ the same questions with the
    concept word shown as its picture).
-4. **Gap evaluation** of each arm on the held-out facts, in text and interleaved form, in the
+4. **Gap evaluation** of each arm on group B's facts (a question phrasing no sample used), in
+   text and interleaved form, in the
    TokenSwap-Bench format with the loglik scorer, plus the recognition control; in the loop
    (``GapEvalCallback``) and at the end.
 5. **Comparison**: ``tokenswap compare`` over all arms and seeds (mean ± 95% CI), a table and
@@ -100,15 +102,21 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0) -> dict:
     if len(concepts) < n_concepts:
         raise ValueError(f"only {len(concepts)} of the demo concepts are in the OpenMoji vocabulary")
     pictures = source.images_for(concepts)
-    with StoreWriter(tmp / "store", info={"attribution": "OpenMoji (CC BY-SA 4.0), https://openmoji.org"}) as w:
+    # Group A: concepts whose pictures appear inside questions during TokenSwap post-training.
+    # Group B: concepts whose pictures never do; the bench asks about them. TokenSwap's claim is
+    # that practising with pictures in place of words transfers to other concepts' pictures.
+    group_a, group_b = concepts[0::2], concepts[1::2]
+    info = {"attribution": "OpenMoji (CC BY-SA 4.0), https://openmoji.org"}
+    with StoreWriter(tmp / "store", info=info) as w_all, StoreWriter(tmp / "store_train", info=info) as w_train:
         for c in concepts:
             image, score, meta = pictures[c][0]
             image.save(tmp / "images" / f"{_slug(c)}.png")
-            w.add(c, image, source="openmoji", score=score, meta=meta)
+            w_all.add(c, image, source="openmoji", score=score, meta=meta)
+            if c in group_a:
+                w_train.add(c, image, source="openmoji", score=score, meta=meta)
 
     attrs = list(ATTRIBUTES)
     facts = {c: {a: ATTRIBUTES[a][0][int(unit_hash(world_seed, c, a) * 4)] for a in attrs} for c in concepts}
-    heldout = {c: attrs[i % len(attrs)] for i, c in enumerate(concepts)}
 
     def mc(c: str, a: str, q: int) -> tuple[MCItem, dict]:
         values, questions, _ = ATTRIBUTES[a]
@@ -131,30 +139,26 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0) -> dict:
             cpt.append({"id": f"name-{_slug(c)}-{k}", "messages": [
                 {"role": "user", "content": q}, {"role": "assistant", "content": ans.format(c=c)}],
                 "concepts": [], "images": [f"{_slug(c)}.png"]})
-    # Post-training "Magpie" data: MC questions on the training facts, concept spans marked.
+    # Post-training "Magpie" data: MC questions on every fact (phrasing 0), concept spans marked on
+    # group A only, so only group A pictures are ever swapped in.
     swap = []
     for c in concepts:
         for a in attrs:
-            if a == heldout[c]:
-                continue
-            for q in range(2):
-                item, span = mc(c, a, q)
-                swap.append({"id": f"mc-{item.id}", "messages": [
-                    {"role": "user", "content": format_prompt(item)}, {"role": "assistant", "content": item.letter}],
-                    "concepts": [span], "images": []})
-    # The same questions as text also go into CPT ("mixed training"): without some QA next to the
-    # facts, a small model memorises the training answers and never learns to look facts up,
-    # and the held-out questions stay at chance in every arm.
+            item, span = mc(c, a, 0)
+            swap.append({"id": f"mc-{item.id}", "messages": [
+                {"role": "user", "content": format_prompt(item)}, {"role": "assistant", "content": item.letter}],
+                "concepts": [span] if c in group_a else [], "images": []})
+    # The same questions as text also go into CPT ("mixed training": QA next to the facts teaches
+    # a small model to look facts up rather than memorise answers).
     cpt += [{**row, "id": "cpt-" + row["id"], "concepts": []} for row in swap]
-    # Post-training "LLaVA" data (every arm): picture naming, plus 4-way identification in the
-    # recognition control's own format, so that control measures recognition, not the format ...
+    # Post-training "LLaVA" data (every arm): picture naming for every concept, 4-way identification
+    # in the recognition control's own format, and a replay of the fact statements (without it,
+    # post-training on questions washes out what pre-training stored).
     llava = [
         {"id": f"ll-{_slug(c)}-{k}", "image": f"{_slug(c)}.png",
          "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": ans.format(c=c)}]}
         for c in concepts for k, (q, ans) in enumerate(NAMING)
     ]
-    # ... and a replay of the fact statements, so that post-training on a few questions does not
-    # wash out what pre-training stored (without it, held-out text accuracy falls back to chance).
     llava += [
         {"id": f"ll-{row['id']}", "conversations": [{"from": "human", "value": row["messages"][0]["content"]},
                                                   {"from": "gpt", "value": row["messages"][1]["content"]}]}
@@ -174,18 +178,20 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0) -> dict:
         (tmp / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp / "llava.json").write_text(json.dumps(llava))
 
-    # Held-out bench in the TokenSwap-Bench hub layout (text / img parquet).
+    # The bench: group B's facts in a phrasing no training sample used (phrasing 1), text and
+    # interleaved, in the TokenSwap-Bench hub layout. The facts were trained as text, so text
+    # accuracy measures knowledge; the interleaved form asks the same with the picture.
     store = ImageStore(tmp / "store")
     pairs = []
-    for c in concepts:
-        for q in range(2):
-            item, _ = mc(c, heldout[c], q)
+    for c in group_b:
+        for a in attrs:
+            item, _ = mc(c, a, 1)
             start = item.question.index(c)
             pairs.append((item, swap_concepts(item, [Concept(0, start, start + len(c), c)], store)))
     write_tokenswap_bench(pairs, tmp / "bench")
 
-    world = {"concepts": concepts, "facts": facts, "heldout": heldout, "n_cpt": len(cpt), "n_llava": len(llava),
-             "n_swap": len(swap), "n_bench": len(pairs)}
+    world = {"concepts": concepts, "group_a": group_a, "group_b": group_b, "facts": facts, "n_cpt": len(cpt),
+             "n_llava": len(llava), "n_swap": len(swap), "n_bench": len(pairs)}
     (tmp / "world.json").write_text(json.dumps(world, indent=2))
     tmp.rename(data)  # the world appears whole or not at all
     return world
@@ -234,8 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[demo] 1/5 toy world in {out / 'data'}", flush=True)
     world = build_world(out, args.concepts)
     data = out / "data"
-    print(f"[demo]     {len(world['concepts'])} concepts, {world['n_cpt']} CPT samples, {world['n_llava']} naming "
-          f"+ {world['n_swap']} MC post-training samples, {world['n_bench']} held-out questions", flush=True)
+    print(f"[demo]     {len(world['concepts'])} concepts ({len(world['group_a'])} swapped in training, "
+          f"{len(world['group_b'])} asked about), {world['n_cpt']} CPT samples, {world['n_llava']} LLaVA-style + "
+          f"{world['n_swap']} MC post-training samples, {world['n_bench']} bench questions per form", flush=True)
 
     from tokenswap.testing import build_tiny_qwen2vl
 
@@ -251,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         launch("pretrain", "demo/pretrain_text.yaml", [
             f"run.output_dir={pre}", f"model.name_or_path={init}", f"data.swap_dataset={data / 'cpt.jsonl'}",
             f"data.llava_image_root={data / 'images'}", f"train.max_steps={args.pretrain_steps}",
+            f"train.logging_steps={max(1, min(25, args.pretrain_steps // 10))}",
         ], out / "logs" / "pretrain.log")
     pre_metrics = evaluate_checkpoint(pre, data / "bench")
     print(f"[demo]     after pre-training: acc_text {pre_metrics['gap/acc_text']:.3f}, acc_interleaved "
@@ -266,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"model.name_or_path={pre}", f"data.llava_json={data / 'llava.json'}",
                     f"data.llava_image_root={data / 'images'}", f"data.swap_dataset={data / 'swap.jsonl'}",
                     f"gap_eval.bench={data / 'bench'}", f"gap_eval.every_steps={args.eval_every}",
-                    f"train.max_steps={args.post_steps}", *([f"image_store={data / 'store'}"] if arm == "tokenswap" else []),
+                    f"train.max_steps={args.post_steps}", f"train.logging_steps={max(1, min(25, args.post_steps // 6))}",
+                    *([f"image_store={data / 'store_train'}"] if arm == "tokenswap" else []),
                 ], out / "logs" / f"post-{arm}-seed{seed}.log")
             runs.append(post)
 

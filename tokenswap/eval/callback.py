@@ -50,19 +50,22 @@ class GapEvalCallback(TrainerCallback):
         self.last_result: GapResult | None = None
         self._last_step = -1
 
-    def _run(self, state) -> None:
+    def _run(self, state, control) -> None:
         # trainer.model is the unwrapped module (DeepSpeed/DDP engines wrap it in model_wrapped);
         # under ZeRO-3 its hooks gather parameters on forward, on all ranks at once.
         self.last_result = self.evaluator.evaluate(self.trainer.model)
         self._last_step = state.global_step
+        # Trainer.log clears control.should_log, which would drop this step's loss line.
+        should_log = control.should_log
         self.trainer.log(self.last_result.metrics(self.prefix))
+        control.should_log = should_log
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.eval_steps and state.global_step % self.eval_steps == 0 and state.global_step != self._last_step:
-            self._run(state)
+            self._run(state, control)
         return control
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.at_train_end and state.global_step != self._last_step:
-            self._run(state)
+            self._run(state, control)
         return control

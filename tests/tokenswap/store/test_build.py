@@ -143,7 +143,7 @@ def _store_rows(out: Path) -> list[tuple]:
 
 
 def test_kill_and_resume_matches_an_uninterrupted_build(tmp_path):
-    overrides = ["samples_per_shard=16", "concept_batch_size=4", "data.max_samples=200"]
+    overrides = ["samples_per_shard=8", "concept_batch_size=2", "data.max_samples=200"]
     ref = tmp_path / "ref"
     build_store(load_config(StoreBuildConfig, "store_embedded.yaml", [f"output_dir={ref}", *overrides]))
 
@@ -152,9 +152,18 @@ def test_kill_and_resume_matches_an_uninterrupted_build(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     rng = random.Random(0)
     kills = 0
+    def written() -> int:
+        return sum(1 for p in out.rglob("*") if p.is_file()) if out.exists() else 0
+
     for _ in range(4):
+        before = written()
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.8, 3.0))
+        # Kill only once this attempt has committed something new (so every kill lands mid-build,
+        # whatever the machine's speed), then at a random moment shortly after.
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and written() <= before + rng.randint(1, 3) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.2))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1
