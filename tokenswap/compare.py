@@ -22,7 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["RunRecord", "compare_runs", "load_run", "make_wandb_report", "read_trainer_run", "read_wandb_offline"]
+__all__ = ["RunRecord", "compare_runs", "load_run", "make_wandb_report", "mean_ci", "read_trainer_run", "read_wandb_offline"]
 
 DEFAULT_METRICS = ("loss", "gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/rel")
 ARM_ORDER = ("baseline", "text", "tokenswap")
@@ -166,7 +166,7 @@ def load_run(spec: str) -> list[RunRecord]:
 
 
 # ---------------------------------------------------------------------------- comparison
-def _mean_ci(values: list[float]) -> tuple[float, float]:
+def mean_ci(values: list[float]) -> tuple[float, float]:
     n = len(values)
     mean = sum(values) / n
     if n < 2:
@@ -191,7 +191,7 @@ def compare_runs(runs: list[RunRecord], metrics: tuple[str, ...] = DEFAULT_METRI
         for m in metrics:
             values = [v for r in by_arm[arm] if (v := r.last(m)) is not None]
             if values:
-                mean, ci = _mean_ci(values)
+                mean, ci = mean_ci(values)
                 row[m] = {"mean": mean, "ci95": ci, "values": values}
         table["arms"][arm] = row
     return table

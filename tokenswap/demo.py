@@ -181,14 +181,17 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0) -> dict:
     # The bench: group B's facts in a phrasing no training sample used (phrasing 1), text and
     # interleaved, in the TokenSwap-Bench hub layout. The facts were trained as text, so text
     # accuracy measures knowledge; the interleaved form asks the same with the picture.
+    # A second bench asks the same about group A (pictures TokenSwap practised with, new phrasing):
+    # it separates "learned to read these pictures in questions" from "learned to read pictures".
     store = ImageStore(tmp / "store")
-    pairs = []
-    for c in group_b:
-        for a in attrs:
-            item, _ = mc(c, a, 1)
-            start = item.question.index(c)
-            pairs.append((item, swap_concepts(item, [Concept(0, start, start + len(c), c)], store)))
-    write_tokenswap_bench(pairs, tmp / "bench")
+    for name, group in (("bench", group_b), ("bench_seen", group_a)):
+        pairs = []
+        for c in group:
+            for a in attrs:
+                item, _ = mc(c, a, 1)
+                start = item.question.index(c)
+                pairs.append((item, swap_concepts(item, [Concept(0, start, start + len(c), c)], store)))
+        write_tokenswap_bench(pairs, tmp / name)
 
     world = {"concepts": concepts, "group_a": group_a, "group_b": group_b, "facts": facts, "n_cpt": len(cpt),
              "n_llava": len(llava), "n_swap": len(swap), "n_bench": len(pairs)}
@@ -280,17 +283,25 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(post)
 
     print("[demo] 4/5 comparing arms", flush=True)
-    from tokenswap.compare import compare_runs, load_run, plot_runs, to_markdown
+    from tokenswap.compare import compare_runs, load_run, mean_ci, plot_runs, to_markdown
 
     metrics = ("loss", "gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/rel", "gap/recognition_acc",
                "gap/controlled/abs")
     records = [r for p in runs for r in load_run(str(p))]
     table = compare_runs(records, metrics)
+    seen: dict[str, list[dict]] = {}
+    for post, record in zip(runs, records):
+        seen.setdefault(record.arm, []).append(evaluate_checkpoint(post, data / "bench_seen"))
+    seen_table = {
+        arm: {m: dict(zip(("mean", "ci95"), mean_ci([r[m] for r in rows]))) for m in metrics[1:5]
+              if all(r.get(m) is not None for r in rows)}
+        for arm, rows in seen.items()
+    }
     pre_row = {m: v for m, v in pre_metrics.items() if m in metrics}
     report = {
         "world": {k: world[k] for k in ("n_cpt", "n_llava", "n_swap", "n_bench")} | {"concepts": len(world["concepts"])},
         "seeds": args.seeds, "pretrain_steps": args.pretrain_steps, "post_steps": args.post_steps,
-        "pretrained_only": pre_row, "comparison": table, "runs": [str(p) for p in runs],
+        "pretrained_only": pre_row, "comparison": table, "seen_concepts": seen_table, "runs": [str(p) for p in runs],
         "wandb_offline_runs": sorted(str(p) for p in out.glob("*/wandb/offline-run-*")),
         "seconds": round(time.time() - t0, 1),
     }
@@ -298,12 +309,26 @@ def main(argv: list[str] | None = None) -> int:
     md_pre = "| pre-trained only (before post-training) | 1 | " + " | ".join(
         f"{pre_row[m]:.4f}" if m in pre_row else "—" for m in metrics) + " |\n"
     (out / "report.json").write_text(json.dumps(report, indent=2))
-    (out / "report.md").write_text(_report_md(md + md_pre, report, table))
+    (out / "report.md").write_text(_report_md(md + md_pre, report, table) + _seen_md(seen_table))
     plot_runs(records, metrics[:6], out / "comparison.png")
     print(f"[demo] 5/5 done in {report['seconds']:.0f} s")
     print(md + md_pre)
     print(f"[demo] table: {out / 'report.md'}\n[demo] plot:  {out / 'comparison.png'}\n[demo] json:  {out / 'report.json'}")
     return 0
+
+
+def _seen_md(seen: dict) -> str:
+    lines = [
+        "\n## Concepts whose pictures TokenSwap practised with (group A, unseen phrasing)\n",
+        "| arm | gap/acc_text | gap/acc_interleaved | gap/abs | gap/rel |",
+        "|---|---|---|---|---|",
+    ]
+    for arm, row in seen.items():
+        cells = ["—" if m not in row else f"{row[m]['mean']:.4f}" + (
+            "" if row[m]["ci95"] != row[m]["ci95"] else f" ± {row[m]['ci95']:.4f}")
+            for m in ("gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/rel")]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _report_md(table_md: str, report: dict, table: dict) -> str:
