@@ -46,7 +46,7 @@ from typing import Literal
 from tokenswap.concepts import Concept, ConceptExtractor, validate_concepts
 from tokenswap.swap import unit_hash
 
-from .image_store import ImageStore, StoreWriter
+from .image_store import ImageStore, StoreWriter, atomic_write
 from .sources import (
     DEJAVU_SANS,
     GenerationSource,
@@ -433,17 +433,8 @@ def _wait_for(paths: list[Path], what: str, timeout_s: float) -> None:
         time.sleep(0.2)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    _atomic_write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
+    atomic_write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -514,7 +505,7 @@ def _stage_extract(cfg: StoreBuildConfig, state: Path, rank: int, world: int) ->
     stats = getattr(extractor, "stats", None)  # only the LLM extractor keeps stats
     if stats is not None:
         info["llm_extraction"] = vars(stats)
-    _atomic_write(done, json.dumps(info).encode())
+    atomic_write(done, json.dumps(info).encode())
     return info
 
 
@@ -545,7 +536,7 @@ def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, worl
     if not todo:
         if rank == 0 and attempted is None:
             StoreWriter(store_dir, rank=0, info=build_info).close()  # an empty but valid store
-        _atomic_write(done, json.dumps(info).encode())
+        atomic_write(done, json.dumps(info).encode())
         return info
     sources = [SOURCE_BUILDERS[name](cfg, state) for name in cfg.sources]
     for source in sources:
@@ -596,7 +587,7 @@ def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, worl
         bar.update(len(batch))
     bar.close()
     info["images"] = n_images
-    _atomic_write(done, json.dumps(info).encode())
+    atomic_write(done, json.dumps(info).encode())
     return info
 
 
@@ -633,7 +624,7 @@ def _stage_dataset(cfg: StoreBuildConfig, out: Path, state: Path, rank: int) -> 
         _write_jsonl(target, rows)
         written += len(rows)
     info = {"samples_written": written}
-    _atomic_write(done, json.dumps(info).encode())
+    atomic_write(done, json.dumps(info).encode())
     return info
 
 
@@ -669,7 +660,7 @@ def _report(cfg: StoreBuildConfig, out: Path, state: Path, world: int, times: di
         "ranks": {"extract": extract_markers, "images": image_markers},
         "complete": True,
     }
-    _atomic_write(out / "report.json", json.dumps(report, indent=2).encode())
+    atomic_write(out / "report.json", json.dumps(report, indent=2).encode())
     return report
 
 
@@ -692,7 +683,7 @@ def _check_plan(cfg: StoreBuildConfig, state: Path, world: int, rank: int) -> No
             )
     elif rank == 0:
         state.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, json.dumps(plan, indent=2).encode())
+        atomic_write(path, json.dumps(plan, indent=2).encode())
 
 
 def build_store(cfg: StoreBuildConfig) -> dict:

@@ -31,7 +31,7 @@ from PIL import Image, UnidentifiedImageError
 
 from tokenswap.concepts import normalize_concept
 
-__all__ = ["CorruptImageError", "ImageStore", "StoreImage", "StoreWriter", "image_id_of"]
+__all__ = ["CorruptImageError", "ImageStore", "StoreImage", "StoreWriter", "atomic_write", "image_id_of"]
 
 FORMAT = "tokenswap-image-store"
 VERSION = 1
@@ -237,7 +237,7 @@ class StoreWriter:
                 info[k] = {**info[k], **v}
             else:
                 info[k] = v
-        _atomic_write(path, json.dumps(info, indent=2, sort_keys=True).encode())
+        atomic_write(path, json.dumps(info, indent=2, sort_keys=True).encode())
 
     def add(
         self,
@@ -286,7 +286,7 @@ class StoreWriter:
         with pa.ipc.new_stream(sink, SCHEMA) as writer:
             writer.write_table(table)
         path = self.root / "shards" / f"part-r{self.rank:03d}-{self._seq:06d}.arrow"
-        _atomic_write(path, sink.getvalue().to_pybytes())
+        atomic_write(path, sink.getvalue().to_pybytes())
         self._seq += 1
         self._rows = []
 
@@ -300,7 +300,8 @@ class StoreWriter:
         self.close()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(data)

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from PIL import Image, ImageDraw, ImageFont
 
 from tokenswap.concepts import normalize_concept
+from tokenswap.store.image_store import atomic_write
 
 __all__ = [
     "GenerationSource",
@@ -417,7 +418,7 @@ class RetrievalSource:
                 ]
                 buf = io.BytesIO()
                 np.save(buf, torch.cat(embs).numpy().astype(np.float16))
-                _atomic_write_bytes(path, buf.getvalue())
+                atomic_write(path, buf.getvalue())
             chunks.append(torch.from_numpy(np.load(path).astype(np.float32)))
         self._items = items
         self._embeddings = torch.cat(chunks)
@@ -545,14 +546,5 @@ class GenerationSource:
 # ----------------------------------------------------------------------------- helpers
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _atomic_write_text(path: Path, text: str) -> None:
-    _atomic_write_bytes(path, text.encode("utf-8"))
+    atomic_write(path, text.encode("utf-8"))
