@@ -198,12 +198,13 @@ class TokenSwapCollator:
         return "".join(out), learn
 
     def _check_template(self) -> None:
-        template = getattr(self.processor, "chat_template", None)
-        if template is None:
-            raise ValueError(
-                "the processor has no chat_template; TokenSwapCollator renders the Qwen2-VL template and "
-                "checks it against the processor's own, so load a processor that ships one"
-            )
+        if self.processor.chat_template is None:
+            # Base checkpoints (e.g. Qwen/Qwen2-VL-7B) may ship no template; post-training then
+            # teaches the Instruct one, which is what this collator renders.
+            from tokenswap.testing import QWEN2VL_CHAT_TEMPLATE
+
+            warnings.warn("the processor has no chat_template; using the Qwen2-VL-Instruct template", stacklevel=3)
+            self.processor.chat_template = QWEN2VL_CHAT_TEMPLATE
         probe = [
             {"role": "user", "content": [{"type": "text", "text": "a "}, {"type": "image"}, {"type": "text", "text": " b"}]},
             {"role": "assistant", "content": [{"type": "text", "text": "c"}]},
@@ -253,7 +254,7 @@ class TokenSwapCollator:
         path = os.path.join(self.image_root, image) if self.image_root and not os.path.isabs(image) else image
         return _ImageRef(key=f"path:{path}", load=lambda: Image.open(path).convert("RGB"), what=path)
 
-    def _plan(self, ex: dict, arm: str) -> tuple[list[dict], list[list[_ImageRef]]] | None:
+    def _plan(self, ex: dict, arm: str) -> tuple[list[dict], list[list[tuple[int, int, _ImageRef]]]]:
         """Decide the swaps of one example: (messages with image slots, per-message image refs)."""
         self._check_keys(ex)
         sid = ex["id"]

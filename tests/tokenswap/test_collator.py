@@ -310,6 +310,15 @@ def test_missing_native_image_skips_sample_not_batch(tiny_processor, tiny_store)
     assert collator.stats["samples_dropped_bad_native_image"] == 1
 
 
+def test_processor_without_template_gets_the_qwen2vl_one(tiny_processor, tiny_store, swap_samples):
+    bare = copy.deepcopy(tiny_processor)
+    bare.chat_template = None
+    with pytest.warns(UserWarning, match="no chat_template"):
+        collator = TokenSwapCollator(bare, tiny_store, dummy_image=False)
+    reference = TokenSwapCollator(tiny_processor, tiny_store, dummy_image=False)
+    torch.testing.assert_close(collator(swap_samples[:2])["input_ids"], reference(swap_samples[:2])["input_ids"])
+
+
 def test_rejects_a_non_qwen2vl_template(tiny_processor, tiny_store):
     other = copy.deepcopy(tiny_processor)
     other.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
