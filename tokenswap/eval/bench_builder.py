@@ -36,7 +36,7 @@ from typing import Literal
 from tokenswap.concepts import Concept, ConceptExtractor, validate_concepts
 from tokenswap.eval.mc import MCItem, build_conversation, evaluate, format_prompt, substitute_spans
 from tokenswap.llm import ChatModel, parse_json_response
-from tokenswap.store.build import ExtractorConfig, LLMConfig
+from tokenswap.store.build import ExtractorConfig, LLMConfig, build_chat_model
 from tokenswap.store.image_store import ImageStore
 from tokenswap.swap import SwapPolicy
 
@@ -291,22 +291,7 @@ class BenchBuildConfig:
 
 
 def _chat_model(cfg: LLMConfig | None, cache_path: Path) -> ChatModel | None:
-    from tokenswap.llm import OpenAIChatModel, TransformersChatModel
-
-    if cfg is None:
-        return None
-    if cfg.backend == "openai":
-        return OpenAIChatModel(
-            base_url=cfg.base_url,
-            model=cfg.model,
-            api_key_env=cfg.api_key_env,
-            temperature=cfg.temperature,
-            max_tokens=cfg.max_tokens,
-            timeout=cfg.timeout,
-            max_retries=cfg.max_retries,
-            cache_path=cache_path,
-        )
-    return TransformersChatModel(cfg.model, max_new_tokens=cfg.max_new_tokens, cache_path=cache_path)
+    return None if cfg is None else build_chat_model(cfg, cache_path)
 
 
 def _extractor(cfg: ExtractorConfig, store: ImageStore, cache_path: Path) -> ConceptExtractor:

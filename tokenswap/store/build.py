@@ -303,7 +303,8 @@ def embedded_config(output_dir: str | os.PathLike, progress: bool = False) -> St
 # ============================================================================ builders (config -> library objects)
 
 
-def _build_chat_model(cfg: LLMConfig, cache_path: Path):
+def build_chat_model(cfg: LLMConfig, cache_path: Path):
+    """The chat client an ``llm`` config section describes (OpenAI-compatible endpoint or local transformers)."""
     from tokenswap.llm import OpenAIChatModel, TransformersChatModel
 
     if cfg.backend == "openai":
@@ -393,7 +394,7 @@ def _build_extractor(cfg: StoreBuildConfig, state: Path, rank: int) -> ConceptEx
     if ex.kind == "lexicon":
         return build_lexicon(_lexicon_vocabulary(cfg), aliases=ex.aliases, plurals=ex.plurals)
     assert ex.llm is not None
-    chat = _build_chat_model(ex.llm, state / "cache" / f"extract-r{rank:03d}.jsonl")
+    chat = build_chat_model(ex.llm, state / "cache" / f"extract-r{rank:03d}.jsonl")
     return LLMConceptExtractor(chat, max_concepts=ex.max_concepts)
 
 
@@ -546,7 +547,7 @@ def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, worl
     if cfg.judge is not None:
         from .judge import ValidityJudge
 
-        judge = ValidityJudge(_build_chat_model(cfg.judge.llm, state / "cache" / f"judge-r{rank:03d}.jsonl"))
+        judge = ValidityJudge(build_chat_model(cfg.judge.llm, state / "cache" / f"judge-r{rank:03d}.jsonl"))
     build_info["sources_info"] = {s.name: s.info for s in sources}
     if any(s.name == "openmoji" for s in sources):
         build_info["attribution"] = sources[[s.name for s in sources].index("openmoji")].info["attribution"]
