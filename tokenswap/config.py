@@ -232,12 +232,25 @@ def _help(cls: type, prefix: str = "") -> list[str]:
 
 
 def parse_config(cls: type[T], argv: list[str] | None = None) -> T:
-    """Command line -> config: ``[--config PATH_OR_NAME] [section.key=value ...] [--help]``."""
+    """Command line -> config: ``[--config PATH_OR_NAME] [section.key=value ...] [--help]``.
+
+    Problems are printed (every one, with its fix) and the process exits with status 2; use
+    :func:`load_config` to get a :class:`ConfigError` instead.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         print(f"usage: [--config NAME.yaml] [key.sub=value ...]\n\n{cls.__name__} fields:")
         print("\n".join(_help(cls)))
         raise SystemExit(0)
+    try:
+        path, overrides = _split_argv(argv)
+        return load_config(cls, path, overrides)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _split_argv(argv: list[str]) -> tuple[str | None, list[str]]:
     path = None
     overrides = []
     i = 0
@@ -258,4 +271,4 @@ def parse_config(cls: type[T], argv: list[str] | None = None) -> T:
         else:
             overrides.append(arg)
         i += 1
-    return load_config(cls, path, overrides)
+    return path, overrides

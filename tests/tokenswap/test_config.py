@@ -181,6 +181,17 @@ def test_help_lists_field_docstrings(capsys):
         (["--config"], "--config needs a file name"),
     ],
 )
-def test_cli_errors(argv, match):
-    with pytest.raises(ConfigError, match=match):
+def test_cli_errors(argv, match, capsys):
+    with pytest.raises(SystemExit) as e:
         parse_config(Toy, argv)
+    assert e.value.code == 2
+    assert match in capsys.readouterr().err
+
+
+def test_cli_reports_every_config_problem_and_exits_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_config(Toy, ["steps=abc", "nmae=x"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "3 problem(s)" in err and "`steps` must be an integer" in err and "did you mean `name`" in err
+    assert "`name` is required" in err

@@ -334,7 +334,10 @@ def cli_main(argv: list[str] | None = None) -> int:
     """``tokenswap build-bench --config NAME.yaml [key=value ...]``."""
     from tokenswap.config import parse_config
 
-    cfg = parse_config(BenchBuildConfig, argv)
+    try:
+        cfg = parse_config(BenchBuildConfig, argv)
+    except SystemExit as e:  # --help, or config problems (already printed with their fixes)
+        return int(e.code or 0)
     summary = build_bench(cfg)
     print(json.dumps(summary, indent=2))
     return 0

@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -773,13 +772,12 @@ def build_embedded_store(root: str | os.PathLike | None = None) -> ImageStore:
 
 def cli_main(argv: list[str] | None = None) -> int:
     """``tokenswap build-store --config PATH_OR_NAME [key=value ...]``; a bare name resolves in ``configs/``."""
-    from tokenswap.config import ConfigError, parse_config
+    from tokenswap.config import parse_config
 
     try:
         cfg = parse_config(StoreBuildConfig, argv)
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"tokenswap build-store: {e}", file=sys.stderr)
-        return 2
+    except SystemExit as e:  # --help, or config problems (already printed with their fixes)
+        return int(e.code or 0)
     report = build_store(cfg)
     if "samples_kept" in report:
         print(
