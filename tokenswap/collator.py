@@ -16,6 +16,7 @@ import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -24,6 +25,7 @@ from PIL import Image
 
 from tokenswap.concepts import Concept, validate_concepts
 from tokenswap.store.image_store import CorruptImageError, ImageStore
+from tokenswap.store.prepare import load_prepared
 from tokenswap.swap import SwapPolicy
 
 __all__ = ["IMAGE_MARKER", "TokenSwapCollator"]
@@ -128,6 +130,9 @@ class TokenSwapCollator:
         epoch: current epoch, for policies with ``resample_each_epoch`` (see ``EpochCallback``).
         log_ids_to: append the sample ids of every batch to this file, one line per batch
             (how paired runs prove they saw the same samples in the same order).
+        prepared: folder written by :func:`tokenswap.store.prepare.prepare_store` for this
+            processor: store images are read there at the target size (no decode, no resize) on a
+            cache miss; pixels are identical.
 
     Example:
         >>> from tokenswap.collator import TokenSwapCollator  # doctest: +SKIP
@@ -151,6 +156,7 @@ class TokenSwapCollator:
     system_prompt: str = _DEFAULT_SYSTEM
     epoch: int = 0
     log_ids_to: str | None = None
+    prepared: str | None = None
     stats: Counter = field(default_factory=Counter, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -323,6 +329,14 @@ class TokenSwapCollator:
             hit = self._cache.get(ref.key) if ref.key is not None else None
             if hit is not None:
                 out[i] = hit
+                continue
+            resized = None
+            if self.prepared is not None and ref.concept is not None:
+                resized = load_prepared(Path(self.prepared), ref.key)
+            if resized is not None:
+                proc = self.processor.image_processor(images=[resized], do_resize=False, return_tensors="pt")
+                out[i] = (proc["pixel_values"], tuple(proc["image_grid_thw"][0].tolist()))
+                self._cache.put(ref.key, *out[i])
                 continue
             try:
                 todo.append((i, ref.load()))
