@@ -119,6 +119,9 @@ class CollatorConfig:
     """Re-draw swap decisions every epoch (the paper's augmentation is static)."""
     swap_seed: int = 0
     """Seed of the swap decisions; the arms of a pair share it."""
+    prepared: str | None = None
+    """Prepared copy of the image store for this processor (tokenswap.store.prepare.prepare_store): cache misses
+    read images at the target size instead of decoding and resizing them. Pixels are identical."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.swap_prob <= 1.0:
@@ -314,6 +317,7 @@ def build_collator(
         dummy_image=cfg.dummy_image,
         image_root=image_root,
         cache_bytes=int(cfg.cache_gb * (1 << 30)),
+        prepared=cfg.prepared,
     )
 
 
