@@ -89,3 +89,13 @@ def tiny_bench(tmp_path_factory, tiny_store):
     root = tmp_path_factory.mktemp("tiny-bench")
     write_tokenswap_bench(pairs, root)
     return root
+
+
+@pytest.fixture
+def free_port():
+    """A TCP port free right now on 127.0.0.1, so back-to-back 2-rank launches never share a rendezvous port."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,16 +14,6 @@ from safetensors.torch import load_file
 from tokenswap.config import load_config
 from tokenswap.crossmath import gold_answer, gold_hops, load_crossmath
 from tokenswap.crossmath.rewards import completion_text
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_recipe(name: str):
-    spec = importlib.util.spec_from_file_location(f"recipe_{name}", ROOT / "recipes" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve string annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
 
 
 def log_history(out: Path) -> list[dict]:
@@ -38,12 +26,12 @@ def lora_b(folder: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def image_sft():
+def image_sft(load_recipe):
     return load_recipe("image_sft")
 
 
 @pytest.fixture(scope="module")
-def grpo():
+def grpo(load_recipe):
     return load_recipe("grpo")
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,14 +16,6 @@ from tokenswap.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = ROOT / "tests" / "assets"
-
-
-def load_recipe(name: str):
-    spec = importlib.util.spec_from_file_location(f"recipe_{name}", ROOT / "recipes" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve string annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
 
 
 def overrides(out, model, store, *extra):
@@ -51,7 +42,7 @@ def sample_ids(out: Path, rank: int = 0) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def post():
+def post(load_recipe):
     return load_recipe("post_train")
 
 
@@ -102,7 +93,7 @@ def test_resume_reproduces_uninterrupted_losses(post, tiny_qwen2vl, tiny_store, 
     torch.testing.assert_close(torch.tensor(resumed[-2:]), torch.tensor(losses(full)[-2:]), rtol=1e-5, atol=1e-5)
 
 
-def test_pretrain_learns_all_text_tokens(tiny_qwen2vl, tiny_store, tmp_path):
+def test_pretrain_learns_all_text_tokens(load_recipe, tiny_qwen2vl, tiny_store, tmp_path):
     pre = load_recipe("pretrain")
     out = tmp_path / "pre"
     cfg = load_config(pre.PretrainConfig, "tiny/pretrain_tokenswap.yaml",
@@ -137,10 +128,10 @@ def test_wandb_offline_run_is_read_back_and_compared(post, tiny_qwen2vl, tiny_st
     assert (out / "comparison.png").stat().st_size > 1000
 
 
-def _launch(config_file: str, out: Path, model, store, *extra) -> subprocess.CompletedProcess:
+def _launch(config_file: str, port: int, out: Path, model, store, *extra) -> subprocess.CompletedProcess:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / config_file),
-           str(ROOT / "recipes" / "post_train.py"), "--config", "tiny/post_tokenswap.yaml",
+           "--main_process_port", str(port), str(ROOT / "recipes" / "post_train.py"), "--config", "tiny/post_tokenswap.yaml",
            *post_overrides(out, model, store, *extra)]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
@@ -153,10 +144,10 @@ def _launch(config_file: str, out: Path, model, store, *extra) -> subprocess.Com
     ],
     ids=["ddp", "zero3"],
 )
-def test_two_rank_cpu_runs(launcher, extra, tiny_qwen2vl, tiny_store, tiny_bench, tmp_path):
+def test_two_rank_cpu_runs(launcher, extra, tiny_qwen2vl, tiny_store, tiny_bench, free_port, tmp_path):
     out = tmp_path / "run"
     gap = (f"gap_eval.bench={tiny_bench}", "gap_eval.every_steps=2", "gap_eval.recognition=true")
-    proc = _launch(launcher, out, tiny_qwen2vl, tiny_store.root, *extra, *gap)
+    proc = _launch(launcher, free_port, out, tiny_qwen2vl, tiny_store.root, *extra, *gap)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ids0, ids1 = sample_ids(out, 0), sample_ids(out, 1)
     # two real ranks: each takes every other batch of 4, so their first two batches are disjoint

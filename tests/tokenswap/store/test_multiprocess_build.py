@@ -18,7 +18,7 @@ def _rows(out: Path) -> list[dict]:
     return sorted(rows, key=lambda r: r["id"])
 
 
-def test_two_rank_build_matches_single_process(tmp_path):
+def test_two_rank_build_matches_single_process(free_port, tmp_path):
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     common = ["-m", "tokenswap.cli", "build-store", "--config", "store_embedded.yaml", "data.max_samples=120"]
     single, double = tmp_path / "one", tmp_path / "two"
@@ -26,7 +26,7 @@ def test_two_rank_build_matches_single_process(tmp_path):
                    capture_output=True, timeout=300)
     proc = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-         str(ROOT / "configs/accelerate/cpu_2proc.yaml"), *common, f"output_dir={double}"],
+         str(ROOT / "configs/accelerate/cpu_2proc.yaml"), "--main_process_port", str(free_port), *common, f"output_dir={double}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
