@@ -1,0 +1,556 @@
+"""The Qwen-VL model families tokenswap supports: one explicit table.
+
+Each :class:`Family` says which transformers classes load the model, which chat template its
+Instruct checkpoints ship and how that template renders a conversation (default system prompt or
+none, trimmed contents, Qwen3.5's think block), so that :class:`~tokenswap.collator.TokenSwapCollator`
+can render exactly what ``processor.apply_chat_template`` would. Image geometry (patch size, merge
+size) is read from the processor itself; :attr:`Family.image_processor_defaults` only records what
+the released checkpoints' ``preprocessor_config.json`` sets, for the tiny test checkpoints.
+
+>>> family_of("qwen2_5_vl").model_class
+'Qwen2_5_VLForConditionalGeneration'
+>>> family_of("qwen3_vl").default_system_prompt is None
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "FAMILIES",
+    "QWEN2VL_CHAT_TEMPLATE",
+    "QWEN3VL_CHAT_TEMPLATE",
+    "QWEN3_5_CHAT_TEMPLATE",
+    "VISION_TOKENS",
+    "Family",
+    "UnsupportedFamilyError",
+    "family_of",
+    "render_conversation",
+]
+
+VISION_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
+"""Vision special tokens, the same strings in every supported family."""
+
+_IMAGE_BLOCK = "<|vision_start|><|image_pad|><|vision_end|>"
+
+# Qwen/Qwen2-VL-7B-Instruct and Qwen/Qwen2.5-VL-7B-Instruct ship this same template
+# (chat_template.json); text checked against several public copies of the released file.
+QWEN2VL_CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% endif %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}"
+    "<|im_end|>\n{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture {{ image_count.value }}: "
+    "{% endif %}<|vision_start|><|image_pad|><|vision_end|>{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}Video {{ video_count.value }}: "
+    "{% endif %}<|vision_start|><|video_pad|><|vision_end|>{% elif 'text' in content %}{{ content['text'] }}"
+    "{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% endif %}"
+)
+
+# Qwen/Qwen3-VL-8B-Instruct chat_template.json (the whole Qwen3-VL Instruct line, dense and MoE,
+# ships it), transcribed from public copies of the released file. No default system message.
+QWEN3VL_CHAT_TEMPLATE = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {%- if messages[0].content is string %}
+            {{- messages[0].content }}
+        {%- else %}
+            {%- for content in messages[0].content %}
+                {%- if 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' }}
+        {%- if messages[0].content is string %}
+            {{- messages[0].content }}
+        {%- else %}
+            {%- for content in messages[0].content %}
+                {%- if 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set image_count = namespace(value=0) %}
+{%- set video_count = namespace(value=0) %}
+{%- for message in messages %}
+    {%- if message.role == "user" %}
+        {{- '<|im_start|>' + message.role + '\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content in message.content %}
+                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
+                    <|vision_start|><|image_pad|><|vision_end|>
+                {%- elif content.type == 'video' or 'video' in content %}
+                    {%- set video_count.value = video_count.value + 1 %}
+                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
+                    <|vision_start|><|video_pad|><|vision_end|>
+                {%- elif 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role + '\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content_item in message.content %}
+                {%- if 'text' in content_item %}
+                    {{- content_item.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and message.content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content in message.content %}
+                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
+                    <|vision_start|><|image_pad|><|vision_end|>
+                {%- elif content.type == 'video' or 'video' in content %}
+                    {%- set video_count.value = video_count.value + 1 %}
+                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
+                    <|vision_start|><|video_pad|><|vision_end|>
+                {%- elif 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+# Qwen3.5 chat template (tokenizer_config.json / chat_template.jinja of the Qwen3.5 releases; the copy
+# transcribed here was published as Qwen/Qwen3.5-27B's, and Qwen3.5-9B and the MoE releases ship the
+# same file). Contents are trimmed; assistant turns after the last user query get a think block.
+QWEN3_5_CHAT_TEMPLATE = r"""{%- set image_count = namespace(value=0) %}
+{%- set video_count = namespace(value=0) %}
+{%- macro render_content(content, do_vision_count, is_system_content=false) %}
+    {%- if content is string %}
+        {{- content }}
+    {%- elif content is iterable and content is not mapping %}
+        {%- for item in content %}
+            {%- if 'image' in item or 'image_url' in item or item.type == 'image' %}
+                {%- if is_system_content %}
+                    {{- raise_exception('System message cannot contain images.') }}
+                {%- endif %}
+                {%- if do_vision_count %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                {%- endif %}
+                {%- if add_vision_id %}
+                    {{- 'Picture ' ~ image_count.value ~ ': ' }}
+                {%- endif %}
+                {{- '<|vision_start|><|image_pad|><|vision_end|>' }}
+            {%- elif 'video' in item or item.type == 'video' %}
+                {%- if is_system_content %}
+                    {{- raise_exception('System message cannot contain videos.') }}
+                {%- endif %}
+                {%- if do_vision_count %}
+                    {%- set video_count.value = video_count.value + 1 %}
+                {%- endif %}
+                {%- if add_vision_id %}
+                    {{- 'Video ' ~ video_count.value ~ ': ' }}
+                {%- endif %}
+                {{- '<|vision_start|><|video_pad|><|vision_end|>' }}
+            {%- elif 'text' in item %}
+                {{- item.text }}
+            {%- else %}
+                {{- raise_exception('Unexpected item type in content.') }}
+            {%- endif %}
+        {%- endfor %}
+    {%- elif content is none or content is undefined %}
+        {{- '' }}
+    {%- else %}
+        {{- raise_exception('Unexpected content type.') }}
+    {%- endif %}
+{%- endmacro %}
+{%- if not messages %}
+    {{- raise_exception('No messages provided.') }}
+{%- endif %}
+{%- if tools and tools is iterable and tools is not mapping %}
+    {{- '<|im_start|>system\n' }}
+    {{- "# Tools\n\nYou have access to the following functions:\n\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>" }}
+    {{- '\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n- Required parameters MUST be specified\n- You may provide optional reasoning for your function call in natural language BEFORE the function call, but NOT after\n- If there is no function call available, answer the question like normal with your current knowledge and do not tell the user about function calls\n</IMPORTANT>' }}
+    {%- if messages[0].role == 'system' %}
+        {%- set content = render_content(messages[0].content, false, true)|trim %}
+        {%- if content %}
+            {{- '\n\n' + content }}
+        {%- endif %}
+    {%- endif %}
+    {{- '<|im_end|>\n' }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {%- set content = render_content(messages[0].content, false, true)|trim %}
+        {{- '<|im_start|>system\n' + content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" %}
+        {%- set content = render_content(message.content, false)|trim %}
+        {%- if not(content.startswith('<tool_response>') and content.endswith('</tool_response>')) %}
+            {%- set ns.multi_step_tool = false %}
+            {%- set ns.last_query_index = index %}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if ns.multi_step_tool %}
+    {{- raise_exception('No user query found in messages.') }}
+{%- endif %}
+{%- for message in messages %}
+    {%- set content = render_content(message.content, true)|trim %}
+    {%- if message.role == "system" %}
+        {%- if not loop.first %}
+            {{- raise_exception('System message must be at the beginning.') }}
+        {%- endif %}
+    {%- elif message.role == "user" %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- set reasoning_content = reasoning_content|trim %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content + '\n</think>\n\n' + content }}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls and message.tool_calls is iterable and message.tool_calls is not mapping %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if tool_call.function is defined %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {%- if loop.first %}
+                    {%- if content|trim %}
+                        {{- '\n\n<tool_call>\n<function=' + tool_call.name + '>\n' }}
+                    {%- else %}
+                        {{- '<tool_call>\n<function=' + tool_call.name + '>\n' }}
+                    {%- endif %}
+                {%- else %}
+                    {{- '\n<tool_call>\n<function=' + tool_call.name + '>\n' }}
+                {%- endif %}
+                {%- if tool_call.arguments is defined %}
+                    {%- for args_name, args_value in tool_call.arguments|items %}
+                        {{- '<parameter=' + args_name + '>\n' }}
+                        {%- set args_value = args_value | tojson | safe if args_value is mapping or (args_value is sequence and args_value is not string) else args_value | string %}
+                        {{- args_value }}
+                        {{- '\n</parameter>\n' }}
+                    {%- endfor %}
+                {%- endif %}
+                {{- '</function>\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.previtem and loop.previtem.role != "tool" %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- content }}
+        {{- '\n</tool_response>' }}
+        {%- if not loop.last and loop.nextitem.role != "tool" %}
+            {{- '<|im_end|>\n' }}
+        {%- elif loop.last %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- else %}
+        {{- raise_exception('Unexpected message role.') }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- else %}
+        {{- '<think>\n' }}
+    {%- endif %}
+{%- endif %}"""
+
+_QWEN3_PIXELS = {"patch_size": 16, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+
+
+class UnsupportedFamilyError(ValueError):
+    """A model, config or processor outside :data:`FAMILIES`."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """One Qwen-VL model family.
+
+    Attributes:
+        name: key in :data:`FAMILIES` (the main ``config.model_type``).
+        model_types: ``config.model_type`` values that belong to the family.
+        model_class: transformers class that loads the checkpoints (what ``AutoModelForImageTextToText`` picks).
+        base_model_class: transformers class holding ``get_rope_index`` (the 3D M-RoPE positions).
+        modeling_module: module defining both classes.
+        processor_class: the family's transformers processor class.
+        tokenizer_class: the tokenizer class its releases use.
+        default_system_prompt: system message the template inserts when a conversation has none;
+            ``None`` where the template inserts nothing.
+        chat_template: the Instruct releases' chat template.
+        dialect: how the template renders messages, for :func:`render_conversation`: ``"qwen2_vl"``
+            (default system prompt, raw contents), ``"qwen3_vl"`` (no default system prompt, images only in
+            user turns), ``"qwen3_5"`` (no default system prompt, trimmed contents, a think block before the
+            assistant turns after the last user message, no images in system turns).
+        image_roles: roles whose images the template renders (elsewhere it drops or rejects them).
+        image_processor_defaults: what the releases' ``preprocessor_config.json`` sets beyond the
+            ``Qwen2VLImageProcessor`` defaults (used by the tiny test checkpoints).
+        extra_tokens: added (non-special) tokens the template writes, e.g. Qwen3.5's think tags.
+        example_checkpoints: hub ids of released Instruct checkpoints.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    model_class: str
+    base_model_class: str
+    modeling_module: str
+    processor_class: str
+    tokenizer_class: str
+    default_system_prompt: str | None
+    chat_template: str
+    dialect: Literal["qwen2_vl", "qwen3_vl", "qwen3_5"]
+    image_roles: tuple[str, ...] = ("system", "user", "assistant")
+    image_processor_defaults: dict[str, Any] = field(default_factory=dict)
+    extra_tokens: tuple[str, ...] = ()
+    example_checkpoints: tuple[str, ...] = ()
+
+    def model_cls(self):
+        """The transformers model class (imported on demand)."""
+        import transformers
+
+        return getattr(transformers, self.model_class)
+
+
+def _family(name: str, model_class: str, base: str, module: str, **kw) -> Family:
+    return Family(name=name, model_types=(name,), model_class=model_class, base_model_class=base,
+                  modeling_module=f"transformers.models.{module}.modeling_{module}", **kw)
+
+
+_QWEN2 = dict(processor_class="", tokenizer_class="Qwen2Tokenizer", default_system_prompt="You are a helpful assistant.",
+              chat_template=QWEN2VL_CHAT_TEMPLATE, dialect="qwen2_vl")
+_QWEN3VL = dict(processor_class="Qwen3VLProcessor", tokenizer_class="Qwen2Tokenizer", default_system_prompt=None,
+                chat_template=QWEN3VL_CHAT_TEMPLATE, dialect="qwen3_vl", image_roles=("user",),
+                image_processor_defaults=_QWEN3_PIXELS)
+_QWEN3_5 = dict(processor_class="Qwen3VLProcessor", tokenizer_class="Qwen3_5Tokenizer", default_system_prompt=None,
+                chat_template=QWEN3_5_CHAT_TEMPLATE, dialect="qwen3_5", image_roles=("user", "assistant"),
+                image_processor_defaults=_QWEN3_PIXELS, extra_tokens=("<think>", "</think>"))
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in [
+        _family("qwen2_vl", "Qwen2VLForConditionalGeneration", "Qwen2VLModel", "qwen2_vl",
+                **{**_QWEN2, "processor_class": "Qwen2VLProcessor"},
+                example_checkpoints=("Qwen/Qwen2-VL-2B-Instruct", "Qwen/Qwen2-VL-7B-Instruct")),
+        _family("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLModel", "qwen2_5_vl",
+                **{**_QWEN2, "processor_class": "Qwen2_5_VLProcessor"},
+                example_checkpoints=("Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct")),
+        _family("qwen3_vl", "Qwen3VLForConditionalGeneration", "Qwen3VLModel", "qwen3_vl", **_QWEN3VL,
+                example_checkpoints=("Qwen/Qwen3-VL-2B-Instruct", "Qwen/Qwen3-VL-8B-Instruct")),
+        _family("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", "Qwen3VLMoeModel", "qwen3_vl_moe", **_QWEN3VL,
+                example_checkpoints=("Qwen/Qwen3-VL-30B-A3B-Instruct",)),
+        _family("qwen3_5", "Qwen3_5ForConditionalGeneration", "Qwen3_5Model", "qwen3_5", **_QWEN3_5,
+                example_checkpoints=("Qwen/Qwen3.5-9B",)),
+        _family("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeModel", "qwen3_5_moe", **_QWEN3_5,
+                example_checkpoints=("Qwen/Qwen3.5-35B-A3B",)),
+    ]
+}
+"""Supported families by name; MoE variants share their dense sibling's template and processor."""
+
+
+def _unsupported(what: str) -> UnsupportedFamilyError:
+    return UnsupportedFamilyError(
+        f"{what} is not a supported model family; tokenswap supports {', '.join(FAMILIES)} "
+        "(Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE variants)"
+    )
+
+
+def family_of(obj: Any) -> Family:
+    """The family of a ``model_type`` string, a config, a model or a processor.
+
+    Raises:
+        UnsupportedFamilyError: for anything outside :data:`FAMILIES`; the message lists the supported ones.
+    """
+    if isinstance(obj, Family):
+        return obj
+    if isinstance(obj, str):
+        for f in FAMILIES.values():
+            if obj in f.model_types:
+                return f
+        raise _unsupported(f"model_type {obj!r}")
+    config = getattr(obj, "config", obj)
+    model_type = getattr(config, "model_type", None)
+    if isinstance(model_type, str) and model_type:
+        return family_of(model_type)
+    if hasattr(obj, "tokenizer") and hasattr(obj, "image_processor"):
+        return _family_of_processor(obj)
+    raise _unsupported(f"{type(obj).__name__} object")
+
+
+def _family_of_processor(processor: Any) -> Family:
+    cls = type(processor).__name__
+    candidates = [f for f in FAMILIES.values() if f.processor_class == cls and not f.name.endswith("_moe")]
+    if not candidates:
+        raise _unsupported(f"processor {cls}")
+    if len(candidates) == 1:
+        return candidates[0]
+    # Qwen3-VL and Qwen3.5 share Qwen3VLProcessor; their tokenizers and templates differ.
+    tok = type(processor.tokenizer).__name__
+    by_tok = [f for f in candidates if f.tokenizer_class == tok]
+    if len(by_tok) == 1:
+        return by_tok[0]
+    template = processor.chat_template or ""
+    return FAMILIES["qwen3_5"] if "<think>" in template else FAMILIES["qwen3_vl"]
+
+
+def _body(content: str | Sequence[dict]) -> tuple[str, int]:
+    """Message content -> rendered text and its number of images."""
+    if isinstance(content, str):
+        return content, 0
+    parts, n = [], 0
+    for p in content:
+        if p["type"] == "image":
+            parts.append(_IMAGE_BLOCK)
+            n += 1
+        elif p["type"] == "text":
+            parts.append(p["text"])
+        else:
+            raise ValueError(f"content part of type {p['type']!r}; TokenSwapCollator renders 'text' and 'image' parts")
+    return "".join(parts), n
+
+
+def render_conversation(
+    family: Family, messages: Sequence[dict], system_prompt: str | None
+) -> tuple[str, list[tuple[int, int]]]:
+    """Render a conversation as ``family``'s chat template does (no generation prompt).
+
+    Args:
+        family: whose template rules to follow.
+        messages: ``[{"role", "content"}]`` with ``content`` a str or ``[{"type": "text"|"image", ...}]``.
+        system_prompt: system message inserted when the conversation has none (``None``: insert none).
+
+    Returns:
+        The template text (one ``<|image_pad|>`` per image) and the learnable character ranges: each
+        assistant turn from just after its ``<|im_start|>assistant\\n`` header through its ``<|im_end|>``
+        (for Qwen3.5 this includes the think block the template writes).
+
+    Raises:
+        ValueError: an image in a role whose images the template does not render, or a conversation the
+            template rejects or silently drops (no user message for Qwen3.5; a system message after the first
+            for Qwen3-VL and Qwen3.5).
+    """
+    out: list[str] = []
+    learn: list[tuple[int, int]] = []
+    pos = 0
+
+    def emit(text: str) -> None:
+        nonlocal pos
+        out.append(text)
+        pos += len(text)
+
+    if messages and messages[0]["role"] != "system" and system_prompt is not None:
+        emit(f"<|im_start|>system\n{system_prompt}<|im_end|>\n")
+    last_query = len(messages) - 1
+    if family.dialect == "qwen3_5":
+        # The template's "last query": the last user message that is not a wrapped tool response.
+        users = [
+            i for i, m in enumerate(messages) if m["role"] == "user"
+            and not ((b := _body(m["content"])[0].strip()).startswith("<tool_response>") and b.endswith("</tool_response>"))
+        ]
+        if not users:
+            raise ValueError("the Qwen3.5 chat template needs at least one user message (it raises otherwise)")
+        last_query = users[-1]
+    for i, m in enumerate(messages):
+        role = m["role"]
+        body, n_images = _body(m["content"])
+        if n_images and role not in family.image_roles:
+            raise ValueError(
+                f"message {i} ({role}) has an image, but the {family.name} chat template renders images only in "
+                f"{' and '.join(family.image_roles)} messages; swap concepts of those roles only (SwapPolicy.roles)"
+            )
+        if role == "system" and i > 0 and family.dialect != "qwen2_vl":
+            raise ValueError(
+                f"message {i} is a system message; the {family.name} chat template accepts one only as the first message"
+            )
+        if family.dialect == "qwen3_5":
+            body = body.strip()
+            if role == "assistant":
+                reasoning = ""
+                if "</think>" in body:
+                    reasoning = body.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+                    body = body.split("</think>")[-1].lstrip("\n")
+                if i > last_query:
+                    body = f"<think>\n{reasoning.strip()}\n</think>\n\n{body}"
+        head = f"<|im_start|>{role}\n"
+        emit(head)
+        if role == "assistant":
+            learn.append((pos, pos + len(body) + len("<|im_end|>")))
+        emit(f"{body}<|im_end|>\n")
+    return "".join(out), learn
