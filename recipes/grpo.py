@@ -17,7 +17,7 @@ growing with the blank's hop depth (``reward.weighting``: linear ``hop``, power 
     python recipes/grpo.py --config tiny/grpo_crossmath.yaml
 
 TRL logs ``rewards/<reward name>/mean`` (e.g. ``rewards/hop_weighted_reward_linear/mean``) every
-``train.logging_steps``. With LoRA the reference model of the KL term (``grpo.beta > 0``) is the
+``train.logging_steps``. With LoRA the reference model of the KL term (``train.beta > 0``) is the
 starting model itself, with the adapter disabled.
 """
 
@@ -29,38 +29,34 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
-from accelerate import PartialState
-from peft import LoraConfig as PeftLoraConfig
+from transformers import set_seed
 from trl import GRPOConfig, GRPOTrainer
 
 from tokenswap.config import config_to_dict, parse_config
 from tokenswap.crossmath import REWARDS, get_hop_weighted_reward
 from tokenswap.crossmath.training_data import CrossMathDataConfig, grpo_dataset, load_training_records
 from tokenswap.training import (
+    TRAIN_DEFAULTS,
+    CheckpointCallback,
     ModelConfig,
     RunConfig,
-    TrainConfig,
     WandbConfig,
+    build_training_arguments,
     finish_wandb,
     init_wandb,
     load_model_and_processor,
+    peft_lora_config,
     print0,
+    resolve_checkpoint,
+    trainer_section,
 )
 
-
-@dataclass(kw_only=True)
-class RolloutConfig:
-    num_generations: int = 4
-    """Completions sampled per puzzle (the group whose rewards are normalised into advantages)."""
-    max_completion_length: int = 6000
-    """Token budget per completion; a completion cut here usually has no <answer> and scores 0."""
-    temperature: float = 1.0
-    """Sampling temperature of the rollouts."""
-    top_p: float = 1.0
-    """Nucleus sampling of the rollouts."""
-    beta: float = 0.04
-    """KL coefficient against the starting model (0: no KL term and no reference forward)."""
+GRPOTrainConfig = trainer_section(
+    GRPOConfig,
+    "GRPOTrainConfig",
+    defaults={**TRAIN_DEFAULTS, "learning_rate": 1e-6, "num_generations": 4, "max_completion_length": 6000},
+)
+"""Every `GRPOConfig` field (TrainingArguments + rollouts, KL, vLLM, loss type, ...) under `train:`."""
 
 
 @dataclass(kw_only=True)
@@ -89,12 +85,11 @@ class GRPORecipeConfig:
     """The starting checkpoint (the merged image-SFT output) and the new LoRA adapter."""
     data: CrossMathDataConfig = field(default_factory=CrossMathDataConfig)
     """Training puzzles: a `tokenswap crossmath generate` folder, or generated on the fly."""
-    grpo: RolloutConfig = field(default_factory=RolloutConfig)
-    """Rollouts per puzzle, completion budget, sampling, KL."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Which reward, and how hops are weighted."""
-    train: TrainConfig = field(default_factory=TrainConfig)
-    """Optimizer, schedule, precision, DeepSpeed, checkpoints; per-device batch counts completions."""
+    train: GRPOTrainConfig = field(default_factory=GRPOTrainConfig)
+    """Every `GRPOConfig` field: optimizer, schedule, checkpoints and the rollouts (`num_generations`,
+    `max_completion_length`, `temperature`, `top_p`, `beta`, `use_vllm`, ...); per-device batch counts completions."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """Run naming: {pair}-{arm} in group {pair}."""
 
@@ -104,53 +99,18 @@ class GRPORecipeConfig:
 
 
 def main(cfg: GRPORecipeConfig) -> None:
-    # ------------------------------------------------------------------ setup
+    # ------------------------------------------------------------------ setup (process state before anything else)
     os.makedirs(cfg.run.output_dir, exist_ok=True)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    accelerator_config = None
-    if cfg.train.deepspeed:
-        # Before any PartialState exists, so the process state is built for DeepSpeed.
-        os.environ.setdefault("ACCELERATE_USE_DEEPSPEED", "true")
-    if world > 1 and (cfg.train.use_cpu or not torch.cuda.is_available()):
-        # CPU ranks talk over gloo; the Trainer must reuse this state instead of building its own.
-        PartialState(cpu=not cfg.train.deepspeed, backend="gloo")
-        accelerator_config = {"use_configured_state": True}
-    rank = int(os.environ.get("RANK", "0"))
-    args = GRPOConfig(
-        output_dir=cfg.run.output_dir,
-        run_name=f"{cfg.run.pair}-{cfg.run.arm}",
-        seed=cfg.run.seed,
-        per_device_train_batch_size=cfg.train.per_device_train_batch_size,
-        gradient_accumulation_steps=cfg.train.gradient_accumulation_steps,
-        learning_rate=cfg.train.learning_rate,
-        lr_scheduler_type=cfg.train.lr_scheduler_type,
-        warmup_steps=cfg.train.warmup_steps,
-        weight_decay=cfg.train.weight_decay,
-        num_train_epochs=cfg.train.num_train_epochs,
-        max_steps=cfg.train.max_steps,
-        bf16=cfg.train.bf16,
-        activation_checkpointing=cfg.train.gradient_checkpointing,
-        deepspeed=cfg.train.deepspeed,
-        logging_steps=cfg.train.logging_steps,
-        save_steps=cfg.train.save_steps,
-        save_total_limit=cfg.train.save_total_limit,
-        dataloader_num_workers=cfg.train.dataloader_num_workers,
-        report_to=cfg.train.report_to,
-        use_cpu=cfg.train.use_cpu,
-        accelerator_config=accelerator_config,
-        # The rewards read answer/answer_hops and TRL reads image; keep every column.
-        remove_unused_columns=False,
-        num_generations=cfg.grpo.num_generations,
-        max_completion_length=cfg.grpo.max_completion_length,
-        temperature=cfg.grpo.temperature,
-        top_p=cfg.grpo.top_p,
-        beta=cfg.grpo.beta,
+    args = build_training_arguments(
+        cfg.train,
+        cfg.run,
         reward_weights=[1.0, cfg.reward.format_weight] if cfg.reward.format_weight > 0 else None,
     )
+    rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         with open(os.path.join(cfg.run.output_dir, "tokenswap_config.json"), "w") as f:
             json.dump(config_to_dict(cfg), f, indent=2)
-    init_wandb(cfg.wandb, cfg.run, stage="grpo", config=config_to_dict(cfg), report_to=cfg.train.report_to)
+    init_wandb(cfg.wandb, cfg.run, stage="grpo", config=config_to_dict(cfg), report_to=args.report_to)
 
     # ------------------------------------------------------------------ data, rewards
     # Rank 0 generates and renders the puzzles; the other ranks then find them on disk.
@@ -171,17 +131,10 @@ def main(cfg: GRPORecipeConfig) -> None:
     # TRL adds the adapter itself (dtype handled for ZeRO-3), and with a fresh adapter the KL reference is
     # the starting model with adapters disabled, instead of a second adapter copied from the first.
     model, processor = load_model_and_processor(dataclasses.replace(cfg.model, lora=None))
-    peft_config = None
-    if cfg.model.lora is not None:
-        peft_config = PeftLoraConfig(
-            r=cfg.model.lora.r,
-            lora_alpha=cfg.model.lora.alpha,
-            lora_dropout=cfg.model.lora.dropout,
-            target_modules=cfg.model.lora.target_modules,
-            task_type="CAUSAL_LM",
-        )
+    peft_config = peft_lora_config(cfg.model.lora) if cfg.model.lora is not None else None
 
     # ------------------------------------------------------------------ train
+    set_seed(cfg.run.seed)  # TRL initialises the adapter inside the constructor: same seed, same adapter
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
@@ -190,8 +143,9 @@ def main(cfg: GRPORecipeConfig) -> None:
         processing_class=processor,
         peft_config=peft_config,
     )
-    resume = cfg.train.resume_from_checkpoint
-    trainer.train(resume_from_checkpoint=True if resume == "latest" else resume)
+    resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
+    trainer.add_callback(CheckpointCallback.resuming(None, resume))
+    trainer.train(resume_from_checkpoint=resume)
 
     # ------------------------------------------------------------------ save
     # With LoRA this is the adapter (adapter_config.json names the starting model); without, the full model.

@@ -26,9 +26,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-import torch
-from accelerate import PartialState
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer
 
 from tokenswap.config import config_to_dict, parse_config
 from tokenswap.crossmath import load_crossmath
@@ -40,16 +38,20 @@ from tokenswap.crossmath.training_data import (
     sft_example,
 )
 from tokenswap.training import (
+    CheckpointCallback,
     CollatorConfig,
     ModelConfig,
+    ResumableCollator,
     RunConfig,
     TrainConfig,
     WandbConfig,
     build_collator,
+    build_training_arguments,
     finish_wandb,
     init_wandb,
     load_model_and_processor,
     print0,
+    resolve_checkpoint,
 )
 
 
@@ -74,7 +76,8 @@ class ImageSFTConfig:
     collator: CollatorConfig = field(default_factory=CollatorConfig)
     """Only `max_length`, `dummy_image` and `cache_gb` matter: nothing is swapped."""
     train: TrainConfig = field(default_factory=TrainConfig)
-    """Optimizer, schedule, precision, DeepSpeed, checkpoints."""
+    """Every `TrainingArguments` field (optimizer, schedule, precision, DeepSpeed, checkpoints, hub, liger, ...);
+    `resume_from_checkpoint: latest` resumes from the newest complete checkpoint in run.output_dir."""
     merge_lora: bool = True
     """Save the LoRA-merged full model in run.output_dir (and the adapter in adapter/), so GRPO and eval load it."""
     eval: CrossMathEvalConfig | None = None
@@ -90,48 +93,14 @@ class ImageSFTConfig:
 
 
 def main(cfg: ImageSFTConfig) -> None:
-    # ------------------------------------------------------------------ setup
+    # ------------------------------------------------------------------ setup (process state before anything else)
     os.makedirs(cfg.run.output_dir, exist_ok=True)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    accelerator_config = None
-    if cfg.train.deepspeed:
-        # Before any PartialState exists, so the process state is built for DeepSpeed.
-        os.environ.setdefault("ACCELERATE_USE_DEEPSPEED", "true")
-    if world > 1 and (cfg.train.use_cpu or not torch.cuda.is_available()):
-        # CPU ranks talk over gloo; the Trainer must reuse this state instead of building its own.
-        PartialState(cpu=not cfg.train.deepspeed, backend="gloo")
-        accelerator_config = {"use_configured_state": True}
+    args = build_training_arguments(cfg.train, cfg.run)
     rank = int(os.environ.get("RANK", "0"))
-    args = TrainingArguments(
-        output_dir=cfg.run.output_dir,
-        run_name=f"{cfg.run.pair}-{cfg.run.arm}",
-        seed=cfg.run.seed,
-        per_device_train_batch_size=cfg.train.per_device_train_batch_size,
-        gradient_accumulation_steps=cfg.train.gradient_accumulation_steps,
-        learning_rate=cfg.train.learning_rate,
-        lr_scheduler_type=cfg.train.lr_scheduler_type,
-        warmup_steps=cfg.train.warmup_steps,
-        weight_decay=cfg.train.weight_decay,
-        num_train_epochs=cfg.train.num_train_epochs,
-        max_steps=cfg.train.max_steps,
-        bf16=cfg.train.bf16,
-        activation_checkpointing=cfg.train.gradient_checkpointing,
-        deepspeed=cfg.train.deepspeed,
-        logging_steps=cfg.train.logging_steps,
-        save_steps=cfg.train.save_steps,
-        save_total_limit=cfg.train.save_total_limit,
-        dataloader_num_workers=cfg.train.dataloader_num_workers,
-        report_to=cfg.train.report_to,
-        use_cpu=cfg.train.use_cpu,
-        accelerator_config=accelerator_config,
-        # The collator reads id/messages/images; the model never sees dataset columns.
-        remove_unused_columns=False,
-        save_only_model=False,
-    )
     if rank == 0:
         with open(os.path.join(cfg.run.output_dir, "tokenswap_config.json"), "w") as f:
             json.dump(config_to_dict(cfg), f, indent=2)
-    init_wandb(cfg.wandb, cfg.run, stage="image_sft", config=config_to_dict(cfg), report_to=cfg.train.report_to)
+    init_wandb(cfg.wandb, cfg.run, stage="image_sft", config=config_to_dict(cfg), report_to=args.report_to)
 
     # ------------------------------------------------------------------ data, collator
     # Rank 0 generates and renders the puzzles; the other ranks then find them on disk.
@@ -142,20 +111,22 @@ def main(cfg: ImageSFTConfig) -> None:
     print0(f"[image_sft] {cfg.run.pair}: {len(train_dataset)} puzzles ({cfg.data.style} style)")
 
     # ------------------------------------------------------------------ model (after TrainingArguments: ZeRO-3 init)
-    model, processor = load_model_and_processor(cfg.model)
+    resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
+    model, processor = load_model_and_processor(cfg.model, resume_from=resume, seed=cfg.run.seed)
     collator = build_collator(cfg.collator, processor, None, cfg.run.arm, learn="assistant")
     collator.log_ids_to = os.path.join(cfg.run.output_dir, f"sample_ids.rank{rank}.txt")
+    resumable = ResumableCollator(collator)
 
     # ------------------------------------------------------------------ train
     trainer = Trainer(
         model=model,
         args=args,
         train_dataset=train_dataset,
-        data_collator=collator,
+        data_collator=resumable,
         processing_class=processor,
+        callbacks=[CheckpointCallback.resuming(resumable, resume)],
     )
-    resume = cfg.train.resume_from_checkpoint
-    trainer.train(resume_from_checkpoint=True if resume == "latest" else resume)
+    trainer.train(resume_from_checkpoint=resume)
 
     # ------------------------------------------------------------------ save
     if cfg.model.lora is None or not cfg.merge_lora:

@@ -22,27 +22,28 @@ import json
 import os
 from dataclasses import dataclass, field
 
-import torch
-from accelerate import PartialState
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer
 
 from tokenswap.config import config_to_dict, parse_config
 from tokenswap.data.llava import load_llava
 from tokenswap.data.mixture import paired_mixture
 from tokenswap.data.schema import load_samples
 from tokenswap.training import (
+    CheckpointCallback,
     CollatorConfig,
     DataConfig,
     EpochCallback,
     GapEvalConfig,
     ModelConfig,
+    PairedTrainConfig,
+    ResumableCollator,
     RunConfig,
     SwapStatsCallback,
-    TrainConfig,
     WandbConfig,
     build_collator,
     build_gap_callback,
     build_image_store,
+    build_training_arguments,
     finish_wandb,
     init_wandb,
     install_first,
@@ -64,8 +65,9 @@ class PostTrainConfig:
     """Image store folder (tokenswap build-store); required for the tokenswap arm."""
     collator: CollatorConfig = field(default_factory=CollatorConfig)
     """Swap policy, token budget, ZeRO-3 dummy image."""
-    train: TrainConfig = field(default_factory=TrainConfig)
-    """Optimizer, schedule, precision, DeepSpeed, checkpoints."""
+    train: PairedTrainConfig = field(default_factory=PairedTrainConfig)
+    """Every `TrainingArguments` field (optimizer, schedule, precision, DeepSpeed, checkpoints, hub, liger, ...);
+    `resume_from_checkpoint: latest` resumes from the newest complete checkpoint in run.output_dir."""
     gap_eval: GapEvalConfig = field(default_factory=GapEvalConfig)
     """In-loop modality-gap evaluation."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
@@ -81,50 +83,15 @@ class PostTrainConfig:
 
 
 def main(cfg: PostTrainConfig) -> None:
-    # ------------------------------------------------------------------ setup
+    # ------------------------------------------------------------------ setup (process state before anything else)
     os.makedirs(cfg.run.output_dir, exist_ok=True)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    accelerator_config = None
-    if cfg.train.deepspeed:
-        # Before any PartialState exists, so the process state is built for DeepSpeed.
-        os.environ.setdefault("ACCELERATE_USE_DEEPSPEED", "true")
-    if world > 1 and (cfg.train.use_cpu or not torch.cuda.is_available()):
-        # CPU ranks talk over gloo; the Trainer must reuse this state instead of building its own.
-        PartialState(cpu=not cfg.train.deepspeed, backend="gloo")
-        accelerator_config = {"use_configured_state": True}
+    # paired_mixture already fixed a seeded order shared by the arms of a pair.
+    args = build_training_arguments(cfg.train, cfg.run, train_sampling_strategy="sequential")
     rank = int(os.environ.get("RANK", "0"))
-    args = TrainingArguments(
-        output_dir=cfg.run.output_dir,
-        run_name=f"{cfg.run.pair}-{cfg.run.arm}",
-        seed=cfg.run.seed,
-        per_device_train_batch_size=cfg.train.per_device_train_batch_size,
-        gradient_accumulation_steps=cfg.train.gradient_accumulation_steps,
-        learning_rate=cfg.train.learning_rate,
-        lr_scheduler_type=cfg.train.lr_scheduler_type,
-        warmup_steps=cfg.train.warmup_steps,
-        weight_decay=cfg.train.weight_decay,
-        num_train_epochs=cfg.train.num_train_epochs,
-        max_steps=cfg.train.max_steps,
-        bf16=cfg.train.bf16,
-        activation_checkpointing=cfg.train.gradient_checkpointing,
-        deepspeed=cfg.train.deepspeed,
-        logging_steps=cfg.train.logging_steps,
-        save_steps=cfg.train.save_steps,
-        save_total_limit=cfg.train.save_total_limit,
-        dataloader_num_workers=cfg.train.dataloader_num_workers,
-        report_to=cfg.train.report_to,
-        use_cpu=cfg.train.use_cpu,
-        accelerator_config=accelerator_config,
-        # The collator reads id/messages/concepts/images; the model never sees dataset columns.
-        remove_unused_columns=False,
-        # paired_mixture already fixed a seeded order shared by the arms of a pair.
-        train_sampling_strategy="sequential",
-        save_only_model=False,
-    )
     if rank == 0:
         with open(os.path.join(cfg.run.output_dir, "tokenswap_config.json"), "w") as f:
             json.dump(config_to_dict(cfg), f, indent=2)
-    init_wandb(cfg.wandb, cfg.run, stage="post_train", config=config_to_dict(cfg), report_to=cfg.train.report_to)
+    init_wandb(cfg.wandb, cfg.run, stage="post_train", config=config_to_dict(cfg), report_to=args.report_to)
 
     # ------------------------------------------------------------------ data, image store, collator
     base = load_llava(
@@ -136,21 +103,22 @@ def main(cfg: PostTrainConfig) -> None:
 
     # ------------------------------------------------------------------ model (after TrainingArguments: ZeRO-3 init)
     resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
-    model, processor = load_model_and_processor(cfg.model, resume_from=resume)
+    model, processor = load_model_and_processor(cfg.model, resume_from=resume, seed=cfg.run.seed)
     store = build_image_store(cfg.image_store) if cfg.run.arm == "tokenswap" else None
     collator = build_collator(
         cfg.collator, processor, store, cfg.run.arm, learn="assistant", image_root=cfg.data.llava_image_root
     )
     collator.log_ids_to = os.path.join(cfg.run.output_dir, f"sample_ids.rank{rank}.txt")
+    resumable = ResumableCollator(collator)
 
     # ------------------------------------------------------------------ train
     trainer = Trainer(
         model=model,
         args=args,
         train_dataset=train_dataset,
-        data_collator=collator,
+        data_collator=resumable,
         processing_class=processor,
-        callbacks=[EpochCallback(collator)],
+        callbacks=[EpochCallback(collator), CheckpointCallback.resuming(resumable, resume)],
     )
     install_first(trainer, SwapStatsCallback(collator))
     gap_callback = build_gap_callback(cfg.gap_eval, processor, trainer)

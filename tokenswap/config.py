@@ -12,7 +12,9 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import enum
 import inspect
+import math
 import os
 import sys
 import textwrap
@@ -59,6 +61,8 @@ def _hints(cls: type) -> dict[str, Any]:
 def _type_name(tp: Any) -> str:
     if get_origin(tp) is Literal:
         return " | ".join(repr(a) for a in get_args(tp))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return " | ".join(repr(m.value) for m in tp)
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
@@ -83,6 +87,13 @@ def _coerce(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
     if origin is Literal:
         if value not in get_args(tp):
             problems.append(f"`{key}` must be one of {list(get_args(tp))}, got {value!r}")
+        return value
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        choices = [m.value for m in tp]
+        if value not in choices:
+            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(f"`{key}` must be one of {choices}, got {value!r}{hint}")
         return value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
@@ -109,10 +120,13 @@ def _coerce(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             # YAML reads 1e-5 as a string (no dot); accept numeric strings.
             try:
-                return float(value)
+                value = float(value)
             except (TypeError, ValueError):
                 problems.append(f"`{key}` must be a number, got {value!r}")
                 return value
+        if math.isnan(value):
+            # NaN compares false with every bound, so range checks downstream would all pass.
+            problems.append(f"`{key}` must be a number, got NaN")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -170,23 +184,55 @@ def load_config(cls: type[T], path: str | os.PathLike | None = None, overrides: 
     if path is not None:
         resolved = resolve_config_path(path)
         source = str(resolved)
-        loaded = yaml.safe_load(resolved.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError([f"the top level must be a mapping, got {type(loaded).__name__}"], source)
-        data = loaded
+        data = _read_yaml(resolved)
     problems: list[str] = []
     for item in overrides:
         if "=" not in item:
             problems.append(f"override {item!r} must look like `section.key=value`")
             continue
         key, raw = item.split("=", 1)
-        _set_dotted(data, key.strip(), yaml.safe_load(raw) if raw != "" else "")
+        if not key.strip() or any(not part for part in key.strip().split(".")):
+            problems.append(f"override {item!r}: the key must look like `section.key`")
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as e:
+            problems.append(f"override {item!r}: the value is not valid YAML ({_yaml_problem(e)}); quote it")
+            continue
+        _set_dotted(data, key.strip(), value)
     if problems:
         raise ConfigError(problems, source)
     cfg = _build(cls, data, "", problems)
     if problems:
         raise ConfigError(problems, source)
     return cfg
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(e, 'problem', None) or e}{where}"
+
+
+def _read_yaml(path: Path) -> dict:
+    """A config file's top-level mapping, or a ConfigError that says what is wrong with the file."""
+    if path.is_dir():
+        raise ConfigError([f"{path} is a directory; pass a YAML file (e.g. {path}/post_generate.yaml)"], str(path))
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"the file is not UTF-8 text (byte {e.start}); save it as UTF-8"], str(path)) from None
+    except OSError as e:
+        raise ConfigError([f"cannot read the file: {e.strerror or e}"], str(path)) from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError([f"YAML syntax error: {_yaml_problem(e)}"], str(path)) from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError([f"the top level must be a mapping, got {type(loaded).__name__}"], str(path))
+    return loaded
 
 
 def config_to_dict(cfg: Any) -> dict:
@@ -227,7 +273,8 @@ def _help(cls: type, prefix: str = "") -> list[str]:
         default = f.default if f.default is not dataclasses.MISSING else (
             "<factory>" if f.default_factory is not dataclasses.MISSING else "<required>"
         )
-        lines.append(f"  {prefix}{f.name}={default!r}  [{_type_name(tp)}]  {docs.get(f.name, '')}")
+        doc = docs.get(f.name) or " ".join(str(f.metadata.get("help", "")).split())
+        lines.append(f"  {prefix}{f.name}={default!r}  [{_type_name(tp)}]  {doc}")
     return lines
 
 

@@ -6,20 +6,30 @@ in ``recipes/`` wire them together top to bottom.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import enum
 import importlib.util
+import json
 import logging
+import math
 import os
+import sys
+import typing
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainingArguments
 
 from tokenswap.collator import TokenSwapCollator
 from tokenswap.store.image_store import ImageStore
 from tokenswap.swap import SwapPolicy
 
 __all__ = [
+    "COMPLETE_MARKER",
+    "CheckpointCallback",
+    "ResumableCollator",
     "CollatorConfig",
     "EpochCallback",
     "GapEvalConfig",
@@ -35,7 +45,11 @@ __all__ = [
     "finish_wandb",
     "init_wandb",
     "install_first",
+    "PairedTrainConfig",
+    "build_training_arguments",
     "load_model_and_processor",
+    "peft_lora_config",
+    "trainer_section",
     "print0",
     "resolve_attn_implementation",
     "resolve_checkpoint",
@@ -51,6 +65,25 @@ def print0(*args, **kwargs) -> None:
 
 
 # ---------------------------------------------------------------------------- config sections
+def _ranges(obj, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> list[str]:
+    """Range problems of ``obj``'s numeric fields (None means unset and passes)."""
+    problems = []
+    for name in positive:
+        v = getattr(obj, name)
+        if v is not None and not v > 0:
+            problems.append(f"`{name}` must be > 0, got {v}")
+    for name in non_negative:
+        v = getattr(obj, name)
+        if v is not None and not v >= 0:
+            problems.append(f"`{name}` must be >= 0, got {v}")
+    return problems
+
+
+def _raise(problems: list[str]) -> None:
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 @dataclass(kw_only=True)
 class RunConfig:
     output_dir: str
@@ -76,6 +109,12 @@ class LoraConfig:
     target_modules: str = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
     """Regex over module names; the default adapts the language model only."""
 
+    def __post_init__(self) -> None:
+        problems = _ranges(self, positive=("r", "alpha"))
+        if not 0.0 <= self.dropout < 1.0:
+            problems.append(f"`dropout` must be in [0, 1), got {self.dropout}")
+        _raise(problems)
+
 
 @dataclass(kw_only=True)
 class ModelConfig:
@@ -95,12 +134,17 @@ class ModelConfig:
     """Freeze the vision-language merger too."""
     lora: LoraConfig | None = None
     """Train LoRA adapters (peft) instead of full weights."""
+    load_in_4bit: bool = False
+    """QLoRA: load the language model in 4-bit NF4 (double quantisation, bf16 compute) with bitsandbytes
+    (`pip install 'tokenswap[gpu]'`) and train `lora` adapters on it. Not with DeepSpeed ZeRO-3."""
 
     def __post_init__(self) -> None:
         if self.min_pixels <= 0 or self.max_pixels < self.min_pixels:
             raise ValueError(
                 f"need 0 < min_pixels <= max_pixels, got min_pixels={self.min_pixels}, max_pixels={self.max_pixels}"
             )
+        if self.load_in_4bit and self.lora is None:
+            raise ValueError("`load_in_4bit` trains adapters on frozen 4-bit weights: also set `lora` (e.g. `lora: {r: 16}`)")
 
 
 @dataclass(kw_only=True)
@@ -124,50 +168,180 @@ class CollatorConfig:
     read images at the target size instead of decoding and resizing them. Pixels are identical."""
 
     def __post_init__(self) -> None:
+        problems = _ranges(self, positive=("max_images",), non_negative=("cache_gb",))
         if not 0.0 <= self.swap_prob <= 1.0:
-            raise ValueError(f"`swap_prob` must be in [0, 1], got {self.swap_prob}")
-        if self.cache_gb < 0:
-            raise ValueError(f"`cache_gb` must be >= 0, got {self.cache_gb}")
+            problems.append(f"`swap_prob` must be in [0, 1], got {self.swap_prob}")
+        if self.max_length is not None and self.max_length < 16:
+            problems.append(f"`max_length` must be >= 16 or null (no limit), got {self.max_length}")
+        _raise(problems)
 
 
-@dataclass(kw_only=True)
-class TrainConfig:
-    per_device_train_batch_size: int = 4
-    """Micro-batch per GPU."""
-    gradient_accumulation_steps: int = 4
-    """Effective batch = micro-batch x accumulation x world size."""
-    learning_rate: float = 1e-5
-    """Peak learning rate."""
-    lr_scheduler_type: str = "cosine"
-    """Any transformers scheduler name."""
-    warmup_steps: float = 0.03
-    """Linear warm-up: a step count, or a fraction of all steps when < 1."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    num_train_epochs: float = 1.0
-    """Epochs over the mixture (ignored when max_steps > 0)."""
-    max_steps: int = -1
-    """Stop after this many optimizer steps (-1: use epochs)."""
-    bf16: bool = True
-    """bf16 autocast; set false on CPU."""
-    gradient_checkpointing: bool = True
-    """Recompute activations in the backward pass."""
-    deepspeed: str | None = None
-    """DeepSpeed JSON (e.g. configs/deepspeed/zero3.json); None for plain DDP."""
-    logging_steps: int = 10
-    """Log every N optimizer steps."""
-    save_steps: int = 500
-    """Checkpoint every N optimizer steps."""
-    save_total_limit: int | None = 2
-    """Keep at most this many checkpoints."""
-    dataloader_num_workers: int = 0
-    """Collation costs about a tokenizer call, so workers rarely help (and split swap stats per worker)."""
-    resume_from_checkpoint: str | None = None
-    """A checkpoint folder, or "latest" for the newest one in output_dir."""
-    report_to: list[str] = field(default_factory=lambda: ["wandb"])
-    """Trainer loggers: wandb, tensorboard, none."""
-    use_cpu: bool = False
-    """Force CPU (tests and the demo)."""
+# ---------------------------------------------------------------------------- Trainer pass-through
+TRAINER_OWNED: dict[str, str] = {
+    "output_dir": "set `run.output_dir`",
+    "run_name": "the recipes name runs `{run.pair}-{run.arm}`",
+    "seed": "set `run.seed`",
+    "remove_unused_columns": "the collator reads the raw columns, so the recipes always pass false",
+    "local_rank": "the launcher sets it",
+}
+"""``TrainingArguments`` fields a recipe sets itself, with what to do instead (a YAML key for them is an error)."""
+
+PAIRED_OWNED: dict[str, str] = {
+    **TRAINER_OWNED,
+    "train_sampling_strategy": "the arms of a pair share the order fixed by `data.seed` (sequential over it)",
+}
+
+TRAIN_DEFAULTS: dict[str, Any] = {
+    "per_device_train_batch_size": 4,
+    "gradient_accumulation_steps": 4,
+    "learning_rate": 1e-5,
+    "lr_scheduler_type": "cosine",
+    "warmup_steps": 0.03,
+    "num_train_epochs": 1.0,
+    "bf16": True,
+    "activation_checkpointing": True,
+    "logging_steps": 10,
+    "save_steps": 500,
+    "save_total_limit": 2,
+    "report_to": ["wandb"],
+}
+"""Where the recipes' defaults differ from ``TrainingArguments``' (the paper's 8xA100 set-up)."""
+
+# Fields that are counts, rates or sizes: checked where the Trainer would only fail later (or never).
+_POSITIVE = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+             "logging_steps", "save_steps", "ddp_timeout", "num_generations", "max_completion_length",
+             "generation_batch_size", "steps_per_generation", "num_iterations", "temperature")
+_NON_NEGATIVE = ("learning_rate", "weight_decay", "warmup_steps", "max_grad_norm", "adam_epsilon",
+                 "dataloader_num_workers", "label_smoothing_factor", "beta", "eval_delay")
+
+
+def _check_trainer_values(self) -> None:
+    problems = []
+    for f in dataclasses.fields(self):
+        v = getattr(self, f.name)
+        if isinstance(v, float) and not math.isfinite(v) and f.name != "max_grad_norm":
+            problems.append(f"`{f.name}` must be a finite number, got {v}")
+        elif f.name in _POSITIVE and v is not None and v <= 0:
+            problems.append(f"`{f.name}` must be > 0, got {v}")
+        elif f.name in _NON_NEGATIVE and v is not None and v < 0:
+            problems.append(f"`{f.name}` must be >= 0, got {v}")
+    if self.max_steps == 0 or self.max_steps < -1:
+        problems.append(f"`max_steps` must be -1 (train for num_train_epochs) or > 0, got {self.max_steps}")
+    if self.max_steps == -1 and not self.num_train_epochs > 0:
+        problems.append(f"`num_train_epochs` must be > 0 when max_steps is -1, got {self.num_train_epochs}")
+    if self.save_total_limit is not None and self.save_total_limit < 1:
+        problems.append(f"`save_total_limit` must be >= 1 or null (keep all), got {self.save_total_limit}")
+    for name in ("adam_beta1", "adam_beta2"):
+        if not 0.0 <= getattr(self, name) < 1.0:
+            problems.append(f"`{name}` must be in [0, 1), got {getattr(self, name)}")
+    if problems:
+        raise ValueError("; ".join(problems))
+    # `gradient_checkpointing` is TrainingArguments' deprecated alias of `activation_checkpointing`: a YAML that
+    # sets the old name means it (the new name carries our default, which would otherwise win silently).
+    for old, new in (("gradient_checkpointing", "activation_checkpointing"),
+                     ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+        if getattr(self, old) is not None:
+            setattr(self, new, getattr(self, old))
+            setattr(self, old, None)
+
+
+def _strict_enum(tp: Any) -> Any:
+    """``SchedulerType | str`` -> ``SchedulerType``: a typo in a choice fails at config time, not mid-launch."""
+    args = typing.get_args(tp)
+    enums = [a for a in args if isinstance(a, type) and issubclass(a, enum.Enum)]
+    if enums and str in args:
+        rest = [a for a in args if a is not str]
+        return rest[0] if len(rest) == 1 else typing.Union[tuple(rest)]  # noqa: UP007
+    return tp
+
+
+def trainer_section(
+    args_cls: type,
+    name: str,
+    *,
+    owned: dict[str, str] = TRAINER_OWNED,
+    defaults: dict[str, Any] = TRAIN_DEFAULTS,
+) -> type:
+    """A config section with every field of ``args_cls`` (``TrainingArguments``, ``GRPOConfig``, ...).
+
+    Nothing is re-declared: field names, types and help come from ``args_cls`` itself, so every Trainer
+    option (``use_liger_kernel``, ``push_to_hub``, ``torch_compile``, ``include_num_input_tokens_seen``, ...)
+    is a YAML key and a dotted override the day transformers/TRL add it. Types are checked by the config
+    loader (enum choices strictly), counts and rates by range, and ``owned`` fields are refused with what to set
+    instead. ``defaults`` replace the class's defaults where the recipes differ.
+    """
+    hints = typing.get_type_hints(args_cls)
+    specs = []
+    for f in dataclasses.fields(args_cls):
+        if not f.init or f.name.startswith("_") or f.name in owned:
+            continue
+        if f.name in defaults:
+            value = defaults[f.name]
+            default = dataclasses.field(default_factory=lambda v=value: copy.deepcopy(v), metadata=f.metadata)
+        elif f.default is not dataclasses.MISSING:
+            default = dataclasses.field(default=f.default, metadata=f.metadata)
+        elif f.default_factory is not dataclasses.MISSING:
+            default = dataclasses.field(default_factory=f.default_factory, metadata=f.metadata)
+        else:
+            continue
+        specs.append((f.name, _strict_enum(hints[f.name]), default))
+    cls = dataclasses.make_dataclass(
+        name,
+        specs,
+        kw_only=True,
+        namespace={"__post_init__": _check_trainer_values, "ARGS_CLASS": args_cls, "OWNED": owned},
+    )
+    cls.__module__ = __name__
+    cls.__doc__ = f"Every `{args_cls.__name__}` field (see its documentation), except: " + "; ".join(
+        f"`{k}`: {v}" for k, v in owned.items()
+    )
+    return cls
+
+
+TrainConfig = trainer_section(TrainingArguments, "TrainConfig")
+"""Every ``TrainingArguments`` field, with the recipes' defaults (:data:`TRAIN_DEFAULTS`)."""
+
+PairedTrainConfig = trainer_section(TrainingArguments, "PairedTrainConfig", owned=PAIRED_OWNED)
+"""``TrainConfig`` for the paired recipes: the sample order belongs to ``data.seed``."""
+
+
+def build_training_arguments(train, run: RunConfig, **recipe: Any):
+    """The Trainer's arguments for one run, after setting up the process state every recipe needs.
+
+    Multi-process CPU runs need a gloo ``PartialState`` built before the arguments (and reused by the
+    Trainer); DeepSpeed needs ``ACCELERATE_USE_DEEPSPEED`` before any state exists. ``recipe`` holds the
+    values the recipe owns (``train_sampling_strategy``, ...). Like :func:`tokenswap.config.parse_config`,
+    a value ``TrainingArguments`` rejects is printed as a config problem and the process exits with 2.
+    """
+    from accelerate import PartialState
+
+    from tokenswap.config import ConfigError
+
+    kwargs = {f.name: getattr(train, f.name) for f in dataclasses.fields(train)}
+    if kwargs.get("deepspeed"):
+        os.environ.setdefault("ACCELERATE_USE_DEEPSPEED", "true")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and (kwargs.get("use_cpu") or not torch.cuda.is_available()):
+        # CPU ranks talk over gloo; the Trainer must reuse this state instead of building its own.
+        PartialState(cpu=not kwargs.get("deepspeed"), backend="gloo")
+        given = kwargs.get("accelerator_config") or {}
+        if isinstance(given, str):
+            with open(given) as f:
+                given = json.load(f)
+        kwargs["accelerator_config"] = {**given, "use_configured_state": True}
+    try:
+        return train.ARGS_CLASS(
+            output_dir=run.output_dir,
+            run_name=f"{run.pair}-{run.arm}",
+            seed=run.seed,
+            remove_unused_columns=False,
+            **kwargs,
+            **recipe,
+        )
+    except (ValueError, TypeError) as e:
+        err = ConfigError([f"train: {e}"], f"train ({train.ARGS_CLASS.__name__})")
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 @dataclass(kw_only=True)
@@ -187,6 +361,9 @@ class DataConfig:
     seed: int = 0
     """Mixture order; the arms of a pair must share it."""
 
+    def __post_init__(self) -> None:
+        _raise(_ranges(self, positive=("llava_limit", "swap_limit")))
+
 
 @dataclass(kw_only=True)
 class GapEvalConfig:
@@ -204,6 +381,9 @@ class GapEvalConfig:
     """Bench split to evaluate on."""
     recognition: bool = False
     """Also score the concept-identification control (which concept does each image show?)."""
+
+    def __post_init__(self) -> None:
+        _raise(_ranges(self, positive=("every_steps", "limit", "batch_size")))
 
 
 @dataclass(kw_only=True)
@@ -232,20 +412,213 @@ def resolve_attn_implementation(requested: str) -> str:
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "auto": "auto"}
 
 
+COMPLETE_MARKER = "tokenswap_complete.json"
+"""Written into ``checkpoint-N`` after every rank finished saving it (see :class:`CheckpointCallback`)."""
+
+
+def _atomic_json(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _checkpoint_complete(path: str) -> bool:
+    """Saved to the end: our marker (and every rank's state file), or, for checkpoints written before markers
+    existed, a readable trainer_state.json and model weights."""
+    marker = os.path.join(path, COMPLETE_MARKER)
+    try:
+        if os.path.exists(marker):
+            with open(marker) as f:
+                world = int(json.load(f)["world_size"])
+            return all(os.path.exists(os.path.join(path, f"tokenswap_state.rank{r}.json")) for r in range(world))
+        with open(os.path.join(path, "trainer_state.json")) as f:
+            json.load(f)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return any(
+        os.path.exists(os.path.join(path, name))
+        for name in ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin")
+    ) or any(name.startswith("global_step") for name in os.listdir(path))
+
+
 def resolve_checkpoint(output_dir: str, resume: str | None) -> str | None:
-    """``"latest"`` -> the newest ``checkpoint-N`` in ``output_dir`` (None if there is none yet)."""
+    """``"latest"`` -> the newest *complete* ``checkpoint-N`` in ``output_dir`` (None if there is none yet).
+
+    A run killed while saving leaves a partial ``checkpoint-N``; it is skipped (and said), and the resumed run
+    writes that step's checkpoint again over it.
+    """
     if resume != "latest":
         return resume
-    from transformers.trainer_utils import get_last_checkpoint
+    if not os.path.isdir(output_dir):
+        return None
+    steps = sorted(
+        (int(name.split("-")[1]), name)
+        for name in os.listdir(output_dir)
+        if name.startswith("checkpoint-") and name.split("-")[1].isdigit()
+        and os.path.isdir(os.path.join(output_dir, name))
+    )
+    for _, name in reversed(steps):
+        path = os.path.join(output_dir, name)
+        if _checkpoint_complete(path):
+            return path
+        print0(f"[tokenswap] {path} is incomplete (killed while saving?): resuming from an older checkpoint")
+    return None
 
-    return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+
+class ResumableCollator:
+    """A collator whose side effects can be checkpointed exactly: the sample-id log and the stats.
+
+    The data loader runs ahead of the optimizer (it prefetches the next batch), so at a checkpoint the
+    collator has done more calls than the Trainer consumed. This wrapper remembers, for each of its recent
+    calls, the log size and the stats after it; :class:`CheckpointCallback` stores the entry of the last
+    consumed batch in the checkpoint and :meth:`restore` rewinds to it on resume, so a resumed run's
+    ``sample_ids.rank*.txt`` and ``swap_stats.json`` equal an uninterrupted run's. With
+    ``dataloader_num_workers > 0`` collation happens in worker processes and only the log is rewound.
+    """
+
+    def __init__(self, collator, keep: int = 256):
+        self.collator = collator
+        self.calls = 0
+        self._keep = keep
+        self._history: dict[int, dict] = {0: self._snapshot()}
+
+    def __call__(self, examples):
+        out = self.collator(examples)
+        self.calls += 1
+        self._history[self.calls] = self._snapshot()
+        self._history.pop(self.calls - self._keep, None)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.collator, name)
+
+    def _snapshot(self) -> dict:
+        log = self.collator.log_ids_to
+        size = os.path.getsize(log) if log is not None and os.path.exists(log) else 0
+        return {"calls": self.calls, "log_bytes": size, "stats": dict(self.collator.stats)}
+
+    def state_at(self, consumed: int) -> dict | None:
+        return self._history.get(consumed)
+
+    def restore(self, state: dict) -> None:
+        log = self.collator.log_ids_to
+        if log is not None and os.path.exists(log):
+            with open(log, "r+b") as f:
+                f.truncate(state["log_bytes"])
+        self.collator.stats.clear()
+        self.collator.stats.update(state["stats"])
+        self.calls = state["calls"]
+        self._history = {self.calls: self._snapshot()}
 
 
-def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None):
-    """Load a Qwen2-VL-family checkpoint with the configured pixels, attention, freezing and LoRA.
+class CheckpointCallback(TrainerCallback):
+    """Marks a checkpoint complete only after every rank saved it, with the collator state to resume exactly.
 
-    Under DeepSpeed ZeRO-3 call this after creating ``TrainingArguments`` so weights load
-    partitioned (``zero.Init``).
+    Register on every rank. ``on_save`` runs after the Trainer wrote the whole ``checkpoint-N`` (weights,
+    optimizer, scheduler, RNG, trainer_state); each rank writes ``tokenswap_state.rank{r}.json`` (micro-batches
+    consumed, collator log size and stats), all ranks meet at a barrier, and rank 0 writes
+    :data:`COMPLETE_MARKER`. :func:`resolve_checkpoint` only resumes from marked checkpoints.
+    """
+
+    def __init__(self, collator: ResumableCollator | None = None, consumed: int = 0):
+        self.collator = collator
+        self.consumed = consumed
+
+    @classmethod
+    def resuming(cls, collator: ResumableCollator | None, checkpoint: str | None) -> CheckpointCallback:
+        """The callback for a run resuming from ``checkpoint`` (rewinds ``collator`` to that point)."""
+        rank = int(os.environ.get("RANK", "0"))
+        consumed = 0
+        if checkpoint is None and collator is not None:
+            # A fresh run in a used output_dir: the log starts empty, not after an earlier run's lines.
+            collator.restore({"calls": 0, "log_bytes": 0, "stats": {}})
+        path = os.path.join(checkpoint, f"tokenswap_state.rank{rank}.json") if checkpoint else None
+        if path is not None and os.path.exists(path):
+            with open(path) as f:
+                saved = json.load(f)
+            consumed = saved["consumed"]
+            if collator is not None and saved.get("collator") is not None:
+                collator.restore(saved["collator"])
+        return cls(collator, consumed)
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        self.consumed += 1
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.consumed += 1
+
+    def on_save(self, args, state, control, **kwargs):
+        import torch.distributed as dist
+
+        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if not os.path.isdir(folder):
+            return
+        rank = int(os.environ.get("RANK", "0"))
+        collator_state = self.collator.state_at(self.consumed) if self.collator is not None else None
+        _atomic_json(
+            os.path.join(folder, f"tokenswap_state.rank{rank}.json"),
+            {"consumed": self.consumed, "collator": collator_state},
+        )
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if world > 1:
+            dist.barrier()
+        if rank == 0:
+            _atomic_json(os.path.join(folder, COMPLETE_MARKER), {"world_size": world, "global_step": state.global_step})
+
+
+def _check_model_path(name_or_path: str) -> None:
+    """A local folder that is not there gets a clear error (the Hub client would say "Repo id must ...")."""
+    if os.path.exists(name_or_path):
+        return
+    looks_local = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1 or os.sep == "\\"
+    if looks_local:
+        raise FileNotFoundError(
+            f"model.name_or_path: local folder {name_or_path!r} does not exist (cwd {os.getcwd()}); "
+            "give an existing checkpoint folder or a hub id like Qwen/Qwen2-VL-7B-Instruct"
+        )
+
+
+def _quantization_config(cfg: ModelConfig):
+    """NF4 with double quantisation and bf16 compute (QLoRA); the vision tower and lm_head stay unquantised."""
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ImportError(
+            "model.load_in_4bit needs bitsandbytes: pip install 'tokenswap[gpu]' (or pip install 'bitsandbytes>=0.45')"
+        )
+    if not torch.cuda.is_available() and not _bnb_supports_cpu():
+        raise RuntimeError(
+            "model.load_in_4bit: this bitsandbytes build has no CPU 4-bit kernels and no CUDA device is present; "
+            "run on a GPU or upgrade bitsandbytes (pip install -U 'bitsandbytes>=0.48')"
+        )
+    from transformers import BitsAndBytesConfig
+
+    compute = torch.bfloat16 if cfg.dtype in ("bfloat16", "auto") else _DTYPES[cfg.dtype]
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute,
+        # ViT and lm_head are a small share of the weights and quantise badly; the merger must stay trainable.
+        llm_int8_skip_modules=["visual", "lm_head"],
+    )
+
+
+def _bnb_supports_cpu() -> bool:
+    from importlib.metadata import version
+
+    major, minor = (int(x) for x in version("bitsandbytes").split(".")[:2])
+    return (major, minor) >= (0, 48)
+
+
+def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None, seed: int | None = None):
+    """Load a Qwen-VL-family checkpoint with the configured pixels, attention, quantisation, freezing and LoRA.
+
+    The model class comes from the family table (:mod:`tokenswap.families`): Qwen2-VL, Qwen2.5-VL,
+    Qwen3-VL, Qwen3.5 and their MoE variants; anything else fails with the list of supported families.
+    Under DeepSpeed ZeRO-3 call this after creating ``TrainingArguments`` so weights load partitioned
+    (``zero.Init``).
 
     Args:
         cfg: the model section.
@@ -255,38 +628,60 @@ def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None):
             ``model.language_model.layers.*`` in memory) and so silently keeps the initial
             weights; ``from_pretrained`` applies the key mapping. Optimizer, scheduler and RNG
             state still come from the Trainer.
+        seed: seeds the LoRA initialisation, so runs (and the arms of a pair) with the same seed start
+            from identical adapters.
     """
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    import transformers
+    from transformers import AutoConfig, AutoProcessor
 
+    from tokenswap.families import family_of
+
+    _check_model_path(cfg.name_or_path)
+    family = family_of(AutoConfig.from_pretrained(cfg.name_or_path).model_type)
     processor = AutoProcessor.from_pretrained(cfg.name_or_path, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
     weights = resume_from if resume_from is not None and cfg.lora is None else cfg.name_or_path
-    model = AutoModelForImageTextToText.from_pretrained(
+    extra = {"quantization_config": _quantization_config(cfg)} if cfg.load_in_4bit else {}
+    model = getattr(transformers, family.model_class).from_pretrained(
         weights,
         dtype=_DTYPES[cfg.dtype],
         attn_implementation=resolve_attn_implementation(cfg.attn_implementation),
+        **extra,
     )
+    if cfg.load_in_4bit:
+        from peft import prepare_model_for_kbit_training
+
+        # Freezes every weight, keeps norms in fp32 and makes inputs require grad (for checkpointing).
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     visual = model.model.visual
     if cfg.freeze_vision_tower:
         for name, p in visual.named_parameters():
-            if not name.startswith("merger."):
+            # Qwen3-VL's deepstack mergers feed the LLM like the main merger: they train with it.
+            if not name.startswith(("merger.", "deepstack_merger_list.")):
                 p.requires_grad_(False)
     if cfg.freeze_merger:
-        visual.merger.requires_grad_(False)
+        for name, p in visual.named_parameters():
+            if name.startswith(("merger.", "deepstack_merger_list.")):
+                p.requires_grad_(False)
     if cfg.lora is not None:
-        from peft import LoraConfig as PeftLoraConfig
         from peft import get_peft_model
 
-        model = get_peft_model(
-            model,
-            PeftLoraConfig(
-                r=cfg.lora.r,
-                lora_alpha=cfg.lora.alpha,
-                lora_dropout=cfg.lora.dropout,
-                target_modules=cfg.lora.target_modules,
-                task_type="CAUSAL_LM",
-            ),
-        )
+        if seed is not None:
+            transformers.set_seed(seed)
+        model = get_peft_model(model, peft_lora_config(cfg.lora))
     return model, processor
+
+
+def peft_lora_config(cfg: LoraConfig):
+    """The peft config of a ``model.lora`` section."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    return PeftLoraConfig(
+        r=cfg.r,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=cfg.target_modules,
+        task_type="CAUSAL_LM",
+    )
 
 
 def build_image_store(root: str | None) -> ImageStore | None:
