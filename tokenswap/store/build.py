@@ -33,12 +33,16 @@ Output folder::
 
 from __future__ import annotations
 
+import fcntl
 import json
+import math
 import os
 import re
+import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -66,6 +70,7 @@ __all__ = [
     "RetrievalConfig",
     "StoreBuildConfig",
     "build_embedded_store",
+    "BuildLockedError",
     "build_store",
     "cli_main",
     "embedded_config",
@@ -97,6 +102,12 @@ class DataConfig:
     skip_malformed: bool = False
     """Skip (and count) malformed rows instead of stopping with an error that names the row."""
 
+    def __post_init__(self) -> None:
+        if self.max_samples is not None and self.max_samples < 1:
+            raise ValueError(f"`max_samples` must be >= 1 or null (all rows), got {self.max_samples}")
+        if not self.path:
+            raise ValueError("`path` is empty; give a hub dataset id, a local Magpie-format file or folder, or `fixture`")
+
 
 @dataclass(kw_only=True)
 class LLMConfig:
@@ -122,8 +133,19 @@ class LLMConfig:
     """Completion length (transformers backend)."""
 
     def __post_init__(self) -> None:
+        problems = []
         if not self.model:
-            raise ValueError("`model` is required: the endpoint's model name or a local checkpoint path")
+            problems.append("`model` is required: the endpoint's model name or a local checkpoint path")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            problems.append(f"`temperature` must be a finite number >= 0, got {self.temperature}")
+        if self.max_tokens < 1 or self.max_new_tokens < 1:
+            problems.append(f"`max_tokens` and `max_new_tokens` must be >= 1, got {self.max_tokens}, {self.max_new_tokens}")
+        if not (math.isfinite(self.timeout) and self.timeout > 0):
+            problems.append(f"`timeout` must be a finite number of seconds > 0, got {self.timeout}")
+        if self.max_retries < 0:
+            problems.append(f"`max_retries` must be >= 0, got {self.max_retries}")
+        if problems:
+            raise ValueError("; ".join(problems))
 
 
 @dataclass(kw_only=True)
@@ -148,6 +170,8 @@ class ExtractorConfig:
     def __post_init__(self) -> None:
         if self.kind == "llm" and self.llm is None:
             raise ValueError("extractor.kind is `llm` but extractor.llm is not set; add an `llm:` section")
+        if self.max_concepts is not None and self.max_concepts < 1:
+            raise ValueError(f"`max_concepts` must be >= 1 or null (all spans), got {self.max_concepts}")
 
 
 @dataclass(kw_only=True)
@@ -156,6 +180,9 @@ class OpenMojiConfig:
 
     size: int = 112
     """Side of the rasterized square images in pixels."""
+
+    def __post_init__(self) -> None:
+        _check_side("size", self.size)
 
 
 @dataclass(kw_only=True)
@@ -168,6 +195,11 @@ class RenderedTextConfig:
     """TrueType font; Pillow's default font when missing."""
     score: float = 0.5
     """Score of these images; below 1 so pictures rank first in the store."""
+
+    def __post_init__(self) -> None:
+        _check_side("size", self.size)
+        if not math.isfinite(self.score):
+            raise ValueError(f"`score` must be a finite number, got {self.score}")
 
 
 @dataclass(kw_only=True)
@@ -195,6 +227,14 @@ class RetrievalConfig:
     chunk_size: int = 4096
     """Images per saved embedding chunk (unit of index resumption)."""
 
+    def __post_init__(self) -> None:
+        counts = {"top_k": self.top_k, "batch_size": self.batch_size, "chunk_size": self.chunk_size}
+        problems = [f"`{k}` must be >= 1, got {v}" for k, v in counts.items() if v < 1]
+        if not (math.isfinite(self.min_score) and -1.0 <= self.min_score <= 1.0):
+            problems.append(f"`min_score` is a cosine similarity and must be in [-1, 1], got {self.min_score}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
 
 @dataclass(kw_only=True)
 class GenerationConfig:
@@ -220,6 +260,17 @@ class GenerationConfig:
     """Mixed into every concept's seed."""
     dtype: Literal["float32", "float16", "bfloat16"] = "float16"
     """Pipeline dtype (float32 on CPU)."""
+
+    def __post_init__(self) -> None:
+        counts = {"num_images": self.num_images, "num_inference_steps": self.num_inference_steps,
+                  "batch_size": self.batch_size}
+        problems = [f"`{k}` must be >= 1, got {v}" for k, v in counts.items() if v < 1]
+        problems += [f"`{k}` must be >= 8 or null, got {v}" for k, v in (("height", self.height), ("width", self.width))
+                     if v is not None and v < 8]
+        if not math.isfinite(self.guidance_scale):
+            problems.append(f"`guidance_scale` must be a finite number, got {self.guidance_scale}")
+        if problems:
+            raise ValueError("; ".join(problems))
 
 
 @dataclass(kw_only=True)
@@ -282,8 +333,17 @@ class StoreBuildConfig:
             problems.append(f"`concept_batch_size` must be >= 1, got {self.concept_batch_size}")
         if self.min_concepts < 1:
             problems.append(f"`min_concepts` must be >= 1, got {self.min_concepts}")
+        if not (math.isfinite(self.barrier_timeout_s) and self.barrier_timeout_s > 0):
+            problems.append(f"`barrier_timeout_s` must be a finite number of seconds > 0, got {self.barrier_timeout_s}")
+        if not self.output_dir:
+            problems.append("`output_dir` is empty; give the build folder")
         if problems:
             raise ValueError("; ".join(problems))
+
+
+def _check_side(name: str, value: int) -> None:
+    if not 8 <= value <= 4096:
+        raise ValueError(f"`{name}` must be an image side in pixels within [8, 4096], got {value}")
 
 
 def embedded_config(output_dir: str | os.PathLike, progress: bool = False) -> StoreBuildConfig:
@@ -542,6 +602,7 @@ def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, worl
     for source in sources:
         if isinstance(source, RetrievalSource):
             source.build_index(progress=cfg.progress and rank == 0)
+            atomic_write(folder / "rejected-corpus.json", json.dumps(source.index_rejected).encode())
     judge = None
     if cfg.judge is not None:
         from .judge import ValidityJudge
@@ -583,6 +644,12 @@ def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, worl
             for img, score, meta, name in found[key]:
                 writer.add(key, img, source=name, score=score, meta=meta)
                 n_images += 1
+        # Named after the shard about to be committed: a batch redone after a kill overwrites its
+        # own list, so every rejection is counted once.
+        rejected = [r for s in sources for r in s.rejected]
+        atomic_write(folder / f"rejected-r{rank:03d}-{writer.next_shard:06d}.json", json.dumps(rejected).encode())
+        for s in sources:
+            s.rejected.clear()
         writer.flush()
         bar.update(len(batch))
     bar.close()
@@ -638,6 +705,7 @@ def _report(cfg: StoreBuildConfig, out: Path, state: Path, world: int, times: di
     image_markers = [json.loads((state / "images" / f"done-r{r:03d}.json").read_text()) for r in range(world)]
     samples_read = sum(m.get("samples_read", 0) for m in extract_markers)
     source_s = image_info.get("source_s", 0.0)
+    rejected = [r for p in sorted((state / "images").glob("rejected-*.json")) for r in json.loads(p.read_text())]
     report = {
         "output_dir": str(out),
         "world_size": world,
@@ -651,6 +719,8 @@ def _report(cfg: StoreBuildConfig, out: Path, state: Path, world: int, times: di
         "store_images": store.num_images,
         "images_per_sample": n_spans / len(samples) if samples else 0.0,
         "spans": n_spans,
+        "images_rejected": len(rejected),
+        "rejected_images": rejected[:100],
         "time_s": {**times, "total": total_s},
         "source_s": source_s,
         "source_s_by_name": image_info.get("by_source", {}),
@@ -664,43 +734,197 @@ def _report(cfg: StoreBuildConfig, out: Path, state: Path, world: int, times: di
     return report
 
 
-def _check_plan(cfg: StoreBuildConfig, state: Path, world: int, rank: int) -> None:
-    """Refuse to resume with settings that would re-map samples or concepts to other shards."""
-    plan = {
+class BuildLockedError(RuntimeError):
+    """Another build is running on the same output folder."""
+
+
+class _FolderLock:
+    """An exclusive ``flock`` on ``<output_dir>/.build-lock-rRRR``, held for the whole build.
+
+    The kernel drops the lock when its process exits, however it exits, so a SIGKILLed build
+    never leaves a stale lock behind. Each rank locks its own file: the ranks of one launch never
+    wait on each other, while a second build on the folder collides with the first on rank 0's
+    file (or, for a second launch of N ranks, on every rank's file). The holder's PID, host and
+    start time are written into the file so the refused build can say who holds it. Works on
+    local disks and on NFS (Linux emulates flock with POSIX locks there).
+    """
+
+    def __init__(self, out: Path, rank: int):
+        self.path = out / f".build-lock-r{rank:03d}"
+        self._fd: int | None = None
+
+    def __enter__(self) -> _FolderLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "unknown process"
+            os.close(fd)
+            raise BuildLockedError(
+                f"{self.path.parent} is being built by another process ({holder}); wait for it to finish "
+                f"(a killed build releases the folder at once), or use another output_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()} since {stamp}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
+
+def _plan(cfg: StoreBuildConfig, world: int) -> dict:
+    """The settings that decide which samples, concepts and images land in which shard.
+
+    Resuming with any of them changed would mix two different builds in one folder. Runtime
+    knobs (progress bars, timeouts, retries, batch sizes of forward passes) are left out.
+    """
+    runtime = {"progress", "barrier_timeout_s", "timeout", "max_retries", "base_url", "api_key_env", "batch_size"}
+
+    def settings(section) -> dict | None:
+        if section is None:
+            return None
+        return {k: v for k, v in asdict(section).items() if k not in runtime}
+
+    def llm(section: LLMConfig | None) -> dict | None:
+        return settings(section)
+
+    return {
         "world_size": world,
         "samples_per_shard": cfg.samples_per_shard,
-        "data": {"path": cfg.data.path, "split": cfg.data.split, "max_samples": cfg.data.max_samples},
+        "data": {
+            "path": cfg.data.path,
+            "split": cfg.data.split,
+            "max_samples": cfg.data.max_samples,
+            "skip_malformed": cfg.data.skip_malformed,
+        },
+        "extractor": {**settings(cfg.extractor), "llm": llm(cfg.extractor.llm)},
+        "sources": list(cfg.sources),
+        "source_settings": {name: settings(getattr(cfg, name)) for name in cfg.sources},
+        "judge": None if cfg.judge is None else {"llm": llm(cfg.judge.llm), "drop_invalid": cfg.judge.drop_invalid},
+        "min_concepts": cfg.min_concepts,
     }
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _check_plan(cfg: StoreBuildConfig, state: Path, world: int, rank: int) -> None:
+    """Refuse to resume with settings that would re-map samples or concepts, or mix sources.
+
+    Rank 0 writes the plan of a new build; the other ranks wait for it, so every rank of a
+    launch checks itself against the same plan.
+    """
+    plan = _plan(cfg, world)
     path = state / "plan.json"
-    if path.exists():
-        saved = json.loads(path.read_text())
-        if saved != plan:
-            changed = [k for k in plan if saved.get(k) != plan[k]]
-            raise ValueError(
-                f"{path}: this build was started with {', '.join(f'{k}={saved.get(k)!r}' for k in changed)}, "
-                f"now {', '.join(f'{k}={plan[k]!r}' for k in changed)}; resume with the original settings "
-                f"or use a new output_dir"
-            )
-    elif rank == 0:
+    if rank == 0 and not path.exists():
         state.mkdir(parents=True, exist_ok=True)
         atomic_write(path, json.dumps(plan, indent=2).encode())
+        return
+    if rank != 0:
+        _wait_for([path], "writing the build plan", cfg.barrier_timeout_s)
+    saved = json.loads(path.read_text())
+    if saved == plan:
+        return
+    old, new = _flatten(saved), _flatten(plan)
+    changed = [k for k in sorted(set(old) | set(new)) if old.get(k, "<absent>") != new.get(k, "<absent>")]
+    diff = "; ".join(f"{k}: was {old.get(k, '<absent>')!r}, now {new.get(k, '<absent>')!r}" for k in changed)
+    raise ValueError(
+        f"{path}: this build was started with other settings ({diff}); resuming would mix two builds in one "
+        f"folder. Resume with the original settings or use a new output_dir"
+    )
+
+
+def _looks_like_path(path: str) -> bool:
+    # A hub id is "name" or "owner/name"; anything else that does not exist locally is a typo.
+    return (
+        path.startswith(("/", ".", "~"))
+        or path.count("/") > 1
+        or os.sep != "/" and os.sep in path
+        or Path(path).suffix.lower() in (".jsonl", ".json", ".parquet", ".txt", ".csv")
+    )
+
+
+def _validate_inputs(cfg: StoreBuildConfig) -> None:
+    """Check the inputs a build reads before anything is written into its folder.
+
+    A typo found only after the plan is written would tie the folder to the wrong settings.
+
+    Raises:
+        FileNotFoundError: a local input (data, vocabulary file, corpus, checkpoint) does not exist.
+        ValueError: the data source cannot be read or has no rows; the lexicon has no vocabulary.
+    """
+    problems = []
+    data = cfg.data.path
+    if data != FIXTURE and not os.path.exists(data) and _looks_like_path(data):
+        problems.append(f"`data.path` {data!r} does not exist")
+    if cfg.extractor.vocabulary_file and not os.path.isfile(cfg.extractor.vocabulary_file):
+        problems.append(f"`extractor.vocabulary_file` {cfg.extractor.vocabulary_file!r} does not exist")
+    local = []
+    if cfg.retrieval is not None and "retrieval" in cfg.sources:
+        local += [("retrieval.clip_path", cfg.retrieval.clip_path), ("retrieval.corpus", cfg.retrieval.corpus)]
+    if cfg.generation is not None and "generation" in cfg.sources:
+        local.append(("generation.pipeline_path", cfg.generation.pipeline_path))
+    for llm_key, llm_cfg in (("extractor.llm", cfg.extractor.llm), ("judge.llm", cfg.judge and cfg.judge.llm)):
+        if llm_cfg is not None and llm_cfg.backend == "transformers":
+            local.append((f"{llm_key}.model", llm_cfg.model))
+    for key, value in local:
+        if not os.path.exists(value) and _looks_like_path(value):
+            problems.append(f"`{key}` {value!r} does not exist")
+    if problems:
+        raise FileNotFoundError("; ".join(problems) + "; fix the path(s) and rerun (nothing was written)")
+    if cfg.extractor.kind == "lexicon":
+        _lexicon_vocabulary(cfg)
+    try:
+        first = next(_iter_samples(DataConfig(**{**asdict(cfg.data), "max_samples": None})), None)
+    except (ValueError, KeyError) as e:
+        raise ValueError(f"`data.path` {data!r}: {e}") from None
+    except Exception as e:  # hub/network/format errors of `datasets`, reported with the key to fix
+        raise ValueError(f"`data.path` {data!r} cannot be read ({type(e).__name__}: {e})") from None
+    if first is None:
+        raise ValueError(f"`data.path` {data!r} has no usable rows")
 
 
 def build_store(cfg: StoreBuildConfig) -> dict:
     """Run (or resume) a build; return the report (rank 0) or this rank's stage info (other ranks).
+
+    Inputs are checked before the folder is touched; then each rank holds an exclusive lock on
+    the folder for the whole build, so a second build on the same folder fails at once.
 
     Args:
         cfg: the build configuration.
 
     Returns:
         The contents of ``report.json`` on rank 0.
+
+    Raises:
+        BuildLockedError: another build holds the folder; names its PID and host.
+        FileNotFoundError: a local input is missing (nothing is written).
+        ValueError: bad data, or a resume with different plan settings (the message shows the difference).
     """
     t_start = time.perf_counter()
     rank, world = _rank_and_world()
+    _validate_inputs(cfg)
     out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with _FolderLock(out, rank):
+        return _build_locked(cfg, out, rank, world, t_start)
+
+
+def _build_locked(cfg: StoreBuildConfig, out: Path, rank: int, world: int, t_start: float) -> dict:
     state = out / "state"
-    state.mkdir(parents=True, exist_ok=True)
     _check_plan(cfg, state, world, rank)
+    state.mkdir(parents=True, exist_ok=True)
     times: dict[str, float] = {}
 
     t0 = time.perf_counter()
@@ -778,12 +1002,20 @@ def cli_main(argv: list[str] | None = None) -> int:
         cfg = parse_config(StoreBuildConfig, argv)
     except SystemExit as e:  # --help, or config problems (already printed with their fixes)
         return int(e.code or 0)
-    report = build_store(cfg)
+    try:
+        report = build_store(cfg)
+    except BuildLockedError as e:
+        print(f"build-store: {e}", file=sys.stderr)
+        return 1
+    except (FileNotFoundError, ValueError) as e:  # bad inputs, found before anything was written
+        print(f"build-store: error: {e}", file=sys.stderr)
+        return 2
     if "samples_kept" in report:
         print(
             f"build-store: {report['samples_kept']}/{report['samples_read']} samples kept, "
             f"{report['concepts_with_images']}/{report['concepts_found']} concepts with images, "
-            f"{report['images_per_sample']:.2f} images/sample, total {report['time_s']['total']:.1f}s "
+            f"{report['images_per_sample']:.2f} images/sample, {report['images_rejected']} images rejected, "
+            f"total {report['time_s']['total']:.1f}s "
             f"(image sources {report['source_s']:.1f}s) -> {cfg.output_dir}/report.json"
         )
     return 0

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from tokenswap.concepts import normalize_concept
+from tokenswap.images import BadImageError, load_image
 
 __all__ = ["CorruptImageError", "ImageStore", "StoreImage", "StoreWriter", "atomic_write", "image_id_of"]
 
@@ -51,8 +52,8 @@ SCHEMA = pa.schema(
 _SHARD = re.compile(r"part-r(\d{3})-(\d{6})\.arrow$")
 
 
-class CorruptImageError(ValueError):
-    """Stored bytes that do not decode as an image."""
+class CorruptImageError(BadImageError):
+    """Stored bytes that do not decode as a usable image (a :class:`~tokenswap.images.BadImageError`)."""
 
 
 def image_id_of(data: bytes) -> str:
@@ -83,16 +84,12 @@ class StoreImage:
         Raises:
             CorruptImageError: the bytes are not a readable image; names the concept and id.
         """
-        data = self.load_bytes()
+        what = f"image {self.image_id} of concept {self.key!r} in {self._store.root if self._store else '?'}"
         try:
-            img = Image.open(io.BytesIO(data))
-            img.load()
-        except (UnidentifiedImageError, OSError, ValueError) as e:
-            raise CorruptImageError(
-                f"image {self.image_id} of concept {self.key!r} in {self._store.root if self._store else '?'} "
-                f"does not decode ({e}); rebuild that concept or delete its shard row"
-            ) from None
-        return img.convert("RGB")
+            # Size and aspect are checked before decoding: a store is data, and may hold a bomb.
+            return load_image(self.load_bytes(), what=what)
+        except BadImageError as e:
+            raise CorruptImageError(f"{e}; rebuild that concept or delete its shard row") from None
 
 
 class ImageStore:
@@ -289,6 +286,11 @@ class StoreWriter:
         atomic_write(path, sink.getvalue().to_pybytes())
         self._seq += 1
         self._rows = []
+
+    @property
+    def next_shard(self) -> int:
+        """Sequence number the next :meth:`flush` commits (a redone flush after a kill reuses it)."""
+        return self._seq
 
     def close(self) -> None:
         self.flush()

@@ -9,6 +9,11 @@ mapping each requested concept key to its images (possibly none). Sources are ca
 batches of distinct concepts by the store build (:mod:`tokenswap.store.build`), which owns
 caching, sharding across processes and resumption; a source only turns names into pictures.
 
+Every image a source hands out has passed :func:`tokenswap.images.load_image` (size checked
+before decoding, aspect ratio the Qwen-VL processor accepts, decodes completely). An image that
+fails is not returned: it is appended to the source's ``rejected`` list (``{"what", "reason"}``,
+naming the file or concept), warned about, and counted in the build report, and the build goes on.
+
 - :class:`OpenMojiSource`: pictograms from the packaged OpenMoji set (offline, CC BY-SA 4.0).
 - :class:`RenderedTextSource`: the concept word rendered as black text on white (offline).
 - :class:`RetrievalSource`: CLIP text-to-image retrieval over a user image corpus.
@@ -21,12 +26,14 @@ import hashlib
 import io
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Protocol
 
 from PIL import Image, ImageDraw, ImageFont
 
 from tokenswap.concepts import normalize_concept
+from tokenswap.images import BadImageError, load_image
 from tokenswap.store.image_store import atomic_write
 
 __all__ = [
@@ -49,7 +56,15 @@ class ImageSource(Protocol):
     name: str
     info: dict
 
+    rejected: list[dict]
+    """Images this source refused (``{"what", "reason"}``), for the build report."""
+
     def images_for(self, concepts: list[str]) -> dict[str, list[SourceImage]]: ...
+
+
+def _reject(rejected: list[dict], what: str, error: BadImageError) -> None:
+    rejected.append({"what": what, "reason": str(error)})
+    warnings.warn(f"image rejected, build continues: {error}", stacklevel=3)
 
 
 def concept_seed(concept: str, seed: int = 0) -> int:
@@ -166,6 +181,7 @@ class OpenMojiSource:
                 for concept in names[1:] if pass_aliases else names[:1]:
                     if _allowed(concept):
                         self._files.setdefault(concept, code)
+        self.rejected: list[dict] = []  # images refused by load_image: {"what", "reason"}
         self.info = {
             "attribution": OPENMOJI_ATTRIBUTION,
             "license": "CC-BY-SA-4.0",
@@ -192,12 +208,16 @@ class OpenMojiSource:
         png = resvg_py.svg_to_bytes(
             svg_string=svg, width=self.size, height=self.size, background=self.background, skip_system_fonts=True
         )
-        return Image.open(io.BytesIO(png)).convert("RGB")
+        return load_image(png, what=f"OpenMoji {code}.svg rendered for {concept!r}")
 
     def images_for(self, concepts: list[str]) -> dict[str, list[SourceImage]]:
         out: dict[str, list[SourceImage]] = {}
         for concept in concepts:
-            image = self.render(concept)
+            try:
+                image = self.render(concept)
+            except BadImageError as e:
+                _reject(self.rejected, f"OpenMoji {self.codepoints(concept)}.svg", e)
+                image = None
             code = self.codepoints(concept)
             out[concept] = [] if image is None else [(image, 1.0, {"openmoji": code})]
         return out
@@ -256,6 +276,7 @@ class RenderedTextSource:
         self.font_path = font_path
         self.score = score
         font = Path(font_path).name if os.path.exists(font_path) else "pillow-default"
+        self.rejected: list[dict] = []  # images refused by load_image: {"what", "reason"}
         self.info = {"font": font, "size": size}
 
     def images_for(self, concepts: list[str]) -> dict[str, list[SourceImage]]:
@@ -322,6 +343,7 @@ class RetrievalSource:
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = CLIPModel.from_pretrained(clip_path).to(self.device).eval()
         self.processor = CLIPProcessor.from_pretrained(clip_path)
+        self.rejected: list[dict] = []  # images refused by load_image: {"what", "reason"}
         self.info = {
             "clip": clip_path,
             "corpus": str(corpus),
@@ -332,6 +354,8 @@ class RetrievalSource:
         self._dataset = None
         self._items: list[str | int] | None = None
         self._embeddings = None
+        self._mask = None
+        self.index_rejected: list[dict] = []  # corpus items refused while indexing: {"what", "reason", "index"}
 
     # -- corpus ---------------------------------------------------------------------------
 
@@ -360,14 +384,19 @@ class RetrievalSource:
                 self._dataset = datasets.load_dataset(self.corpus, split=self.split)
         return self._dataset
 
-    def _open(self, item: str | int) -> Image.Image:
+    def _describe(self, item: str | int) -> str:
         if isinstance(item, str):
-            with Image.open(Path(self.corpus) / item) as im:
-                return im.convert("RGB")
+            return f"retrieval corpus file {Path(self.corpus) / item}"
+        return f"retrieval corpus {self.corpus} row {item} ({self.image_column!r})"
+
+    def _open(self, item: str | int) -> Image.Image:
+        """The corpus item as RGB; raises BadImageError naming the file or row."""
+        if isinstance(item, str):
+            return load_image(Path(self.corpus) / item, what=self._describe(item))
         image = self._load_dataset()[item][self.image_column]
         if not isinstance(image, Image.Image):
             raise TypeError(f"column {self.image_column!r} of {self.corpus} holds {type(image).__name__}, not images")
-        return image.convert("RGB")
+        return load_image(image, what=self._describe(item))
 
     # -- index ----------------------------------------------------------------------------
 
@@ -407,22 +436,51 @@ class RetrievalSource:
         else:
             _atomic_write_text(meta_path, json.dumps({"fingerprint": fingerprint, "items": items}))
         chunks = []
+        bad: list[int] = []
+        self.index_rejected = []
         n_chunks = (len(items) + self.chunk_size - 1) // self.chunk_size
         for c in tqdm(range(n_chunks), desc="index corpus", disable=not progress):
             path = self.index_dir / f"emb-{c:06d}.npy"
+            bad_path = self.index_dir / f"rejected-{c:06d}.json"
+            first = c * self.chunk_size
             if not path.exists():
-                part = items[c * self.chunk_size : (c + 1) * self.chunk_size]
-                embs = [
-                    self._embed_images([self._open(i) for i in part[b : b + self.batch_size]])
-                    for b in range(0, len(part), self.batch_size)
-                ]
+                part = items[first : first + self.chunk_size]
+                rejected: list[dict] = []
+                vectors = None
+                for b in range(0, len(part), self.batch_size):
+                    opened = []
+                    for j, item in enumerate(part[b : b + self.batch_size]):
+                        try:
+                            opened.append((j, self._open(item)))
+                        except BadImageError as e:
+                            _reject(rejected, self._describe(item), e)
+                            rejected[-1]["index"] = first + b + j
+                    batch = torch.zeros(len(part[b : b + self.batch_size]), self._dim())
+                    if opened:
+                        batch[[j for j, _ in opened]] = self._embed_images([im for _, im in opened])
+                    vectors = batch if vectors is None else torch.cat([vectors, batch])
+                # The rejection list is committed before the embeddings that depend on it, so a
+                # chunk whose .npy exists has its list (none written: nothing rejected).
+                if rejected:
+                    _atomic_write_text(bad_path, json.dumps(rejected))
+                else:
+                    bad_path.unlink(missing_ok=True)  # left by a killed run over files fixed since
                 buf = io.BytesIO()
-                np.save(buf, torch.cat(embs).numpy().astype(np.float16))
+                np.save(buf, vectors.numpy().astype(np.float16))
                 atomic_write(path, buf.getvalue())
+            chunk_rejected = json.loads(bad_path.read_text()) if bad_path.exists() else []
+            self.index_rejected += chunk_rejected
+            bad += [r["index"] for r in chunk_rejected]
             chunks.append(torch.from_numpy(np.load(path).astype(np.float32)))
         self._items = items
         self._embeddings = torch.cat(chunks)
+        # Rejected items hold zero vectors; -inf keeps them out of every top-k whatever min_score is.
+        self._mask = torch.zeros(len(items))
+        self._mask[bad] = float("-inf")
         return len(items)
+
+    def _dim(self) -> int:
+        return int(self.model.config.projection_dim)
 
     def images_for(self, concepts: list[str]) -> dict[str, list[SourceImage]]:
         if self._embeddings is None:
@@ -431,14 +489,20 @@ class RetrievalSource:
         for b in range(0, len(concepts), self.batch_size):
             batch = concepts[b : b + self.batch_size]
             text = self._embed_texts([self.prompt.format(c=c) for c in batch])
-            sims = text @ self._embeddings.T  # (concepts, corpus), both unit-norm
+            sims = text @ self._embeddings.T + self._mask  # (concepts, corpus), both unit-norm
             scores, idx = sims.topk(min(self.top_k, sims.shape[1]), dim=1)
             for concept, row_scores, row_idx in zip(batch, scores.tolist(), idx.tolist()):
-                out[concept] = [
-                    (self._open(self._items[i]), s, {"item": self._items[i], "prompt": self.prompt.format(c=concept)})
-                    for s, i in zip(row_scores, row_idx)
-                    if s > self.min_score
-                ]
+                out[concept] = []
+                for s, i in zip(row_scores, row_idx):
+                    if not s > self.min_score:
+                        continue
+                    item = self._items[i]
+                    try:  # the file may have changed since it was indexed
+                        image = self._open(item)
+                    except BadImageError as e:
+                        _reject(self.rejected, self._describe(item), e)
+                        continue
+                    out[concept].append((image, s, {"item": item, "prompt": self.prompt.format(c=concept)}))
         return out
 
 
@@ -501,6 +565,7 @@ class GenerationSource:
         self.pipeline = DiffusionPipeline.from_pretrained(pipeline_path, torch_dtype=getattr(torch, dtype))
         self.pipeline.to(self.device)
         self.pipeline.set_progress_bar_config(disable=True)
+        self.rejected: list[dict] = []  # images refused by load_image: {"what", "reason"}
         self.info = {
             "pipeline": pipeline_path,
             "prompt": prompt,
@@ -539,7 +604,12 @@ class GenerationSource:
                 concept = batch[j // self.num_images]
                 i = j % self.num_images
                 meta = {"prompt": self.prompt.format(c=concept), "seed": concept_seed(concept, self.seed) + i}
-                out[concept].append((image.convert("RGB"), 1.0, meta))
+                try:
+                    image = load_image(image, what=f"generated image {i} of {concept!r}")
+                except BadImageError as e:
+                    _reject(self.rejected, f"generated image {i} of {concept!r}", e)
+                    continue
+                out[concept].append((image, 1.0, meta))
         return out
 
 

@@ -164,3 +164,19 @@ def embedded_build(tmp_path_factory):
     out = tmp_path_factory.mktemp("embedded")
     assert cli_main(["--config", "store_embedded.yaml", f"output_dir={out}"]) == 0
     return out
+
+
+def _load_hostile():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("ts_hostile", Path(__file__).with_name("hostile.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def hostile():
+    """The helpers of ``hostile.py``: bomb_png, sliver_png, truncated_jpeg, hostile_files."""
+    return _load_hostile()
