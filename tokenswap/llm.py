@@ -9,20 +9,32 @@ Both implementations keep an optional JSONL response cache keyed by a hash of (m
 generation settings, messages including image pixels), so rerunning a build or an eval costs
 nothing for questions already answered. API keys are read from the environment at request time
 and never enter the cache, logs or exceptions.
+
+The OpenAI-compatible client is hand-written on ``http.client`` rather than the maintained
+``openai`` package, after comparing the two on what a days-long unattended build needs: ``openai``
+(httpx underneath) follows redirects, has per-phase timeouts that restart with every chunk read
+(no deadline for a whole call) and no response size limit. This client follows no redirect (the
+``Authorization`` header stays with ``base_url``'s host), enforces a deadline per attempt, caps the
+response size, retries cut/garbled bodies with the URL in every error, honours ``Retry-After`` and
+jitters its exponential backoff; see :class:`OpenAIChatModel`.
 """
 
 from __future__ import annotations
 
 import base64
+import email.utils
 import hashlib
+import http.client
 import io
 import json
+import math
 import os
+import random
 import re
+import socket
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,6 +42,7 @@ from PIL import Image
 
 __all__ = [
     "ChatModel",
+    "LLMRequestError",
     "OpenAIChatModel",
     "ResponseCache",
     "TransformersChatModel",
@@ -147,12 +160,61 @@ def _to_openai_content(content: Any) -> Any:
     return out
 
 
+class LLMRequestError(RuntimeError):
+    """A chat request that failed; the message names the URL and never the API key."""
+
+
+class _Retryable(Exception):
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _retry_after(value: str | None, cap: float) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date), capped; None if absent/bad."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
+        return None
+    return min(max(0.0, seconds), cap)
+
+
 class OpenAIChatModel:
     """A model served behind ``POST {base_url}/chat/completions`` (OpenAI, vLLM, SGLang, Ollama, ...).
 
-    Uses only the standard library. Transient failures (connection errors, timeouts, HTTP 408,
-    409, 429 and 5xx) are retried with exponential backoff; other HTTP errors raise at once with
-    the server's message.
+    Uses only the standard library (``http.client``), hardened for long unattended builds:
+
+    - **No redirects.** A 3xx answer is an error naming the target, so the ``Authorization``
+      header can never travel to another host; point ``base_url`` at the final address.
+    - **A deadline per attempt**, not per socket read: connect, send, wait and read together
+      take at most ``timeout`` seconds (a watchdog shuts the socket when it expires), so a server
+      dripping one byte a second cannot hold a call. A call with retries is bounded by
+      ``(max_retries + 1) * timeout`` plus the backoff sleeps.
+    - **A response size limit** (``max_response_bytes``), checked against ``Content-Length``
+      and while reading.
+    - **Clear, retried failures.** Connection errors, deadline overruns, cut bodies, non-UTF-8
+      or non-JSON bodies and HTTP 408/409/429/5xx are retried with exponential backoff and full
+      jitter, honouring ``Retry-After``; every error names the URL. Other HTTP errors (4xx, 3xx)
+      and oversized replies raise at once.
+    - **Only real answers are cached**: a ``null`` or empty reply is returned as ``""`` but not
+      cached, so a rerun asks again.
+
+    Why not the maintained ``openai`` client: it (via httpx) follows redirects (stripping the
+    key across origins), but its timeouts are per phase (a read timeout restarts with every
+    chunk, so a slow-drip server holds a call for as long as it likes, the audit's 2 s call took
+    35 s), it has no response size limit, and it would be a new dependency for one POST. It does
+    honour Retry-After and jitter its backoff, which this client now does too. HTTP(S) proxies from
+    the environment are not used (``http.client`` ignores them); serve the endpoint directly.
 
     Args:
         base_url: endpoint root, e.g. ``"https://api.openai.com/v1"`` or ``"http://localhost:8000/v1"``.
@@ -161,9 +223,11 @@ class OpenAIChatModel:
             header is sent (local servers usually need none).
         temperature: sampling temperature (0 = greedy, so cached answers are what a rerun would get).
         max_tokens: maximum completion length.
-        timeout: seconds per HTTP request.
+        timeout: total seconds for one HTTP attempt (connect + send + wait + read).
         max_retries: retries after the first attempt for transient failures.
         cache_path: JSONL response cache; ``None`` disables caching.
+        max_response_bytes: largest response body accepted.
+        max_backoff: longest sleep between attempts, ``Retry-After`` included.
     """
 
     def __init__(
@@ -176,16 +240,26 @@ class OpenAIChatModel:
         timeout: float = 60.0,
         max_retries: int = 3,
         cache_path: str | os.PathLike | None = None,
+        max_response_bytes: int = 16 << 20,
+        max_backoff: float = 60.0,
     ):
         self.base_url = base_url.rstrip("/")
+        parts = urllib.parse.urlsplit(self.base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"base_url must be an http(s) URL such as http://localhost:8000/v1, got {base_url!r}")
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout}")
         self.model = model
         self.api_key_env = api_key_env
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.timeout = timeout
         self.max_retries = max_retries
+        self.max_response_bytes = max_response_bytes
+        self.max_backoff = max_backoff
         self.cache = ResponseCache(cache_path) if cache_path is not None else None
         self.num_requests = 0  # HTTP calls actually made (cache hits excluded)
+        self._rng = random.Random()
 
     def __repr__(self) -> str:
         return f"OpenAIChatModel(base_url={self.base_url!r}, model={self.model!r})"
@@ -195,7 +269,7 @@ class OpenAIChatModel:
         if self.cache is not None and (hit := self.cache.get(key)) is not None:
             return hit
         reply = self._request(messages)
-        if self.cache is not None:
+        if self.cache is not None and reply:
             self.cache.put(key, reply)
         return reply
 
@@ -206,38 +280,106 @@ class OpenAIChatModel:
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
         }
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
         api_key = os.environ.get(self.api_key_env)
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         url = f"{self.base_url}/chat/completions"
         body = json.dumps(payload).encode()
         last_error = ""
+        retry_after: float | None = None
         for attempt in range(self.max_retries + 1):
             if attempt:
-                time.sleep(min(30.0, 0.5 * 2 ** (attempt - 1)))
-            request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+                # Full jitter: ranks retrying the same overloaded server spread out instead of
+                # returning together.
+                delay = self._rng.uniform(0.0, min(self.max_backoff, 0.5 * 2**attempt))
+                time.sleep(max(delay, retry_after or 0.0))
+            self.num_requests += 1
             try:
-                self.num_requests += 1
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    data = json.loads(response.read().decode("utf-8"))
-            except urllib.error.HTTPError as e:
-                detail = e.read().decode("utf-8", "replace")[:500]
-                if e.code in (408, 409, 429) or e.code >= 500:
-                    last_error = f"HTTP {e.code}: {detail}"
-                    continue
-                raise RuntimeError(f"{url} answered HTTP {e.code}: {detail}") from None
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-                last_error = f"{type(e).__name__}: {e}"
-                continue
-            try:
-                content = data["choices"][0]["message"]["content"]
-            except (KeyError, IndexError, TypeError):
-                raise RuntimeError(
-                    f"{url} returned no choices[0].message.content; got keys {sorted(data) if isinstance(data, dict) else type(data).__name__}"
-                ) from None
-            return content or ""
-        raise RuntimeError(f"{url} failed after {self.max_retries + 1} attempts; last error: {last_error}")
+                return self._attempt(url, body, headers)
+            except _Retryable as e:
+                last_error, retry_after = str(e), e.retry_after
+        raise LLMRequestError(f"{url} failed after {self.max_retries + 1} attempts; last error: {last_error}")
+
+    def _attempt(self, url: str, body: bytes, headers: dict[str, str]) -> str:
+        parts = urllib.parse.urlsplit(url)
+        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        conn = cls(parts.hostname, parts.port, timeout=self.timeout)
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        expired = threading.Event()
+
+        def watchdog() -> None:
+            expired.set()
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)  # wakes a recv blocked in the calling thread
+                except OSError:
+                    pass
+
+        timer = threading.Timer(self.timeout, watchdog)
+        timer.daemon = True
+        timer.start()
+        try:
+            conn.request("POST", path, body=body, headers=headers)
+            response = conn.getresponse()
+            raw = self._read_body(url, response)
+        except (OSError, http.client.HTTPException) as e:
+            if expired.is_set():
+                raise _Retryable(f"no complete answer within the {self.timeout:g}s deadline") from None
+            raise _Retryable(f"{type(e).__name__}: {e}") from None
+        finally:
+            timer.cancel()
+            conn.close()
+        if expired.is_set():
+            raise _Retryable(f"no complete answer within the {self.timeout:g}s deadline")
+        status = response.status
+        if 300 <= status < 400:
+            raise LLMRequestError(
+                f"{url} answered HTTP {status} redirecting to {response.getheader('Location')!r}; redirects are not "
+                "followed (the API key would go with them): set base_url to the final address"
+            )
+        if status != 200:
+            detail = raw[:500].decode("utf-8", "replace")
+            if status in (408, 409, 429) or status >= 500:
+                raise _Retryable(
+                    f"HTTP {status}: {detail}", _retry_after(response.getheader("Retry-After"), self.max_backoff)
+                )
+            raise LLMRequestError(f"{url} answered HTTP {status}: {detail}")
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise _Retryable(f"{url} returned a body that is not UTF-8 ({e})") from None
+        except json.JSONDecodeError as e:
+            raise _Retryable(f"{url} returned a body that is not JSON ({e}); starts {raw[:80]!r}") from None
+        try:
+            content = data["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
+            shape = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise _Retryable(f"{url} returned no choices[0].message.content; got {shape}") from None
+        if content is not None and not isinstance(content, str):
+            raise _Retryable(f"{url} returned a {type(content).__name__} as message content, not a string")
+        return content or ""
+
+    def _read_body(self, url: str, response: http.client.HTTPResponse) -> bytes:
+        limit = self.max_response_bytes
+        length = response.getheader("Content-Length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise LLMRequestError(
+                f"{url} announced a {int(length):,}-byte reply, more than max_response_bytes={limit:,}"
+            )
+        chunks, size = [], 0
+        while True:
+            chunk = response.read1(1 << 16)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > limit:
+                raise LLMRequestError(f"{url} sent more than max_response_bytes={limit:,} bytes; reply refused")
+            chunks.append(chunk)
+        if length is not None and length.isdigit() and size != int(length):
+            raise http.client.IncompleteRead(b"".join(chunks), int(length) - size)
+        return b"".join(chunks)
 
 
 # ----------------------------------------------------------------------------- local transformers
