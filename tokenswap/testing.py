@@ -1,10 +1,13 @@
-"""Tiny Qwen2-VL checkpoints built offline, for tests, benchmarks and the demo.
+"""Tiny Qwen-VL checkpoints built offline, for tests, benchmarks and the demo.
 
-:func:`build_tiny_qwen2vl` writes a folder that loads with ``AutoProcessor.from_pretrained``
-and ``AutoModelForImageTextToText.from_pretrained`` exactly like ``Qwen/Qwen2-VL-7B-Instruct``:
-a byte-level BPE tokenizer trained locally with the Qwen2-VL special tokens and chat template,
-the real Qwen2-VL image and video processors, and a random-weight
-``Qwen2VLForConditionalGeneration``. Nothing is downloaded.
+:func:`build_tiny_model` writes a folder that loads with ``AutoProcessor.from_pretrained`` and
+``AutoModelForImageTextToText.from_pretrained`` exactly like a released Instruct checkpoint of the
+chosen family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5): the family's tokenizer class, special tokens
+and released chat template, its real image and video processors (Qwen3-VL / Qwen3.5 with the released
+16-pixel patches), and a random-weight model of its real architecture at toy width. The tokenizer is
+either a byte-level BPE trained locally on a few sentences (small and fast) or, with
+``tokenizer="qwen"``, Qwen2's real 151,643-rank vocabulary (:mod:`tokenswap.qwen_tokenizer`).
+:func:`build_tiny_qwen2vl` is the original Qwen2-VL kit most tests use. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -17,9 +20,12 @@ from pathlib import Path
 __all__ = [
     "QWEN2VL_CHAT_TEMPLATE",
     "QWEN2VL_SPECIAL_TOKENS",
+    "TINY_FAMILIES",
+    "build_tiny_model",
     "build_tiny_qwen2vl",
     "build_tiny_store",
     "load_qwen2vl",
+    "tiny_config",
     "tiny_qwen2vl_config",
     "train_tokenizer",
 ]
@@ -36,7 +42,10 @@ QWEN2VL_SPECIAL_TOKENS = [
 
 # The Qwen2-VL-Instruct template, branching on ``type`` only: ``datasets`` fills absent keys
 # with None, so the official template's ``'image' in content`` test would misfire on rows
-# that came through a Dataset.
+# that came through a Dataset (a text part would render as an image). It renders every conversation
+# of ``{"type": ...}`` parts exactly as the released template
+# (:data:`tokenswap.families.QWEN2VL_CHAT_TEMPLATE`) does; :func:`build_tiny_qwen2vl` keeps it, while
+# :func:`build_tiny_model` writes the released templates of every family.
 QWEN2VL_CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
     "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
@@ -66,12 +75,14 @@ _DEFAULT_CORPUS = [
 ]
 
 
-def train_tokenizer(corpus: Iterable[str] = (), vocab_size: int = 1024):
+def train_tokenizer(corpus: Iterable[str] = (), vocab_size: int = 1024, extra_tokens: Iterable[str] = ()):
     """Train a byte-level BPE tokenizer with the Qwen2-VL special tokens and chat template.
 
     Args:
         corpus: extra training text (the tokenizer can encode any text either way, being byte level).
         vocab_size: target vocabulary size including the 256 byte tokens and special tokens.
+        extra_tokens: added non-special tokens the chat template writes (e.g. ``<think>``), placed after
+            the special tokens.
 
     Returns:
         A ``PreTrainedTokenizerFast`` (eos ``<|im_end|>``, pad ``<|endoftext|>``).
@@ -99,6 +110,11 @@ def train_tokenizer(corpus: Iterable[str] = (), vocab_size: int = 1024):
         clean_up_tokenization_spaces=False,
     )
     fast.chat_template = QWEN2VL_CHAT_TEMPLATE
+    extra = list(extra_tokens)
+    if extra:
+        from tokenizers import AddedToken
+
+        fast.add_tokens([AddedToken(t, special=False, normalized=False) for t in extra])
     return fast
 
 
@@ -199,6 +215,194 @@ def build_tiny_qwen2vl(
     return out
 
 
+TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
+"""Families :func:`build_tiny_model` can build (the MoE variants share these templates and processors)."""
+
+
+def tiny_config(family: str, tokenizer, vocab_size: int, hidden_size: int = 64, num_layers: int = 2):
+    """The family's real model config at toy width: 16-dim heads, two vision blocks of width 32.
+
+    Args:
+        family: one of :data:`TINY_FAMILIES`.
+        tokenizer: supplies the special-token ids.
+        vocab_size: embedding rows (``len(tokenizer)``, or the released 151,936 with the real vocabulary).
+        hidden_size: language model width (multiple of 16).
+        num_layers: language model depth (Qwen3.5: alternating linear / full attention layers, ending full).
+    """
+    import transformers
+
+    from tokenswap.families import family_of
+
+    fam = family_of(family)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN2VL_SPECIAL_TOKENS}
+    head_dim = 16
+    num_heads = hidden_size // head_dim
+    half = head_dim // 2
+    # mrope_section splits head_dim/2 rotary frequencies over (temporal, height, width).
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [half - 2 * (half // 3), half // 3, half // 3]}
+    text = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=max(1, num_heads // 2),
+        max_position_embeddings=32768,
+        rope_parameters=rope,
+        tie_word_embeddings=True,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+    )
+    vision = dict(depth=2, hidden_size=32, num_heads=2, in_channels=3, spatial_merge_size=2, temporal_patch_size=2)
+    if fam.name == "qwen2_vl":
+        config = tiny_qwen2vl_config(tokenizer, hidden_size=hidden_size, num_layers=num_layers)
+        config.text_config.vocab_size = vocab_size
+        return config
+    if fam.name == "qwen2_5_vl":
+        vision.update(intermediate_size=64, out_hidden_size=hidden_size, patch_size=14, window_size=56,
+                      fullatt_block_indexes=[1])
+    elif fam.name == "qwen3_vl":
+        text.update(head_dim=head_dim, rope_parameters={**rope, "mrope_interleaved": True})
+        vision.update(intermediate_size=64, out_hidden_size=hidden_size, patch_size=16, num_position_embeddings=64,
+                      deepstack_visual_indexes=[0])
+    elif fam.name == "qwen3_5":
+        text.update(
+            head_dim=head_dim,
+            rope_parameters={**rope, "mrope_interleaved": True, "partial_rotary_factor": 1.0},
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            linear_num_key_heads=2,
+            linear_num_value_heads=2,
+            layer_types=["linear_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)],
+        )
+        vision.update(intermediate_size=64, out_hidden_size=hidden_size, patch_size=16, num_position_embeddings=64)
+    else:
+        raise ValueError(f"no tiny config for family {fam.name!r}; tiny families: {', '.join(TINY_FAMILIES)}")
+    config_cls = getattr(transformers, fam.model_class.replace("ForConditionalGeneration", "Config"))
+    return config_cls(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+
+
+def _family_tokenizer(family, tokenizer: str, corpus: Iterable[str], vocab_size: int):
+    """The tiny kit's tokenizer as the family's own tokenizer class, with the family's template set."""
+    import transformers
+
+    if tokenizer == "qwen":
+        if family.tokenizer_class != "Qwen2Tokenizer":
+            raise ValueError(
+                f"tokenizer='qwen' is Qwen2's vocabulary; {family.name} uses another ({family.tokenizer_class}) that "
+                "no package ships: use tokenizer='trained'"
+            )
+        from tokenswap.qwen_tokenizer import build_qwen_tokenizer
+
+        tok = build_qwen_tokenizer()
+    elif tokenizer == "trained":
+        trained = train_tokenizer(corpus, vocab_size=vocab_size, extra_tokens=family.extra_tokens)
+        model = __import__("json").loads(trained.backend_tokenizer.to_str())["model"]
+        cls = getattr(transformers, family.tokenizer_class)
+        # The family's class brings its own pre-tokenizer (Qwen2's / Qwen3.5's split regex) over the trained merges.
+        tok = cls(vocab=model["vocab"], merges=[tuple(m) if isinstance(m, list) else tuple(m.split(" "))
+                                                for m in model["merges"]],
+                  eos_token="<|endoftext|>", pad_token="<|endoftext|>", model_max_length=32768,
+                  clean_up_tokenization_spaces=False)
+        from tokenizers import AddedToken
+
+        tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN2VL_SPECIAL_TOKENS])
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in family.extra_tokens])
+        tok.eos_token = "<|im_end|>"
+        tok.add_special_tokens({"additional_special_tokens": QWEN2VL_SPECIAL_TOKENS[1:]})
+        for t in (*QWEN2VL_SPECIAL_TOKENS, *family.extra_tokens):
+            if tok.convert_tokens_to_ids(t) != trained.convert_tokens_to_ids(t):
+                raise RuntimeError(f"{t} moved from id {trained.convert_tokens_to_ids(t)} to {tok.convert_tokens_to_ids(t)}")
+    else:
+        raise ValueError(f"tokenizer must be 'trained' or 'qwen', got {tokenizer!r}")
+    tok.chat_template = family.chat_template
+    return tok
+
+
+def build_tiny_model(
+    out_dir: str | os.PathLike,
+    family: str = "qwen2_vl",
+    tokenizer: str = "trained",
+    corpus: Iterable[str] = (),
+    vocab_size: int = 1024,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+    seed: int = 0,
+) -> Path:
+    """Write a tiny random-weight checkpoint of ``family`` (model + processor with its released chat template).
+
+    Args:
+        out_dir: destination folder; reused as is if it already holds a tiny checkpoint.
+        family: one of :data:`TINY_FAMILIES`.
+        tokenizer: ``"trained"`` (byte-level BPE trained on ``corpus``, ``vocab_size`` tokens) or ``"qwen"``
+            (Qwen2's real vocabulary; the embedding then has the released 151,936 rows, so keep
+            ``hidden_size`` small). Qwen3.5 has only ``"trained"``.
+        corpus: text to train the tokenizer on.
+        vocab_size: trained tokenizer vocabulary size.
+        hidden_size: language model width (multiple of 16).
+        num_layers: language model depth.
+        min_pixels: image processor lower bound (default: a 2x2 grid of merged patches).
+        max_pixels: image processor upper bound (default: 8x8 merged patches); always set, since the
+            released default allows 16k tokens per image.
+        seed: initialisation seed.
+
+    Returns:
+        ``out_dir`` as a Path.
+    """
+    import torch
+    import transformers
+    from transformers import Qwen2VLImageProcessor
+
+    from tokenswap.families import family_of
+
+    if family not in TINY_FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(TINY_FAMILIES)}, got {family!r}")
+    fam = family_of(family)
+    out = Path(out_dir)
+    if (out / "tiny_model.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    tok = _family_tokenizer(fam, tokenizer, corpus, vocab_size)
+    pixels = dict(fam.image_processor_defaults)
+    factor = pixels.get("patch_size", 14) * 2
+    pixels.update(min_pixels=min_pixels or (2 * factor) ** 2, max_pixels=max_pixels or (8 * factor) ** 2)
+    video_cls = "Qwen3VLVideoProcessor" if fam.dialect != "qwen2_vl" else "Qwen2VLVideoProcessor"
+    video_module = "qwen3_vl.video_processing_qwen3_vl" if fam.dialect != "qwen2_vl" else \
+        "qwen2_vl.video_processing_qwen2_vl"
+    video = getattr(__import__(f"transformers.models.{video_module}", fromlist=[video_cls]), video_cls)(**pixels)
+    processor = getattr(transformers, fam.processor_class)(
+        image_processor=Qwen2VLImageProcessor(**pixels), tokenizer=tok, video_processor=video,
+        chat_template=fam.chat_template,
+    )
+    if tokenizer == "qwen":
+        from tokenswap.qwen_tokenizer import QWEN_MODEL_VOCAB_SIZE
+
+        rows = QWEN_MODEL_VOCAB_SIZE
+    else:
+        rows = len(tok)
+    torch.manual_seed(seed)
+    config = tiny_config(family, tok, rows, hidden_size=hidden_size, num_layers=num_layers)
+    model = fam.model_cls()._from_config(config, dtype=torch.float32)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    (out / "tiny_model.json").write_text(json.dumps({
+        "family": family, "tokenizer": tokenizer, "vocab_size": rows, "hidden_size": hidden_size,
+        "num_layers": num_layers, "seed": seed,
+    }))
+    return out
+
+
 def load_qwen2vl(path: str | os.PathLike, dtype=None, attn_implementation: str | None = None):
     """Load a Qwen2-VL-family checkpoint folder or hub id: ``(model, processor)``.
 
@@ -247,16 +451,31 @@ def build_tiny_store(root: str | os.PathLike):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tokenswap.testing DIR``: write DIR/tiny-qwen2vl and DIR/tiny-store (used by configs/tiny)."""
-    import sys
+    """``python -m tokenswap.testing DIR [--family F] [--tokenizer trained|qwen]``.
 
-    argv = sys.argv[1:] if argv is None else argv
-    out = Path(argv[0] if argv else ".cache")
+    Writes DIR/tiny-qwen2vl (no ``--family``; used by configs/tiny) or DIR/tiny-F, and DIR/tiny-store.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tokenswap.testing", description=main.__doc__)
+    parser.add_argument("out", nargs="?", default=".cache", help="output folder")
+    parser.add_argument("--family", choices=TINY_FAMILIES, help="write DIR/tiny-FAMILY with the family's template")
+    parser.add_argument("--tokenizer", choices=("trained", "qwen"), default="trained",
+                        help="trained: small local BPE; qwen: Qwen2's real vocabulary (needs dashscope)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
     corpus = []
     assets = Path(__file__).resolve().parent.parent / "tests" / "assets" / "swap_tiny.jsonl"
     if assets.exists():
         corpus = [m["content"] for line in assets.read_text().splitlines() for m in json.loads(line)["messages"]]
-    print(build_tiny_qwen2vl(out / "tiny-qwen2vl", corpus=corpus))
+    if args.family is None:
+        if args.tokenizer != "trained":
+            parser.error("--tokenizer qwen needs --family")
+        print(build_tiny_qwen2vl(out / "tiny-qwen2vl", corpus=corpus))
+    else:
+        hidden = 32 if args.tokenizer == "qwen" else 64
+        print(build_tiny_model(out / f"tiny-{args.family}", family=args.family, tokenizer=args.tokenizer,
+                               corpus=corpus, hidden_size=hidden))
     print(build_tiny_store(out / "tiny-store").root)
     return 0
 
