@@ -111,12 +111,14 @@ class ResponseCache:
         self._data: dict[str, str] = {}
         self._lock = threading.Lock()
         if self.path.exists():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
+            for line in self.path.read_bytes().splitlines():
                 try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
+                    row = json.loads(line.decode("utf-8"))
+                    key, response = row["key"], row["response"]
+                except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
                     continue  # torn write of a killed process
-                self._data[row["key"]] = row["response"]
+                if isinstance(key, str) and isinstance(response, str) and response:
+                    self._data[key] = response
 
     def __len__(self) -> int:
         return len(self._data)

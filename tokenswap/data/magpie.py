@@ -17,6 +17,7 @@ fixture). Other columns of the raw data are ignored.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
@@ -69,6 +70,36 @@ def magpie_to_sample(row: dict[str, Any], index: int | None = None) -> dict:
     return {"id": uuid, "messages": messages, "concepts": [], "images": []}
 
 
+class MalformedLine(ValueError):
+    """A JSONL line that is not one JSON object (truncated, not UTF-8, a list...)."""
+
+
+def _jsonl_rows(path: Path) -> Iterator[dict | MalformedLine]:
+    """Rows of a JSONL file, read line by line so that one bad line is one bad row.
+
+    ``datasets``' JSON reader fails the whole file on a truncated or non-UTF-8 line; here such a
+    line yields a :class:`MalformedLine` naming the file and line, which the caller raises or
+    skips. Blank lines are not rows.
+    """
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            where = f"{path} line {number}"
+            try:
+                row = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                yield MalformedLine(f"{where}: not UTF-8 ({e})")
+                continue
+            except json.JSONDecodeError as e:
+                yield MalformedLine(f"{where}: not valid JSON ({e}; a truncated line?)")
+                continue
+            if not isinstance(row, dict):
+                yield MalformedLine(f"{where}: expected a JSON object per line, got a {type(row).__name__}")
+                continue
+            yield row
+
+
 def _load_raw(path: str, split: str, streaming: bool):
     import datasets
 
@@ -79,6 +110,8 @@ def _load_raw(path: str, split: str, streaming: bool):
             builder = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(suffix)
             if builder is None:
                 raise ValueError(f"Magpie file {local} must end in .jsonl, .json or .parquet, got {suffix!r}")
+            if suffix == ".jsonl":
+                return _jsonl_rows(local)
             return datasets.load_dataset(builder, data_files=str(local), split="train", streaming=streaming)
         if (local / "dataset_info.json").exists() or (local / "state.json").exists():
             ds = datasets.load_from_disk(str(local))
@@ -93,6 +126,7 @@ def iter_magpie(
     streaming: bool = True,
     max_samples: int | None = None,
     skip_malformed: bool = False,
+    stats: dict | None = None,
 ) -> Iterator[dict]:
     """Stream Magpie rows as samples, in source order.
 
@@ -102,22 +136,45 @@ def iter_magpie(
         split: split to read (local files have a single ``train`` split).
         streaming: stream instead of downloading and preparing the whole dataset first.
         max_samples: stop after this many rows; None for all.
-        skip_malformed: drop malformed rows silently instead of raising (they still count
-            towards ``max_samples``, so the output does not depend on where they are).
+        skip_malformed: skip malformed rows instead of raising: bad fields, and in ``.jsonl`` files
+            also truncated, non-UTF-8 and non-object lines. They still count towards
+            ``max_samples`` (so the output does not depend on where they are), are counted in
+            ``stats`` and reported in one warning at the end.
+        stats: if given, receives ``rows`` (rows read), ``malformed`` (rows skipped) and
+            ``malformed_examples`` (the first five reasons).
 
     Raises:
-        ValueError: a malformed row (names the row index, uuid and field).
+        ValueError: a malformed row (names the file, row or line, uuid and field), or a source
+            with no rows at all.
     """
+    if max_samples is not None and max_samples < 1:
+        raise ValueError(f"max_samples must be >= 1 or None (all rows), got {max_samples}")
+    stats = {} if stats is None else stats
+    stats.update(rows=0, malformed=0, malformed_examples=[])
     for i, row in enumerate(_load_raw(path, split, streaming)):
         if max_samples is not None and i >= max_samples:
             break
+        stats["rows"] += 1
         try:
+            if isinstance(row, MalformedLine):
+                raise row
             sample = magpie_to_sample(row, i)
-        except ValueError:
-            if skip_malformed:
-                continue
-            raise
+        except ValueError as e:
+            if not skip_malformed:
+                raise ValueError(f"{path}: {e}" if not isinstance(e, MalformedLine) else str(e)) from None
+            stats["malformed"] += 1
+            if len(stats["malformed_examples"]) < 5:
+                stats["malformed_examples"].append(str(e))
+            continue
         yield sample
+    if stats["rows"] == 0:
+        raise ValueError(f"Magpie data {path} (split {split!r}) has no rows; is it the right file or split?")
+    if stats["malformed"]:
+        warnings.warn(
+            f"{path}: skipped {stats['malformed']} malformed of {stats['rows']} rows (skip_malformed); first: "
+            f"{stats['malformed_examples'][0]}",
+            stacklevel=2,
+        )
 
 
 def fixture_path() -> Path:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 from datasets import Dataset, Features, List, Value
 
-__all__ = ["SAMPLE_FEATURES", "load_samples", "to_sample_features"]
+__all__ = ["SAMPLE_FEATURES", "check_sample", "load_samples", "to_sample_features"]
 
 SAMPLE_FEATURES = Features(
     {
@@ -39,23 +41,94 @@ def to_sample_features(ds: Dataset) -> Dataset:
     return ds.select_columns(list(SAMPLE_FEATURES)).cast(SAMPLE_FEATURES)
 
 
+def check_sample(row: object, where: str) -> None:
+    """Check one sample-schema row: messages, and concept spans against their texts.
+
+    Args:
+        row: the decoded row.
+        where: names the row in errors, e.g. ``"swap/part-r000-000001.jsonl line 17"``.
+
+    Raises:
+        ValueError: the row is not an object, has no ``messages`` list of ``{role, content}``
+            strings, or has a concept span that is malformed, out of range or overlapping;
+            the message starts with ``where`` and the sample id.
+    """
+    from tokenswap.concepts import Concept, validate_concepts
+
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object per sample, got {type(row).__name__}")
+    sid = row.get("id")
+    messages = row.get("messages")
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
+    ):
+        raise ValueError(f"{where} (id {sid!r}): `messages` must be a list of {{role, content}} strings")
+    try:
+        concepts = [Concept.from_dict(c) for c in row.get("concepts") or []]
+        validate_concepts(concepts, [m["content"] for m in messages], sid)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e.args[0] if e.args else e}") from None
+
+
+def _check_jsonl(path: str) -> int:
+    """Validate every line of a sample JSONL file before ``datasets`` reads it; return the row count."""
+    rows = 0
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            where = f"{path} line {number}"
+            try:
+                row = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{where}: not UTF-8 ({e})") from None
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e}; a truncated line?)") from None
+            check_sample(row, where)
+            rows += 1
+    return rows
+
+
 def load_samples(path: str, limit: int | None = None) -> Dataset:
-    """Load sample-schema rows from a ``datasets`` folder, a JSONL file, or a folder of JSONL shards."""
+    """Load sample-schema rows from a ``datasets`` folder, a JSONL file, or a folder of JSONL shards.
+
+    Every row is checked first (:func:`check_sample`), so a bad span or a torn line fails here
+    naming its file and line (or row), not in the middle of training.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist or holds no data.
+        ValueError: a malformed row, or no rows at all.
+    """
     import os
 
     from datasets import load_dataset, load_from_disk
+    from datasets.exceptions import DatasetGenerationError
 
-    if os.path.isdir(path) and os.path.exists(os.path.join(path, "dataset_info.json")):
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1 or None (all rows), got {limit}")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"sample data {path} does not exist")
+    is_saved = os.path.isdir(path) and (
+        os.path.exists(os.path.join(path, "dataset_info.json")) or os.path.exists(os.path.join(path, "state.json"))
+    )
+    if is_saved:
         ds = load_from_disk(path)
-    elif os.path.isdir(path) and os.path.exists(os.path.join(path, "state.json")):
-        ds = load_from_disk(path)
+        for i, row in enumerate(ds.select_columns([c for c in ("id", "messages", "concepts") if c in ds.column_names])):
+            check_sample(row, f"{path} row {i}")
     else:
         files = sorted(
             os.path.join(path, f) for f in os.listdir(path) if f.endswith(".jsonl")
         ) if os.path.isdir(path) else [path]
         if not files:
             raise FileNotFoundError(f"{path}: no .jsonl files and not a datasets folder")
-        ds = load_dataset("json", data_files=files, split="train")
+        if sum(_check_jsonl(f) for f in files) == 0:
+            raise ValueError(f"{path}: no samples (the JSONL files are empty)")
+        try:
+            ds = load_dataset("json", data_files=files, split="train")
+        except DatasetGenerationError as e:
+            raise ValueError(f"{path}: {e.__cause__ or e}") from None
+    if len(ds) == 0:
+        raise ValueError(f"{path}: no samples")
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
     return to_sample_features(ds)

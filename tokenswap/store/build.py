@@ -457,12 +457,17 @@ def _build_extractor(cfg: StoreBuildConfig, state: Path, rank: int) -> ConceptEx
     return LLMConceptExtractor(chat, max_concepts=ex.max_concepts)
 
 
-def _iter_samples(cfg: DataConfig) -> Iterator[dict]:
+def _iter_samples(cfg: DataConfig, stats: dict | None = None) -> Iterator[dict]:
     from tokenswap.data.magpie import fixture_path, iter_magpie
 
     path = str(fixture_path()) if cfg.path == FIXTURE else cfg.path
     yield from iter_magpie(
-        path, split=cfg.split, streaming=cfg.streaming, max_samples=cfg.max_samples, skip_malformed=cfg.skip_malformed
+        path,
+        split=cfg.split,
+        streaming=cfg.streaming,
+        max_samples=cfg.max_samples,
+        skip_malformed=cfg.skip_malformed,
+        stats=stats,
     )
 
 
@@ -538,7 +543,8 @@ def _stage_extract(cfg: StoreBuildConfig, state: Path, rank: int, world: int) ->
     local = 0
     chunk = 0
     bar = _progress(cfg.data.max_samples, f"[r{rank}] extract", cfg.progress and rank == 0)
-    for i, sample in enumerate(_iter_samples(cfg.data)):
+    data_stats: dict = {}
+    for i, sample in enumerate(_iter_samples(cfg.data, data_stats)):
         bar.update(1)
         if i % world != rank:
             continue
@@ -561,7 +567,8 @@ def _stage_extract(cfg: StoreBuildConfig, state: Path, rank: int, world: int) ->
     if local % size != 0 and chunk not in committed:
         _write_jsonl(folder / f"part-r{rank:03d}-{chunk:06d}.jsonl", rows)
     bar.close()
-    info = {"samples_read": local}
+    # Every rank reads every row, so each rank's count is the whole source's.
+    info = {"samples_read": local, "malformed_skipped": data_stats.get("malformed", 0)}
     stats = getattr(extractor, "stats", None)  # only the LLM extractor keeps stats
     if stats is not None:
         info["llm_extraction"] = vars(stats)
@@ -719,6 +726,7 @@ def _report(cfg: StoreBuildConfig, out: Path, state: Path, world: int, times: di
         "store_images": store.num_images,
         "images_per_sample": n_spans / len(samples) if samples else 0.0,
         "spans": n_spans,
+        "rows_malformed_skipped": max((m.get("malformed_skipped", 0) for m in extract_markers), default=0),
         "images_rejected": len(rejected),
         "rejected_images": rejected[:100],
         "time_s": {**times, "total": total_s},
@@ -953,8 +961,26 @@ def _build_locked(cfg: StoreBuildConfig, out: Path, rank: int, world: int, t_sta
 
 
 def read_swap_dataset(path: str | os.PathLike) -> list[dict]:
-    """All samples of a swap dataset folder (``dataset/``), shard by shard in name order."""
-    return [row for part in _parts(Path(path)) for row in _read_jsonl(part)]
+    """All samples of a swap dataset folder (``dataset/``), shard by shard in name order.
+
+    Raises:
+        ValueError: a torn line or a bad span; names the shard file and line.
+    """
+    from tokenswap.data.schema import check_sample
+
+    rows = []
+    for part in _parts(Path(path)):
+        with open(part, encoding="utf-8", errors="strict") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{part} line {number}: not valid JSON ({e})") from None
+                check_sample(row, f"{part} line {number}")
+                rows.append(row)
+    return rows
 
 
 def load_swap_dataset(path: str | os.PathLike):
