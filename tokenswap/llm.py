@@ -425,6 +425,9 @@ class TransformersChatModel:
         from transformers import AutoConfig
         from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
+        from tokenswap.cli import require_model
+
+        require_model(self.model_path, "chat model checkpoint")
         config = AutoConfig.from_pretrained(self.model_path)
         self.is_vlm = config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")

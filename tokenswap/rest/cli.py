@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+
+from tokenswap.cli import looks_like_path, non_negative_int, positive_int, require_model, require_path
 
 __all__ = ["cli_main"]
 
@@ -26,11 +30,11 @@ def _parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build", help="write items and all renderings (REST + 10 REST+ variants)")
     build.add_argument("--source", required=True, choices=["mmlu", "arc", "gsm", "soebench"])
     build.add_argument("--data", help="hub id or local file/folder (not used for soebench)")
-    build.add_argument("--n", type=int, default=None, help="number of items (required for soebench)")
+    build.add_argument("--n", type=positive_int, default=None, help="number of items (required for soebench)")
     build.add_argument("--out", required=True, help="dataset folder")
     build.add_argument("--split", default=None, help="dataset split (default: test)")
     build.add_argument("--config", default=None, help="hub config (default: all / ARC-Challenge / main)")
-    build.add_argument("--seed", type=int, default=0, help="soebench generation seed")
+    build.add_argument("--seed", type=non_negative_int, default=0, help="soebench generation seed")
     build.add_argument("--color", default="red", help="colour of the coloured variant: name or R,G,B")
 
     ev = sub.add_parser("eval", help="generate in every modality, score RER/CFR/MMC, write report")
@@ -45,9 +49,9 @@ def _parser() -> argparse.ArgumentParser:
         help="also evaluate REST+ variants: all (flag alone) or a comma list such as mono_50,color_red",
     )
     ev.add_argument("--ocr", action="store_true", help="OCR control (CER, OCR-correct subset) and OCR-first")
-    ev.add_argument("--n", type=int, default=None, help="evaluate the first N items only")
-    ev.add_argument("--max-new-tokens", type=int, default=None, help="default 1024 (2048 for soebench)")
-    ev.add_argument("--batch-size", type=int, default=8)
+    ev.add_argument("--n", type=positive_int, default=None, help="evaluate the first N items only")
+    ev.add_argument("--max-new-tokens", type=positive_int, default=None, help="default 1024 (2048 for soebench)")
+    ev.add_argument("--batch-size", type=positive_int, default=8)
     return parser
 
 
@@ -67,8 +71,14 @@ def _build(args: argparse.Namespace) -> int:
 
         if not args.data:
             raise SystemExit(f"tokenswap rest build: --data (hub id or local path) is required for {args.source}")
+        if not os.path.exists(args.data) and looks_like_path(args.data):
+            raise FileNotFoundError(f"--data {args.data!r} does not exist (it looks like a path, not a hub id)")
         items, counts = load_source(args.source, args.data, n=args.n, split=args.split, config=args.config)
         extra["filter_counts"] = dict(counts)
+    if not items:
+        print(f"tokenswap rest build: error: {args.source} data {args.data!r} gave no items after the REST filters "
+              f"({dict(extra.get('filter_counts', {}))}); nothing written", file=sys.stderr)
+        return 1
     stats = build_rest_dataset(items, args.out, source=args.source, color=args.color, extra_meta=extra)
     print(f"rest build: {stats['written']} written, {stats['skipped']} already there, {stats['total']} in {args.out}")
     return 0
@@ -81,6 +91,9 @@ def _eval(args: argparse.Namespace) -> int:
     from tokenswap.rest.evaluate import run_rest_eval
     from tokenswap.testing import load_qwen2vl
 
+    require_path(args.data, "--data", kind="dir")
+    require_path(os.path.join(args.data, "meta.json"), "--data (a folder written by `tokenswap rest build`) file")
+    require_model(args.model)
     with open(f"{args.data}/meta.json") as f:
         built = json.load(f)["variants"]
     variants = [BASE_VARIANT]

@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from tokenswap.cli import looks_like_path
 from tokenswap.concepts import Concept, ConceptExtractor, validate_concepts
 from tokenswap.swap import unit_hash
 
@@ -853,16 +854,6 @@ def _check_plan(cfg: StoreBuildConfig, state: Path, world: int, rank: int) -> No
     )
 
 
-def _looks_like_path(path: str) -> bool:
-    # A hub id is "name" or "owner/name"; anything else that does not exist locally is a typo.
-    return (
-        path.startswith(("/", ".", "~"))
-        or path.count("/") > 1
-        or os.sep != "/" and os.sep in path
-        or Path(path).suffix.lower() in (".jsonl", ".json", ".parquet", ".txt", ".csv")
-    )
-
-
 def _validate_inputs(cfg: StoreBuildConfig) -> None:
     """Check the inputs a build reads before anything is written into its folder.
 
@@ -874,7 +865,7 @@ def _validate_inputs(cfg: StoreBuildConfig) -> None:
     """
     problems = []
     data = cfg.data.path
-    if data != FIXTURE and not os.path.exists(data) and _looks_like_path(data):
+    if data != FIXTURE and not os.path.exists(data) and looks_like_path(data):
         problems.append(f"`data.path` {data!r} does not exist")
     if cfg.extractor.vocabulary_file and not os.path.isfile(cfg.extractor.vocabulary_file):
         problems.append(f"`extractor.vocabulary_file` {cfg.extractor.vocabulary_file!r} does not exist")
@@ -887,7 +878,7 @@ def _validate_inputs(cfg: StoreBuildConfig) -> None:
         if llm_cfg is not None and llm_cfg.backend == "transformers":
             local.append((f"{llm_key}.model", llm_cfg.model))
     for key, value in local:
-        if not os.path.exists(value) and _looks_like_path(value):
+        if not os.path.exists(value) and looks_like_path(value):
             problems.append(f"`{key}` {value!r} does not exist")
     if problems:
         raise FileNotFoundError("; ".join(problems) + "; fix the path(s) and rerun (nothing was written)")

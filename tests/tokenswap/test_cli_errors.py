@@ -1,0 +1,40 @@
+"""CLI subcommands: missing inputs and bad counts are one clear line and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenswap.cli import main
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["rest", "build", "--source", "soebench", "--n", "-1", "--out", "{tmp}/r"], "argument --n: must be >= 1, got -1"),
+        (["rest", "build", "--source", "soebench", "--n", "0", "--out", "{tmp}/r"], "must be >= 1, got 0"),
+        (["rest", "build", "--source", "mmlu", "--data", "{tmp}/mmlu.parquet", "--out", "{tmp}/r"], "does not exist"),
+        (["rest", "eval", "--model", "{tmp}/ckpt", "--data", "{tmp}/nope", "--out", "{tmp}/o"], "--data '{tmp}/nope' does not exist"),
+        (["rest", "eval", "--model", "{tmp}/ckpt", "--data", "{tmp}/built", "--out", "{tmp}/o"],
+         "--model '{tmp}/ckpt' does not exist locally"),
+        (["rest", "eval", "--model", "m", "--data", "{tmp}/built", "--out", "{tmp}/o", "--batch-size", "-2"], "must be >= 1"),
+        (["build-store", "--config", "store_embedded.yaml", "output_dir={tmp}/b", "data.path={tmp}/typo.jsonl"],
+         "`data.path` '{tmp}/typo.jsonl' does not exist"),
+        (["build-store", "--config", "store_embedded.yaml", "output_dir={tmp}/b", "data.max_samples=-1"],
+         "`max_samples` must be >= 1"),
+    ],
+    ids=["rest-n-negative", "rest-n-zero", "rest-data-missing", "rest-eval-data-missing", "rest-eval-model-missing",
+         "rest-eval-batch-negative", "build-store-data-typo", "build-store-negative-limit"],
+)
+def test_missing_inputs_and_bad_counts_exit_2_with_one_clear_line(tmp_path, capsys, argv, message):
+    (tmp_path / "built").mkdir()
+    (tmp_path / "built" / "meta.json").write_text('{"variants": ["plain"]}')
+    try:
+        code = main([a.format(tmp=tmp_path) for a in argv])
+    except SystemExit as e:  # argparse's own usage errors exit 2 from inside the parser
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message.format(tmp=tmp_path) in err
+    assert "Traceback" not in err and "Repo id must" not in err
+    assert not (tmp_path / "r").exists() and not (tmp_path / "b" / "state").exists()
+
