@@ -128,7 +128,7 @@ def _open(fp, what: str, max_pixels: int) -> Image.Image:
         except Image.DecompressionBombError as e:
             raise BadImageError(f"{what}: refused before decoding as a decompression bomb ({e})") from None
         except Exception as e:  # noqa: BLE001 - see below
-            raise BadImageError(f"{what}: the image header does not parse ({type(e).__name__}: {e})") from None
+            raise BadImageError(f"{what}: the image does not decode, bad header ({type(e).__name__}: {e})") from None
         with image:  # closes the file on refusal too
             check_image_size(*image.size, what=what, max_pixels=max_pixels)
             try:

@@ -100,7 +100,7 @@ def test_truncated_unknown_missing_and_empty(tmp_path):
     with pytest.raises(BadImageError, match="cut.png: the image does not decode"):
         load_image(good[: len(good) // 2], what="cut.png")
     jpeg = _encode(_noise("RGB", (64, 64)), "JPEG")
-    with pytest.raises(BadImageError, match="cut.jpg: the image (does not decode|header does not parse)"):
+    with pytest.raises(BadImageError, match="cut.jpg: the image does not decode"):
         load_image(jpeg[:300], what="cut.jpg")
     with pytest.raises(BadImageError, match="notes.txt: not an image"):
         load_image(b"just some text, not an image" * 10, what="notes.txt")

@@ -5,19 +5,54 @@ runs the processor's own resize once per image and keeps the result losslessly (
 under ``<store>/prepared/<processor tag>/``); the collator then only rescales, normalizes and
 patchifies (``do_resize=False``). Every prepared image is checked to give exactly the pixels of
 the unprepared path before it is written, so the collator's output does not change.
+
+The copy is a cache, never the truth: file names are a safe encoding of the image id (an id
+holding ``../``, a separator or an absolute path cannot name a file outside the folder), and
+:func:`load_prepared` checks that a file is a uint8 ``(3, H, W)`` array at a size the processor
+could emit, raising :class:`PreparedImageError` otherwise so the caller falls back to the store
+image. A store image that cannot be used is left out (logged) instead of stopping the run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+import logging
+import re
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from tokenswap.images import BadImageError
 from tokenswap.store.image_store import ImageStore, atomic_write
 
-__all__ = ["load_prepared", "prepare_store", "prepared_dir", "processor_tag"]
+__all__ = ["PreparedImageError", "load_prepared", "prepare_store", "prepared_dir", "prepared_name", "processor_tag"]
+
+logger = logging.getLogger(__name__)
+
+_SAFE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+class PreparedImageError(ValueError):
+    """A prepared file that cannot be trusted (corrupt, wrong dtype or shape); use the store image instead."""
+
+
+def prepared_name(image_id: str) -> str:
+    """File name of an image's prepared copy; never a path outside the folder, whatever the id holds.
+
+    Store ids are content hashes (``image_id_of``) and keep their name. Any other id (``../x``,
+    ``/etc/x``, ``a/b``, ``.``, empty, too long) is named by its hash after a ``~``, a character
+    safe ids cannot contain, so the two kinds never collide.
+
+    >>> prepared_name("0123abcd0123abcd"), prepared_name("../../x")[:5]
+    ('0123abcd0123abcd.npy', '~9cdf')
+    """
+    if not isinstance(image_id, str):
+        raise PreparedImageError(f"image id must be a str, got {type(image_id).__name__}")
+    if _SAFE_ID.fullmatch(image_id):
+        return f"{image_id}.npy"
+    return f"~{hashlib.sha256(image_id.encode('utf-8', 'surrogatepass')).hexdigest()[:32]}.npy"
 
 
 def processor_tag(image_processor) -> str:
@@ -55,11 +90,17 @@ def prepare_store(store: ImageStore, image_processor, progress: bool = False) ->
 
     out = prepared_dir(store, image_processor)
     out.mkdir(parents=True, exist_ok=True)
+    skipped = 0
     for im in tqdm(list(store), desc="prepare store", disable=not progress):
-        path = out / f"{im.image_id}.npy"
+        path = out / prepared_name(im.image_id)
         if path.exists():
             continue
-        image = im.load()
+        try:
+            image = im.load()
+        except BadImageError as e:  # the collator keeps such a concept as text; nothing to prepare
+            skipped += 1
+            logger.warning("prepare_store: left out %s", e)
+            continue
         resized = _resize(image_processor, image)
         reference = image_processor(images=[image], return_tensors="pt")["pixel_values"]
         prepared = image_processor(images=[resized], do_resize=False, return_tensors="pt")["pixel_values"]
@@ -71,12 +112,43 @@ def prepare_store(store: ImageStore, image_processor, progress: bool = False) ->
         buf = io.BytesIO()
         np.save(buf, resized.numpy(), allow_pickle=False)
         atomic_write(path, buf.getvalue())
+    if skipped:
+        logger.warning("prepare_store: %d image(s) of %s do not decode and were left out", skipped, store.root)
     return out
 
 
-def load_prepared(folder: Path, image_id: str) -> torch.Tensor | None:
-    """The prepared (3, H, W) uint8 tensor of an image, or None if it was not prepared."""
-    path = folder / f"{image_id}.npy"
-    if not path.exists():
+def load_prepared(folder: Path, image_id: str, image_processor=None) -> torch.Tensor | None:
+    """The prepared (3, H, W) uint8 tensor of an image, or None if it was not prepared.
+
+    Args:
+        folder: the folder :func:`prepare_store` wrote.
+        image_id: the store image id.
+        image_processor: when given, H and W must also be a size its resize can emit (multiples of
+            ``patch_size · merge_size``, ``H·W`` within its pixel bounds).
+
+    Raises:
+        PreparedImageError: the file does not load as a plain array, or has the wrong dtype or shape;
+            the message names the file.
+    """
+    path = Path(folder) / prepared_name(image_id)
+    if not path.is_file():
         return None
-    return torch.from_numpy(np.load(path, allow_pickle=False))
+    try:
+        array = np.load(path, allow_pickle=False)
+    except Exception as e:  # noqa: BLE001 - numpy raises ValueError, OSError, EOFError or others on damaged files
+        raise PreparedImageError(f"{path} does not load ({type(e).__name__}: {e})") from None
+    if not isinstance(array, np.ndarray) or array.dtype != np.uint8 or array.ndim != 3 or array.shape[0] != 3:
+        got = f"{array.dtype} {array.shape}" if isinstance(array, np.ndarray) else type(array).__name__
+        raise PreparedImageError(f"{path} holds {got}, expected a uint8 (3, H, W) array")
+    h, w = array.shape[1:]
+    if image_processor is not None:
+        factor = image_processor.patch_size * image_processor.merge_size
+        size = image_processor.size
+        if h % factor or w % factor or not size.shortest_edge <= h * w <= size.longest_edge:
+            raise PreparedImageError(
+                f"{path} is {h}x{w}, not a size {type(image_processor).__name__} emits (multiples of {factor}, "
+                f"{size.shortest_edge}..{size.longest_edge} pixels); it was written for another processor"
+            )
+    elif h == 0 or w == 0:
+        raise PreparedImageError(f"{path} is {h}x{w}, an empty image")
+    return torch.from_numpy(array)
