@@ -4,7 +4,22 @@ Two scorers:
 
 * ``generate``: the official protocol (greedy decoding, strict-match of the last A-D letter);
 * ``loglik``: one forward pass per batch, the answer is the option letter whose next-token
-  log-probability is highest. Cheap enough to run inside a training loop.
+  log-probability is highest. Cheap enough to run inside a training loop. The probability of a
+  letter is that of ``"X"`` plus that of ``" X"`` (both are how a reply can start; the release's
+  strict match accepts either), summed in probability space (logsumexp of the log-probs).
+
+Two recognition controls (``recognition=True``), both over the same 4 candidate concept names
+per swapped image (:func:`tokenswap.eval.recognition.recognition_items`):
+
+* ``recognition_naming``: the question the model learned to answer about a picture: the naming
+  prompt (``<image>`` + "What is shown in the picture?") is followed by each candidate answer
+  ("A {name}."), and the candidate with the highest total log-likelihood wins. It measures
+  whether the model knows what the picture shows, without needing any other skill.
+* ``recognition_mc``: a 4-way multiple-choice question with the picture inside it, scored like the
+  bench. Answering it already needs the skill the gap measures (using a picture inside a
+  question), so it is a confounded control; it is kept beside the naming form for comparison.
+
+The recognition-controlled gap is over items whose images were all recognized in naming form.
 
 Gap = acc_text - acc_interleaved; relative gap = gap / acc_text; both overall and by number of
 swapped images. Model inputs are built once per evaluator (the held-out set is fixed) and reused
@@ -28,9 +43,11 @@ import torch
 
 from tokenswap.eval.generation import build_inputs, generate_from_inputs
 from tokenswap.eval.mc import (
+    IMAGE_TAG,
     LETTERS,
     MCItem,
     PromptMode,
+    _as_rgb,
     build_conversation,
     extract_answer,
     format_prompt,
@@ -39,9 +56,24 @@ from tokenswap.eval.mc import (
 )
 from tokenswap.eval.recognition import recognition_items
 
-__all__ = ["GapEvaluator", "GapResult", "GapStats", "Scorer", "letter_token_ids", "summarize"]
+__all__ = ["NAMING_ANSWER", "NAMING_PROMPT", "GapEvaluator", "GapResult", "GapStats", "Scorer", "letter_token_ids",
+           "summarize"]
 
 Scorer = Literal["loglik", "generate"]
+# The naming-form recognition control's turn and candidate reply (the demo trains exactly this pair).
+NAMING_PROMPT = "<image 1>\nWhat is shown in the picture?"
+NAMING_ANSWER = "A {concept}."
+
+
+def _naming_content(prompt: str, image) -> list[dict]:
+    """The naming prompt as chat content parts (``<image 1>`` becomes the picture)."""
+    parts: list[dict] = []
+    for part in IMAGE_TAG.split(prompt):
+        if IMAGE_TAG.fullmatch(part):
+            parts.append({"type": "image", "image": image})
+        elif part:
+            parts.append({"type": "text", "text": part})
+    return parts
 
 
 # ----------------------------------------------------------------------------- results
@@ -95,9 +127,15 @@ class GapResult:
         by_images: stats per number of swapped images.
         items: one record per item (id, subject, answer, num_images, predictions, correctness,
             responses for ``generate``, ``recognized`` with the recognition control).
-        recognition_acc: identification accuracy over all swapped images (None without the control).
-        recognition_n: number of identification items.
-        controlled: stats over the items whose images were all identified (None without the control).
+        recognition_mc: multiple-choice identification accuracy over all swapped images (None
+            without the control).
+        recognition_naming: naming-form identification accuracy (log-likelihood of the 4 candidate
+            names after the naming prompt), over the same images (None without the control).
+        recognition_n: number of distinct pictures identified.
+        controlled: stats over the items whose images were all identified in naming form (MC form
+            when no naming records were given; None without the control).
+        recognition: one record per distinct picture (the items showing it, picture id, concept, the MC prediction and
+            ``correct_mc``, the naming prediction, its candidate log-likelihoods and ``correct_naming``).
     """
 
     scorer: str
@@ -105,9 +143,11 @@ class GapResult:
     overall: GapStats
     by_images: dict[int, GapStats]
     items: list[dict] = field(repr=False)
-    recognition_acc: float | None = None
+    recognition_mc: float | None = None
+    recognition_naming: float | None = None
     recognition_n: int = 0
     controlled: GapStats | None = None
+    recognition: list[dict] = field(default_factory=list, repr=False)
 
     @property
     def acc_text(self) -> float:
@@ -130,8 +170,10 @@ class GapResult:
         out = self.overall.metrics(prefix)
         for k, stats in sorted(self.by_images.items()):
             out.update(stats.metrics(f"{prefix}images_{k}/"))
-        if self.recognition_acc is not None:
-            out[f"{prefix}recognition_acc"] = self.recognition_acc
+        if self.recognition_mc is not None:
+            out[f"{prefix}recognition_mc"] = self.recognition_mc
+        if self.recognition_naming is not None:
+            out[f"{prefix}recognition_naming"] = self.recognition_naming
         if self.controlled is not None:
             out.update(self.controlled.metrics(f"{prefix}controlled/"))
         return out
@@ -153,10 +195,12 @@ class GapResult:
             "prompt": self.prompt,
             **asdict(self.overall),
             "by_images": {k: asdict(s) for k, s in sorted(self.by_images.items())},
-            "recognition_acc": self.recognition_acc,
+            "recognition_mc": self.recognition_mc,
+            "recognition_naming": self.recognition_naming,
             "recognition_n": self.recognition_n,
             "controlled": None if self.controlled is None else asdict(self.controlled),
             "items": self.items,
+            "recognition": self.recognition,
         }
         return clean(d)
 
@@ -179,23 +223,32 @@ class GapResult:
             lines.append(
                 f"| {name} | {s.n} | {fmt(s.acc_text)} | {fmt(s.acc_interleaved)} | {fmt(s.gap)} | {fmt(s.rel_gap)} |"
             )
-        if self.recognition_acc is not None:
+        if self.recognition_mc is not None:
             lines += [
                 "",
-                f"Concept identification accuracy: {fmt(self.recognition_acc)} over {self.recognition_n} images",
+                f"Concept identification over {self.recognition_n} images: naming form "
+                f"{fmt(self.recognition_naming)}, multiple-choice form {fmt(self.recognition_mc)} (chance 0.25)",
             ]
         return "\n".join(lines) + "\n"
 
 
-def summarize(scorer: str, prompt: str, items: list[dict], recognition: Sequence[dict] | None = None) -> GapResult:
+def summarize(
+    scorer: str,
+    prompt: str,
+    items: list[dict],
+    recognition: Sequence[dict] | None = None,
+    naming: Sequence[dict] | None = None,
+) -> GapResult:
     """Aggregate per-item records into a :class:`GapResult`.
 
     Args:
         scorer: scorer name (recorded).
         prompt: prompt mode (recorded).
         items: records with ``num_images``, ``correct_text``, ``correct_interleaved``.
-        recognition: identification records ``{"item": index into items, "correct": bool}``;
-            an item counts as recognized when all of its records are correct.
+        recognition: multiple-choice identification records ``{"item": index into items, "correct": bool}``
+            (or ``"items": [indices]`` for a picture several items show).
+        naming: naming-form identification records, same shape. An item counts as recognized when
+            all of its naming records (its MC records when ``naming`` is None) are correct.
     """
     by: dict[int, list[dict]] = {}
     for r in items:
@@ -207,14 +260,23 @@ def summarize(scorer: str, prompt: str, items: list[dict], recognition: Sequence
         by_images={k: GapStats.of(v) for k, v in sorted(by.items())},
         items=items,
     )
+    def share(records: Sequence[dict]) -> float:
+        return sum(r["correct"] for r in records) / len(records) if records else math.nan
+
     if recognition is not None:
+        result.recognition_n = len(recognition)
+        result.recognition_mc = share(recognition)
+    if naming is not None:
+        result.recognition_n = len(naming)
+        result.recognition_naming = share(naming)
+    control = naming if naming is not None else recognition
+    if control is not None:
         ok = [True] * len(items)
-        for r in recognition:
-            ok[r["item"]] = ok[r["item"]] and bool(r["correct"])
+        for r in control:
+            for i in r.get("items", [r.get("item")]):
+                ok[i] = ok[i] and bool(r["correct"])
         for r, flag in zip(items, ok):
             r["recognized"] = flag
-        result.recognition_n = len(recognition)
-        result.recognition_acc = sum(r["correct"] for r in recognition) / len(recognition) if recognition else math.nan
         result.controlled = GapStats.of([r for r, flag in zip(items, ok) if flag])
     return result
 
@@ -254,15 +316,21 @@ def letter_token_ids(tokenizer) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class _Unit:
-    """One conversation to score. ``key`` is None for a padding repeat."""
+    """One conversation to score: an MC prompt, or (``key[0] == "naming"``) one candidate name of a
+    recognition item after the naming prompt (``candidate`` indexes its choices)."""
 
-    key: tuple[str, int] | None
+    key: tuple[str, int]
     item: MCItem
     shots: tuple[MCItem, ...] = ()
+    candidate: int = -1
 
     @property
     def has_images(self) -> bool:
         return any(x.num_images for x in (*self.shots, self.item))
+
+    @property
+    def naming(self) -> bool:
+        return self.key[0] == "naming"
 
 
 # ----------------------------------------------------------------------------- evaluator
@@ -282,9 +350,11 @@ class GapEvaluator:
         k: number of shots.
         batch_size: conversations per forward/generate call (left padded).
         max_new_tokens: generation budget (the release uses 2048; 128 for Qwen2.5-VL).
-        recognition: also score the concept-identification control (needs ``concepts`` on the
-            interleaved items).
-        recognition_seed: seed of the control's distractors.
+        recognition: also score the concept-identification controls, naming form and
+            multiple-choice form (needs ``concepts`` on the interleaved items).
+        recognition_seed: seed of the controls' distractors.
+        naming_prompt: the naming-form control's user turn; ``<image 1>`` is the picture.
+        naming_answer: the candidate reply scored after it; ``{concept}`` is the candidate name.
         progress: tqdm bar on rank 0.
 
     Ranks and world size come from ``accelerate.PartialState``: create the ``Accelerator`` (or
@@ -310,6 +380,8 @@ class GapEvaluator:
         max_new_tokens: int = 128,
         recognition: bool = False,
         recognition_seed: int = 0,
+        naming_prompt: str = NAMING_PROMPT,
+        naming_answer: str = NAMING_ANSWER,
         progress: bool = True,
     ):
         if scorer not in ("loglik", "generate"):
@@ -325,6 +397,12 @@ class GapEvaluator:
         if not pairs:
             raise ValueError("GapEvaluator needs at least one (text, interleaved) pair")
         pair_ids_match(pairs)
+        if "{concept}" not in naming_answer:
+            raise ValueError(f"naming_answer must contain '{{concept}}' (the candidate name), got {naming_answer!r}")
+        if "<image 1>" not in naming_prompt:
+            raise ValueError(f"naming_prompt must contain '<image 1>' (the picture), got {naming_prompt!r}")
+        self.naming_prompt = naming_prompt
+        self.naming_answer = naming_answer
         self.processor = processor
         self.pairs = list(pairs)
         self.scorer = scorer
@@ -348,8 +426,22 @@ class GapEvaluator:
         self.recognition = (
             recognition_items([i for _, i in self.pairs], seed=recognition_seed) if recognition else None
         )
-        for j, (_, _, item) in enumerate(self.recognition or ()):
+        # Each distinct picture is scored once (a bench asks many questions about one picture).
+        self.pictures: list[MCItem] = []
+        self.items_of_picture: list[list[int]] = []
+        index: dict[str, int] = {}
+        for item_index, _, item in self.recognition or ():
+            if item.id not in index:
+                index[item.id] = len(self.pictures)
+                self.pictures.append(item)
+                self.items_of_picture.append([])
+            if item_index not in self.items_of_picture[index[item.id]]:
+                self.items_of_picture[index[item.id]].append(item_index)
+        for j, item in enumerate(self.pictures):
             self.units.append(_Unit(("recognition", j), item))
+        for j, item in enumerate(self.pictures):
+            for c in range(len(item.choices)):
+                self.units.append(_Unit(("naming", 4 * j + c), item, candidate=c))
         self._batches: list[tuple[list[int | None], object]] | None = None
         self._built_for: tuple[int, int] | None = None
 
@@ -362,8 +454,11 @@ class GapEvaluator:
         same modules as the other ranks' calls and its result is dropped.
         """
         batches: list[list[tuple[int, bool]]] = []
-        for has_images in (False, True):
-            pool = [u for u, unit in enumerate(self.units) if unit.has_images == has_images]
+        # Naming units are their own pool: they need logits over a whole reply, not one next token.
+        for naming, has_images in ((False, False), (False, True), (True, True)):
+            pool = [
+                u for u, unit in enumerate(self.units) if unit.has_images == has_images and unit.naming == naming
+            ]
             if not pool:
                 continue
             # Similar lengths side by side: less left padding per batch.
@@ -377,9 +472,42 @@ class GapEvaluator:
     def _build(self, rank: int, world: int) -> None:
         self._batches = []
         for slots in self._shard(rank, world):
+            idx = [u if real else None for u, real in slots]
+            if self.units[slots[0][0]].naming:
+                self._batches.append((idx, self._naming_inputs([self.units[u] for u, _ in slots])))
+                continue
             convs = [build_conversation(self.units[u].item, self.prompt, self.units[u].shots) for u, _ in slots]
-            self._batches.append(([u if real else None for u, real in slots], build_inputs(self.processor, convs)))
+            self._batches.append((idx, build_inputs(self.processor, convs)))
         self._built_for = (rank, world)
+
+    def _naming_inputs(self, units: Sequence[_Unit]):
+        """Left-padded naming prompt + candidate reply per unit; ``reply_len`` counts each reply's tokens."""
+        tokenizer = self.processor.tokenizer
+        prompts, fulls, images = [], [], []
+        for unit in units:
+            image = _as_rgb(unit.item.images[1])
+            conv = [{"role": "user", "content": _naming_content(self.naming_prompt, image)}]
+            prompt = self.processor.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+            prompts.append(prompt)
+            fulls.append(prompt + self.naming_answer.format(concept=unit.item.choices[unit.candidate]))
+            images.append(image)
+        reply_len = []
+        for prompt, full in zip(prompts, fulls):
+            p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            f_ids = tokenizer(full, add_special_tokens=False)["input_ids"]
+            if f_ids[: len(p_ids)] != p_ids or len(f_ids) == len(p_ids):
+                raise ValueError(
+                    f"the naming reply {full[len(prompt):]!r} does not tokenize as its own tokens after the prompt; "
+                    "pick a naming_answer that starts a new token (e.g. 'A {concept}.')"
+                )
+            reply_len.append(len(f_ids) - len(p_ids))
+        side = tokenizer.padding_side
+        tokenizer.padding_side = "left"  # replies end every row, so the last positions hold them
+        try:
+            batch = self.processor(text=fulls, images=images, padding=True, return_tensors="pt")
+        finally:
+            tokenizer.padding_side = side
+        return batch, reply_len
 
     # -- scoring -----------------------------------------------------------------
 
@@ -389,6 +517,16 @@ class GapEvaluator:
         logprobs = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1)  # (B, V)
         scores = torch.stack([torch.logsumexp(logprobs[:, ids], dim=-1) for ids in self.letter_ids], dim=-1)  # (B, 4)
         return [LETTERS[i] for i in scores.argmax(dim=-1).tolist()]
+
+    @torch.no_grad()
+    def _naming_loglik(self, model, built) -> list[float]:
+        batch, reply_len = built
+        keep = max(reply_len) + 1
+        out = model(**batch.to(model.device), use_cache=False, logits_to_keep=keep)
+        logprobs = torch.log_softmax(out.logits[:, :-1, :].float(), dim=-1)  # position k predicts token k+1
+        targets = batch["input_ids"][:, -keep + 1 :]
+        token_lp = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, keep-1)
+        return [float(token_lp[row, token_lp.shape[1] - n :].sum()) for row, n in enumerate(reply_len)]
 
     def evaluate(self, model) -> GapResult:
         """Score every pair (and recognition item) with ``model``; all ranks must call this.
@@ -408,13 +546,15 @@ class GapEvaluator:
             self._build(state.process_index, state.num_processes)
         was_training = model.training
         model.eval()
-        local: list[tuple[int, str | None, str | None]] = []
+        local: list[tuple[int, str | float | None, str | None]] = []
         try:
             bar = tqdm(
                 self._batches, desc=f"gap eval ({self.scorer})", disable=not (self.progress and state.is_main_process)
             )
             for idx, batch in bar:
-                if self.scorer == "loglik":
+                if isinstance(batch, tuple):  # naming units: a score per candidate
+                    preds, responses = self._naming_loglik(model, batch), [None] * len(idx)
+                elif self.scorer == "loglik":
                     preds, responses = self._loglik(model, batch), [None] * len(idx)
                 else:
                     responses = generate_from_inputs(model, self.processor, batch, self.max_new_tokens)
@@ -425,7 +565,7 @@ class GapEvaluator:
         gathered = sorted(gather_object(local) if state.num_processes > 1 else local, key=lambda t: t[0])
         return self._summarize({u: (p, r) for u, p, r in gathered})
 
-    def _summarize(self, outputs: dict[int, tuple[str | None, str | None]]) -> GapResult:
+    def _summarize(self, outputs: dict[int, tuple[str | float | None, str | None]]) -> GapResult:
         if len(outputs) != len(self.units):
             raise RuntimeError(
                 f"gap eval gathered {len(outputs)} results for {len(self.units)} units; a rank is missing"
@@ -447,18 +587,21 @@ class GapEvaluator:
             if self.scorer == "generate":
                 rec["response_text"], rec["response_interleaved"] = rt, ri
             records.append(rec)
-        recognition = None
+        recognition = naming = None
         if self.recognition is not None:
-            recognition = []
-            for j, (item_index, tag, item) in enumerate(self.recognition):
-                pred = outputs[2 * len(self.pairs) + j][0]
-                recognition.append(
-                    {
-                        "item": item_index,
-                        "tag": tag,
-                        "concept": item.concepts[1],
-                        "pred": pred,
-                        "correct": pred == item.letter,
-                    }
-                )
-        return summarize(self.scorer, self.prompt, records, recognition)
+            recognition, naming = [], []
+            base = 2 * len(self.pairs)
+            n_rec = len(self.pictures)
+            for j, item in enumerate(self.pictures):
+                pred = outputs[base + j][0]
+                common = {"items": self.items_of_picture[j], "picture": item.id, "concept": item.concepts[1]}
+                recognition.append({**common, "pred": pred, "correct": pred == item.letter})
+                scores = [outputs[base + n_rec + 4 * j + c][0] for c in range(len(item.choices))]
+                best = max(range(len(scores)), key=lambda c: scores[c])
+                naming.append({**common, "pred": item.choices[best], "loglik": scores, "correct": best == item.answer})
+        result = summarize(self.scorer, self.prompt, records, recognition, naming)
+        for mc, nm in zip(recognition or (), naming or ()):
+            result.recognition.append({**{k: mc[k] for k in ("items", "picture", "concept")}, "pred_mc": mc["pred"],
+                                       "correct_mc": mc["correct"], "pred_naming": nm["pred"],
+                                       "loglik_naming": nm["loglik"], "correct_naming": nm["correct"]})
+        return result

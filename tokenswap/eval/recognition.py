@@ -1,30 +1,46 @@
 """Recognition control: can the evaluated model tell which concept each swapped image shows?
 
 The TokenSwap paper checks image recognisability with humans and a Gemini proxy only, never
-with the model whose gap it reports. For every swapped image we build a 4-choice item ("which
-concept does this image show?", the human check's format) whose distractors are other concepts
-of the same evaluation set, chosen and ordered deterministically with
-:func:`tokenswap.swap.unit_hash`. The evaluator scores these items with the same scorer and
-prompt template, reports identification accuracy next to the gap, and a recognition-controlled
-gap over the items whose images were all identified.
+with the model whose gap it reports. For every distinct swapped picture we build a 4-choice item
+("which concept does this image show?", the human check's format) whose distractors are other
+concepts of the same evaluation set, chosen and ordered deterministically with
+:func:`tokenswap.swap.unit_hash` from the picture's bytes and its concept name, so the same picture
+gets the same item wherever it appears. The evaluator scores each distinct picture once, in naming
+form and multiple-choice form (see :mod:`tokenswap.eval.gap`), reports identification accuracy
+next to the gap, and a recognition-controlled gap over the items whose images were all identified.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 from tokenswap.concepts import normalize_concept
 from tokenswap.eval.mc import MCItem, image_tags
 from tokenswap.swap import unit_hash
 
-__all__ = ["RECOGNITION_QUESTION", "RECOGNITION_SUBJECT", "recognition_items"]
+__all__ = ["RECOGNITION_QUESTION", "RECOGNITION_SUBJECT", "picture_digest", "recognition_items"]
 
 RECOGNITION_SUBJECT = "concept_identification"
 RECOGNITION_QUESTION = "<image 1>\nWhich concept does this image show?"
 
 
+def picture_digest(image) -> str:
+    """A stable hex digest of a picture (encoded bytes as stored, or a PIL image's mode, size and pixels)."""
+    h = hashlib.blake2b(digest_size=8)
+    if isinstance(image, bytes):
+        h.update(image)
+    else:
+        h.update(f"{image.mode}{image.size}".encode())
+        h.update(image.tobytes())
+    return h.hexdigest()
+
+
 def recognition_items(interleaved: Sequence[MCItem], seed: int = 0) -> list[tuple[int, int, MCItem]]:
     """One identification item per swapped image of each interleaved item.
+
+    Items whose pictures have the same bytes and concept name are equal (same id, choices, answer),
+    so a caller can score each distinct picture once.
 
     Args:
         interleaved: interleaved items with ``concepts`` filled for every tag.
@@ -59,8 +75,9 @@ def recognition_items(interleaved: Sequence[MCItem], seed: int = 0) -> list[tupl
     out = []
     for (i, tag), name in names.items():
         item = interleaved[i]
-        others = sorted((c for c in pool if c != name), key=lambda c: unit_hash(seed, item.id, tag, c, "distractor"))
-        position = int(unit_hash(seed, item.id, tag, "position") * 4)
+        picture = f"{name}#{picture_digest(item.images[tag])}"
+        others = sorted((c for c in pool if c != name), key=lambda c: unit_hash(seed, picture, c, "distractor"))
+        position = int(unit_hash(seed, picture, "position") * 4)
         choices = others[:3]
         choices.insert(position, name)
         out.append(
@@ -68,7 +85,7 @@ def recognition_items(interleaved: Sequence[MCItem], seed: int = 0) -> list[tupl
                 i,
                 tag,
                 MCItem(
-                    id=f"{item.id}#image{tag}",
+                    id=picture,
                     subject=RECOGNITION_SUBJECT,
                     question=RECOGNITION_QUESTION,
                     choices=choices,

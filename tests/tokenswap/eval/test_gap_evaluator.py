@@ -56,18 +56,94 @@ def test_cached_inputs_are_reused(b_model, make_pairs):
 
 
 def test_recognition_control_on_always_b(b_model, make_pairs):
+    from dataclasses import replace
+
     model, processor = b_model
     pairs = make_pairs(8)
+    # Two more questions showing the same pictures (as a bench asks several questions per concept).
+    pairs += [(replace(t, id=t.id + "b"), replace(i, id=i.id + "b")) for t, i in pairs[4:6]]
     result = GapEvaluator(processor, pairs, recognition=True, batch_size=4, progress=False).evaluate(model)
     rec = recognition_items([i for _, i in pairs])
-    assert result.recognition_n == len(rec) == sum(i.num_images for _, i in pairs)
-    # The model always says B: an image is "identified" iff its target sits at position B.
-    identified = [r.answer == 1 for _, _, r in rec]
-    assert result.recognition_acc == sum(identified) / len(identified)
-    recognized = [all(ok for (i, _, _), ok in zip(rec, identified) if i == j) for j in range(len(pairs))]
+    pictures = list(dict.fromkeys(r.id for _, _, r in rec))  # one per distinct (picture, concept)
+    assert len(rec) == sum(i.num_images for _, i in pairs) > len(pictures)
+    assert result.recognition_n == len(pictures) == len(result.recognition)
+    assert [r["picture"] for r in result.recognition] == pictures
+    # The model always says B: a picture is "identified" iff its target sits at position B.
+    answer = {r.id: r.answer for _, _, r in rec}
+    identified = [answer[p] == 1 for p in pictures]
+    assert result.recognition_mc == sum(identified) / len(identified)
+    assert [r["correct_mc"] for r in result.recognition] == identified
+    # The controlled subset follows the naming form: items whose pictures were all named right.
+    named = {r["picture"]: r["correct_naming"] for r in result.recognition}
+    assert result.recognition_naming == sum(named.values()) / len(named)
+    recognized = [all(named[r.id] for i, _, r in rec if i == j) for j in range(len(pairs))]
     assert [r["recognized"] for r in result.items] == recognized
     assert result.controlled.n == sum(recognized)
-    assert "gap/recognition_acc" in result.metrics() and "gap/controlled/abs" in result.metrics()
+    metrics = result.metrics()
+    for key in ("gap/recognition_mc", "gap/recognition_naming", "gap/controlled/abs"):
+        assert key in metrics
+
+
+def test_naming_recognition_scores_each_reply_like_a_plain_forward(b_model, make_pairs):
+    """The batched, left-padded naming scores equal log p(reply | naming prompt) from one unpadded forward."""
+    import torch
+
+    from tokenswap.eval.gap import NAMING_ANSWER, NAMING_PROMPT
+
+    model, processor = b_model
+    pairs = make_pairs(5)
+    result = GapEvaluator(processor, pairs, recognition=True, batch_size=3, progress=False).evaluate(model)
+    rec = recognition_items([i for _, i in pairs])
+    tok = processor.tokenizer
+    item_of = {r.id: r for _, _, r in rec}
+    for record in result.recognition:
+        item = item_of[record["picture"]]
+        image = Image.open(__import__("io").BytesIO(item.images[1])) if isinstance(item.images[1], bytes) else item.images[1]
+        text = NAMING_PROMPT.split("<image 1>")[1]
+        conv = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": text}]}]
+        prompt = processor.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+        expected = []
+        for name in item.choices:
+            full = prompt + NAMING_ANSWER.format(concept=name)
+            n = len(tok(full)["input_ids"]) - len(tok(prompt)["input_ids"])
+            batch = processor(text=[full], images=[image.convert("RGB")], return_tensors="pt")
+            with torch.no_grad():
+                logits = model(**batch).logits[0, :-1].float().log_softmax(-1)
+            ids = batch["input_ids"][0, 1:]
+            expected.append(float(logits[-n:].gather(-1, ids[-n:, None]).sum()))
+        assert record["loglik_naming"] == pytest.approx(expected, abs=2e-4)
+        assert record["pred_naming"] == item.choices[max(range(4), key=expected.__getitem__)]
+        assert record["correct_naming"] == (record["pred_naming"] == item.choices[item.answer])
+
+
+def test_naming_recognition_finds_the_name_a_model_was_taught(tiny_qwen2vl, make_pairs):
+    """Teach the tiny model to reply "A cat." to the naming prompt for one picture: naming recognition finds it."""
+    import torch
+
+    from tokenswap.eval.gap import NAMING_ANSWER, NAMING_PROMPT
+
+    model, processor = load_qwen2vl(tiny_qwen2vl)
+    pairs = make_pairs(6)
+    rec = recognition_items([i for _, i in pairs])
+    ev = GapEvaluator(processor, pairs, recognition=True, batch_size=8, progress=False)
+    # Train on the evaluator's own candidate rows: the right name of every picture, via its labels.
+    units = [u for u in ev.units if u.naming and u.candidate == u.item.answer]
+    batch, reply_len = ev._naming_inputs(units)
+    labels = torch.full_like(batch["input_ids"], -100)
+    for row, n in enumerate(reply_len):
+        labels[row, -n:] = batch["input_ids"][row, -n:]
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(60):
+        loss = model(**batch, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    result = ev.evaluate(model)
+    assert NAMING_PROMPT and NAMING_ANSWER
+    assert result.recognition_n == len({r.id for _, _, r in rec})
+    assert result.recognition_naming == 1.0, result.recognition
 
 
 def test_recognition_items_are_deterministic_with_distinct_choices(make_pairs):
@@ -103,7 +179,7 @@ def test_summarize_controlled_gap_on_constructed_records():
     r = summarize("loglik", "zero_shot", items, recognition)
     assert r.overall == GapStats(4, 0.75, 0.25, 0.5, 0.5 / 0.75)
     assert r.by_images[2] == GapStats(2, 1.0, 0.5, 0.5, 0.5)
-    assert r.recognition_acc == 4 / 6
+    assert r.recognition_mc == 4 / 6
     assert r.controlled == GapStats(2, 0.5, 0.5, 0.0, 0.0)  # items 1 and 3
 
 
@@ -172,4 +248,9 @@ def test_two_process_cpu_equals_single_process(tiny_qwen2vl, tmp_path, make_pair
     assert proc.returncode == 0, proc.stderr[-3000:]
     dist = json.loads(dest.read_text())
     assert dist.pop("world") == 2
-    assert dist == json.loads(json.dumps(single))
+    single = json.loads(json.dumps(single))
+    for scorer in ("loglik", "generate"):
+        # Naming log-likelihoods are sums of floats over differently padded batches: equal to rounding.
+        for a, b in zip(dist[scorer]["recognition"], single[scorer]["recognition"]):
+            assert a.pop("loglik_naming") == pytest.approx(b.pop("loglik_naming"), abs=1e-4)
+    assert dist == single
