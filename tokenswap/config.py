@@ -145,9 +145,14 @@ def _build(cls: type[T], data: dict, prefix: str, problems: list[str]) -> T:
     kwargs = {}
     for key, value in data.items():
         if key not in fields:
+            owned = getattr(cls, "OWNED", {})
+            if key in owned:
+                problems.append(f"`{prefix}{key}` is set by the recipe: {owned[key]}")
+                continue
             close = difflib.get_close_matches(key, fields, n=1)
             hint = f"; did you mean `{prefix}{close[0]}`?" if close else ""
-            problems.append(f"unknown key `{prefix}{key}` for {cls.__name__}{hint} (valid: {', '.join(fields)})")
+            valid = ", ".join(fields) if len(fields) <= 30 else "see --help for all of them"
+            problems.append(f"unknown key `{prefix}{key}` for {cls.__name__}{hint} (valid: {valid})")
             continue
         kwargs[key] = _coerce(value, hints[key], prefix + key, problems)
     for name, f in fields.items():

@@ -318,6 +318,10 @@ def build_training_arguments(train, run: RunConfig, **recipe: Any):
     from tokenswap.config import ConfigError
 
     kwargs = {f.name: getattr(train, f.name) for f in dataclasses.fields(train)}
+    if kwargs.get("use_liger_kernel") and importlib.util.find_spec("liger_kernel") is None:
+        # liger-kernel 0.8.5 patches every family tokenswap supports (qwen2_vl ... qwen3_5_moe); it needs Triton + CUDA.
+        print("error: train.use_liger_kernel needs liger-kernel: pip install 'tokenswap[gpu]'", file=sys.stderr)
+        raise SystemExit(2)
     if kwargs.get("deepspeed"):
         os.environ.setdefault("ACCELERATE_USE_DEEPSPEED", "true")
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -589,8 +593,8 @@ def _quantization_config(cfg: ModelConfig):
         )
     if not torch.cuda.is_available() and not _bnb_supports_cpu():
         raise RuntimeError(
-            "model.load_in_4bit: this bitsandbytes build has no CPU 4-bit kernels and no CUDA device is present; "
-            "run on a GPU or upgrade bitsandbytes (pip install -U 'bitsandbytes>=0.48')"
+            "model.load_in_4bit: no CUDA device, and this bitsandbytes is older than 0.50 (the first with the CPU "
+            "4-bit path tokenswap tests); run on a GPU or pip install -U 'bitsandbytes>=0.50'"
         )
     from transformers import BitsAndBytesConfig
 
@@ -601,7 +605,7 @@ def _quantization_config(cfg: ModelConfig):
         bnb_4bit_use_double_quant=True,
         bnb_4bit_compute_dtype=compute,
         # ViT and lm_head are a small share of the weights and quantise badly; the merger must stay trainable.
-        llm_int8_skip_modules=["visual", "lm_head"],
+        llm_int8_skip_modules=["model.visual", "lm_head"],
     )
 
 
@@ -609,7 +613,7 @@ def _bnb_supports_cpu() -> bool:
     from importlib.metadata import version
 
     major, minor = (int(x) for x in version("bitsandbytes").split(".")[:2])
-    return (major, minor) >= (0, 48)
+    return (major, minor) >= (0, 50)  # the CPU 4-bit path tokenswap's tests run (tested with 0.50.2)
 
 
 def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None, seed: int | None = None):
@@ -637,7 +641,14 @@ def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None, s
     from tokenswap.families import family_of
 
     _check_model_path(cfg.name_or_path)
-    family = family_of(AutoConfig.from_pretrained(cfg.name_or_path).model_type)
+    try:
+        config = AutoConfig.from_pretrained(cfg.name_or_path)
+    except OSError as e:
+        raise FileNotFoundError(
+            f"model.name_or_path {cfg.name_or_path!r} is neither a local checkpoint folder (cwd {os.getcwd()}) "
+            f"nor loadable as a hub id: {str(e).splitlines()[0]}"
+        ) from None
+    family = family_of(config.model_type)
     processor = AutoProcessor.from_pretrained(cfg.name_or_path, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
     weights = resume_from if resume_from is not None and cfg.lora is None else cfg.name_or_path
     extra = {"quantization_config": _quantization_config(cfg)} if cfg.load_in_4bit else {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from tokenswap.config import load_config
+from tokenswap.training import COMPLETE_MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = ROOT / "tests" / "assets"
@@ -31,6 +33,11 @@ def overrides(out, model, store, *extra):
 def post_overrides(out, model, store, *extra):
     return overrides(out, model, store, f"data.llava_json={ASSETS / 'llava_tiny.json'}",
                      f"data.llava_image_root={ASSETS / 'images'}", *extra)
+
+
+def data_stats(out: Path) -> dict:
+    """swap_stats.json without the pixel-cache counters, which depend on what the process had cached."""
+    return {k: v for k, v in json.loads((out / "swap_stats.json").read_text()).items() if k != "image_decodes"}
 
 
 def losses(out: Path) -> list[float]:
@@ -86,11 +93,53 @@ def test_resume_reproduces_uninterrupted_losses(post, tiny_qwen2vl, tiny_store, 
     part = tmp_path / "part"
     post.main(load_config(post.PostTrainConfig, "tiny/post_tokenswap.yaml",
                           post_overrides(part, tiny_qwen2vl, store, "train.max_steps=2")))
-    assert (part / "checkpoint-2").is_dir()
+    assert (part / "checkpoint-2" / COMPLETE_MARKER).is_file()
     post.main(load_config(post.PostTrainConfig, "tiny/post_tokenswap.yaml",
                           post_overrides(part, tiny_qwen2vl, store, "train.resume_from_checkpoint=latest")))
     resumed = losses(part)
     torch.testing.assert_close(torch.tensor(resumed[-2:]), torch.tensor(losses(full)[-2:]), rtol=1e-5, atol=1e-5)
+    # the side logs of the resumed run are those of the uninterrupted one, not the union of both attempts
+    assert sample_ids(part) == sample_ids(full)
+    assert (part / "sample_ids.rank0.txt").read_text() == (full / "sample_ids.rank0.txt").read_text()
+    assert data_stats(part) == data_stats(full)
+
+
+def test_resume_after_a_kill_during_a_save(post, tiny_qwen2vl, tiny_store, tmp_path):
+    """A SIGKILL while checkpoint-4 was being written leaves it partial: `latest` resumes from checkpoint-2."""
+    store = tiny_store.root
+    full = tmp_path / "full"
+    post.main(load_config(post.PostTrainConfig, "tiny/post_tokenswap.yaml", post_overrides(full, tiny_qwen2vl, store)))
+    killed = tmp_path / "killed"
+    shutil.copytree(full, killed)
+    for name in ("log_history.json", "swap_stats.json", "model.safetensors"):
+        (killed / name).unlink()  # the run never reached its end
+    partial = killed / "checkpoint-4"
+    for name in (COMPLETE_MARKER, "trainer_state.json", "optimizer.pt", "tokenswap_state.rank0.json"):
+        (partial / name).unlink()  # the save was cut after the weights
+    with open(killed / "sample_ids.rank0.txt", "a") as f:
+        f.write("prefetched batch that never trained\n")
+    post.main(load_config(post.PostTrainConfig, "tiny/post_tokenswap.yaml",
+                          post_overrides(killed, tiny_qwen2vl, store, "train.resume_from_checkpoint=latest")))
+    torch.testing.assert_close(torch.tensor(losses(killed)), torch.tensor(losses(full)), rtol=1e-5, atol=1e-5)
+    assert (killed / "sample_ids.rank0.txt").read_text() == (full / "sample_ids.rank0.txt").read_text()
+    assert data_stats(killed) == data_stats(full)
+    assert (partial / COMPLETE_MARKER).is_file()  # written again by the resumed run
+
+
+def test_trainer_options_pass_through_to_a_real_run(post, tiny_qwen2vl, tiny_store, tmp_path):
+    out = tmp_path / "opts"
+    cfg = load_config(post.PostTrainConfig, "tiny/post_text.yaml", post_overrides(
+        out, tiny_qwen2vl, None, "train.max_steps=2", "train.include_num_input_tokens_seen=true",
+        "train.torch_compile=false", "train.push_to_hub=false", "train.use_liger_kernel=false",
+        "train.max_grad_norm=0.5", "train.optim=adamw_torch"))
+    post.main(cfg)
+    history = json.loads((out / "log_history.json").read_text())
+    seen = [h["num_input_tokens_seen"] for h in history if "num_input_tokens_seen" in h]
+    assert seen and seen == sorted(seen) and seen[-1] > 0
+    saved = json.loads((out / "tokenswap_config.json").read_text())["train"]
+    assert saved["max_grad_norm"] == 0.5 and saved["optim"] == "adamw_torch"
+    args = torch.load(out / "checkpoint-2" / "training_args.bin", weights_only=False)
+    assert (args.max_grad_norm, args.optim.value, args.push_to_hub, args.torch_compile) == (0.5, "adamw_torch", False, False)
 
 
 def test_pretrain_learns_all_text_tokens(load_recipe, tiny_qwen2vl, tiny_store, tmp_path):

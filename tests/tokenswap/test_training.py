@@ -1,0 +1,227 @@
+"""Trainer pass-through sections, model loading (families, QLoRA, seeded LoRA) and checkpoint resolution."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import TrainingArguments
+
+from tokenswap.config import ConfigError, load_config, parse_config
+from tokenswap.training import (
+    COMPLETE_MARKER,
+    TRAINER_OWNED,
+    LoraConfig,
+    ModelConfig,
+    PairedTrainConfig,
+    RunConfig,
+    TrainConfig,
+    build_training_arguments,
+    load_model_and_processor,
+    resolve_checkpoint,
+    trainer_section,
+)
+
+
+@dataclasses.dataclass(kw_only=True)
+class Recipe:
+    train: PairedTrainConfig = dataclasses.field(default_factory=PairedTrainConfig)
+    """Trainer options."""
+
+
+RUN = RunConfig(output_dir="unused", pair="p", arm="text")
+
+
+def test_every_trainer_field_is_a_key_except_the_owned_ones():
+    ours = {f.name for f in dataclasses.fields(TrainConfig)}
+    theirs = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
+    assert theirs - ours == set(TRAINER_OWNED)
+    assert "train_sampling_strategy" not in {f.name for f in dataclasses.fields(PairedTrainConfig)}
+
+
+def test_trainer_fields_pass_through_from_yaml_and_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  use_liger_kernel: false\n  push_to_hub: false\n  optim: adamw_torch\n")
+    cfg = load_config(Recipe, path, ["train.include_num_input_tokens_seen=true", "train.torch_compile=false",
+                                     "train.adam_beta2=0.95", "train.lr_scheduler_kwargs={min_lr: 1.0e-6}"])
+    assert cfg.train.include_num_input_tokens_seen is True and cfg.train.torch_compile is False
+    assert cfg.train.optim == "adamw_torch" and cfg.train.adam_beta2 == 0.95
+    assert cfg.train.lr_scheduler_kwargs == {"min_lr": 1e-6}
+    # recipe defaults where they differ from TrainingArguments; the class's own elsewhere
+    assert cfg.train.lr_scheduler_type == "cosine" and cfg.train.max_grad_norm == 1.0
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("train.learning_rat=1", r"unknown key `train.learning_rat`.*did you mean `train.learning_rate`"),
+        ("train.lr_scheduler_type=cosin", r"`train.lr_scheduler_type` must be one of .*did you mean 'cosine'"),
+        ("train.optim=adam_w", r"`train.optim` must be one of"),
+        ("train.per_device_train_batch_size=two", r"`train.per_device_train_batch_size` must be an integer"),
+        ("train.learning_rate=-1e-5", r"`learning_rate` must be >= 0"),
+        ("train.max_steps=0", r"`max_steps` must be -1"),
+        ("train.gradient_accumulation_steps=0", r"`gradient_accumulation_steps` must be > 0"),
+        ("train.learning_rate=.nan", r"`train.learning_rate` must be a number, got NaN"),
+        ("train.output_dir=x", r"`train.output_dir` is set by the recipe: set `run.output_dir`"),
+        ("train.train_sampling_strategy=random", r"is set by the recipe: the arms of a pair share the order"),
+        ("train.push_to_hub=maybe", r"`train.push_to_hub` must be true or false"),
+    ],
+)
+def test_trainer_field_problems_are_config_errors(override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(Recipe, None, [override])
+
+
+def test_deprecated_gradient_checkpointing_alias_is_honoured():
+    assert load_config(Recipe, None, ["train.gradient_checkpointing=false"]).train.activation_checkpointing is False
+    assert load_config(Recipe, None, []).train.activation_checkpointing is True
+
+
+def test_help_lists_every_trainer_field_with_its_documentation(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_config(Recipe, ["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for name in ("use_liger_kernel", "push_to_hub", "include_num_input_tokens_seen", "torch_compile", "deepspeed"):
+        assert f"train.{name}=" in out
+    assert "Whether or not to use the Liger Kernel" in out or "Liger" in out
+
+
+def test_training_arguments_carry_the_run_and_the_recipe_values(tmp_path):
+    cfg = load_config(Recipe, None, ["train.use_cpu=true", "train.bf16=false", "train.report_to=[none]",
+                                     "train.include_num_input_tokens_seen=true", "train.torch_compile=false"])
+    run = RunConfig(output_dir=str(tmp_path), pair="p", arm="tokenswap", seed=7)
+    args = build_training_arguments(cfg.train, run, train_sampling_strategy="sequential")
+    assert (args.output_dir, args.run_name, args.seed) == (str(tmp_path), "p-tokenswap", 7)
+    assert args.remove_unused_columns is False and args.train_sampling_strategy == "sequential"
+    assert args.include_num_input_tokens_seen == "all" and args.torch_compile is False
+
+
+def test_a_value_the_trainer_rejects_exits_2_with_the_config_error(tmp_path, capsys):
+    cfg = load_config(Recipe, None, ["train.use_cpu=true", "train.bf16=false", "train.load_best_model_at_end=true",
+                                     "train.eval_strategy=steps", "train.save_strategy=epoch"])
+    with pytest.raises(SystemExit) as e:
+        build_training_arguments(cfg.train, RunConfig(output_dir=str(tmp_path), pair="p", arm="text"))
+    assert e.value.code == 2
+    assert "error: 1 problem(s) in train (TrainingArguments)" in capsys.readouterr().err
+
+
+def test_grpo_section_reaches_trl(tmp_path):
+    from trl import GRPOConfig
+
+    section = trainer_section(GRPOConfig, "GRPOSection")
+    cfg = load_config(
+        dataclasses.make_dataclass("G", [("train", section, dataclasses.field(default_factory=section))], kw_only=True),
+        None,
+        ["train.use_vllm=false", "train.num_generations=4", "train.beta=0.0", "train.use_cpu=true", "train.bf16=false",
+         "train.per_device_train_batch_size=4", "train.report_to=[none]"],
+    )
+    args = build_training_arguments(cfg.train, RunConfig(output_dir=str(tmp_path), pair="p", arm="text"))
+    assert isinstance(args, GRPOConfig)
+    assert args.use_vllm is False and args.num_generations == 4 and args.beta == 0.0
+    with pytest.raises(ConfigError, match="`num_generations` must be > 0"):
+        load_config(dataclasses.make_dataclass("G2", [("train", section)], kw_only=True), None,
+                    ["train.num_generations=0"])
+
+
+# ---------------------------------------------------------------------------- model loading
+def _adapters(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+
+
+def test_lora_initialisation_follows_the_seed(tiny_qwen2vl):
+    cfg = ModelConfig(name_or_path=tiny_qwen2vl, dtype="float32", attn_implementation="sdpa", lora=LoraConfig(r=4))
+    torch.manual_seed(123)  # the ambient RNG must not matter
+    a = _adapters(load_model_and_processor(cfg, seed=5)[0])
+    torch.manual_seed(999)
+    b = _adapters(load_model_and_processor(cfg, seed=5)[0])
+    c = _adapters(load_model_and_processor(cfg, seed=6)[0])
+    assert a and a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a if "lora_A" in k)
+
+
+def test_unsupported_family_names_the_supported_ones(tmp_path):
+    from transformers import LlamaConfig
+
+    LlamaConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"qwen2_vl.*qwen2_5_vl.*qwen3_vl"):
+        load_model_and_processor(ModelConfig(name_or_path=str(tmp_path)))
+
+
+def test_missing_local_model_folder_says_so(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"model.name_or_path: local folder .*does not exist"):
+        load_model_and_processor(ModelConfig(name_or_path=str(tmp_path / "nope")))
+    # org/name could be a hub id: offline, the error says both what was looked for and why it failed
+    with pytest.raises(FileNotFoundError, match=r"neither a local checkpoint folder .* nor loadable as a hub id"):
+        load_model_and_processor(ModelConfig(name_or_path="outputs/image_sft_crossmath"))
+
+
+def test_load_in_4bit_needs_lora():
+    with pytest.raises(ValueError, match="also set `lora`"):
+        ModelConfig(name_or_path="x", load_in_4bit=True)
+
+
+def test_qlora_on_cpu_trains_only_the_adapters(tiny_qwen2vl):
+    pytest.importorskip("bitsandbytes")
+    import bitsandbytes as bnb
+
+    cfg = ModelConfig(name_or_path=tiny_qwen2vl, dtype="float32", attn_implementation="sdpa",
+                      lora=LoraConfig(r=4), load_in_4bit=True)
+    model, _ = load_model_and_processor(cfg, seed=0)
+    quantised = [n for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)]
+    assert quantised and all("language_model" in n for n in quantised)  # the vision tower stays unquantised
+    assert model.base_model.model.model.language_model.layers[0].mlp.up_proj.base_layer.weight.quant_state is not None
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    trained = {n for n, p in model.named_parameters() if p.grad is not None}
+    assert trained and all("lora_" in n for n in trained)
+
+
+def test_qlora_without_bitsandbytes_gives_the_install_line(tiny_qwen2vl, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    cfg = ModelConfig(name_or_path=tiny_qwen2vl, lora=LoraConfig(r=4), load_in_4bit=True)
+    with pytest.raises(ImportError, match=r"pip install 'tokenswap\[gpu\]'"):
+        load_model_and_processor(cfg)
+
+
+# ---------------------------------------------------------------------------- checkpoints
+def _checkpoint(root: Path, step: int, *, marker: bool, state: bool = True, weights: bool = True) -> Path:
+    path = root / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    if state:
+        (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    if weights:
+        (path / "model.safetensors").write_bytes(b"x")
+    if marker:
+        (path / "tokenswap_state.rank0.json").write_text("{}")
+        (path / COMPLETE_MARKER).write_text(json.dumps({"world_size": 1, "global_step": step}))
+    return path
+
+
+def test_latest_skips_checkpoints_killed_while_saving(tmp_path):
+    done = _checkpoint(tmp_path, 2, marker=True)
+    _checkpoint(tmp_path, 4, marker=False, state=False)  # killed before trainer_state.json
+    assert resolve_checkpoint(str(tmp_path), "latest") == str(done)
+    # a marker from a 2-rank run whose rank 1 never wrote its state is not complete either
+    two = _checkpoint(tmp_path, 6, marker=True)
+    (two / COMPLETE_MARKER).write_text(json.dumps({"world_size": 2, "global_step": 6}))
+    assert resolve_checkpoint(str(tmp_path), "latest") == str(done)
+    (two / "tokenswap_state.rank1.json").write_text("{}")
+    assert resolve_checkpoint(str(tmp_path), "latest") == str(two)
+
+
+def test_latest_accepts_checkpoints_from_before_markers_and_none_is_none(tmp_path):
+    assert resolve_checkpoint(str(tmp_path / "absent"), "latest") is None
+    assert resolve_checkpoint(str(tmp_path), "latest") is None
+    legacy = _checkpoint(tmp_path, 3, marker=False)
+    (tmp_path / "checkpoint-5").mkdir()
+    (tmp_path / "checkpoint-5" / "trainer_state.json").write_text("{trunc")
+    assert resolve_checkpoint(str(tmp_path), "latest") == str(legacy)
+    assert resolve_checkpoint(str(tmp_path), "some/path") == "some/path"
