@@ -39,13 +39,16 @@ _REQUIRED_KEYS = frozenset({"id", "messages"})
 _OPTIONAL_KEYS = frozenset({"concepts", "images"})
 _DEFAULT_SYSTEM = "You are a helpful assistant."
 _VISION_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
+_PIXEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_PIXEL_BUFFERS = 3  # the batch being built, the one accelerate holds prefetched, the one in the step
 
 
 class _PixelCache:
     """LRU of processed pixels keyed by image id, bounded in bytes."""
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, dtype: torch.dtype = torch.float32):
         self.max_bytes = max_bytes
+        self.dtype = dtype
         self.bytes = 0
         self._items: OrderedDict[str, tuple[torch.Tensor, tuple[int, int, int]]] = OrderedDict()
         self.hits = 0
@@ -61,6 +64,8 @@ class _PixelCache:
         return item
 
     def put(self, key: str, pixels: torch.Tensor, grid: tuple[int, int, int]) -> None:
+        # Stored in the emitted dtype: bfloat16 holds twice the images per byte of bound.
+        pixels = pixels.to(self.dtype)
         size = pixels.element_size() * pixels.nelement()
         if size > self.max_bytes:
             return
@@ -133,6 +138,27 @@ class TokenSwapCollator:
         prepared: folder written by :func:`tokenswap.store.prepare.prepare_store` for this
             processor: store images are read there at the target size (no decode, no resize) on a
             cache miss; pixels are identical.
+        pack_budget: pack the batch's samples, greedily in order, into rows of at most this many tokens
+            (:mod:`tokenswap.packing`); ``None`` right-pads one sample per row. A packed batch has
+            ``position_ids (4, R, T)`` (text row + per-sample mRoPE rows) and no ``attention_mask``;
+            samples are also cut to this budget (image-safe, counted). ``log_ids_to`` then gets one
+            line per packed row.
+        pixel_dtype: dtype of the emitted ``pixel_values`` and of the pixel cache; set it to the
+            model's dtype (the vision tower casts to it anyway, so a bfloat16 model computes the
+            same; a float32 model given bfloat16 pixels does not).
+        on_bad_image: what a native image that cannot be used does to its sample: ``"skip"`` drops
+            the sample (counted as ``samples_dropped_bad_native_image``, warned once), ``"error"``
+            raises :class:`~tokenswap.images.BadImageError` naming the image and the sample. Store
+            images of swapped concepts that cannot be used always stay text (counted).
+        on_bad_sample: what a sample the collator refuses (see "Hostile data") does: ``"skip"``
+            (counted as ``samples_skipped_<reason>``, warned once per reason) or ``"error"`` (raises
+            ``ValueError`` naming the sample).
+        max_images_per_sample: at most this many images in one sample (``None``: no bound). More
+            native images refuse the sample; swapped concepts beyond the bound stay text (counted as
+            ``concepts_text_image_limit``).
+        max_chars_per_sample: refuse a sample whose messages hold more characters (``None``: no bound).
+        max_image_pixels: refuse an image with more pixels, checked from its header before decoding
+            (:func:`tokenswap.images.load_image`).
 
     Example:
         >>> from tokenswap.collator import TokenSwapCollator  # doctest: +SKIP
@@ -157,6 +183,8 @@ class TokenSwapCollator:
     epoch: int = 0
     log_ids_to: str | None = None
     prepared: str | None = None
+    pack_budget: int | None = None
+    pixel_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     stats: Counter = field(default_factory=Counter, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -176,9 +204,10 @@ class TokenSwapCollator:
             raise ValueError("the processor's tokenizer has no pad token; set tokenizer.pad_token first")
         self._pad_id = tok.pad_token_id
         self._merge = self.processor.image_processor.merge_size
-        self._cache = _PixelCache(self.cache_bytes)
+        self._cache = _PixelCache(self.cache_bytes, _PIXEL_DTYPES[self.pixel_dtype])
         self._warned: set[str] = set()
         self._check_template()
+        self._setup_output()
 
     # ------------------------------------------------------------------ template
     def _render(self, messages: Sequence[dict]) -> tuple[str, list[tuple[int, int]]]:
@@ -365,7 +394,7 @@ class TokenSwapCollator:
 
     def _collate(self, examples: list[dict], arm: str) -> dict[str, torch.Tensor]:
         plans = [self._plan(ex, arm) for ex in examples]
-        if self.log_ids_to is not None:
+        if self.log_ids_to is not None and self.pack_budget is None:  # packed: one line per pack, below
             with open(self.log_ids_to, "a") as f:
                 f.write(" ".join(str(ex["id"]) for ex in examples) + "\n")
         flat = [ref for _, slots in plans for s in slots for (_, _, ref) in s]
@@ -442,12 +471,15 @@ class TokenSwapCollator:
             dummy = self._dummy()
             self.stats["dummy_images"] += 1
         self.stats["images"] += len(batch_images)
+        if self.pack_budget is not None:
+            return self._pack(rows_ids, rows_labels, rows_images, dummy, [examples[b]["id"] for b in keep])
         return self._pad(rows_ids, rows_labels, batch_images, dummy)
 
     def _truncate(self, ids, labels, images, sid):
-        if self.max_length is None or len(ids) <= self.max_length:
+        limit = self._cut_at
+        if limit is None or len(ids) <= limit:
             return ids, labels, images
-        cut = self.max_length
+        cut = limit
         starts = np.flatnonzero(ids[:cut] == self._vision_start)
         ends = np.flatnonzero(ids[:cut] == self._vision_end)
         if len(starts) > len(ends):  # the budget ends inside an image block: drop the whole block
@@ -458,7 +490,8 @@ class TokenSwapCollator:
         self.stats["tokens_truncated"] += len(ids) - cut
         if not (labels[:cut] != -100).any():
             self.stats["samples_truncated_no_targets"] += 1
-        self._warn_once("truncate", f"sample {sid!r} has {len(ids)} tokens > max_length={self.max_length}; cut at {cut}")
+        self._warn_once("truncate", f"sample {sid!r} has {len(ids)} tokens > the per-sample budget {limit} "
+                        f"(max_length={self.max_length}, pack_budget={self.pack_budget}); cut at {cut}")
         return ids[:cut], labels[:cut], images[:kept]
 
     def _dummy(self):
@@ -480,14 +513,22 @@ class TokenSwapCollator:
         input_ids = np.full((B, T + extra), self._pad_id, dtype=np.int64)
         labels = np.full((B, T + extra), -100, dtype=np.int64)
         attention = np.zeros((B, T + extra), dtype=np.int64)
+        # padding_side="left" pads on the left, as the processor itself would (ROBUST-C, issue 13).
+        left = self._tok.padding_side == "left"
         for b, (ids, lab) in enumerate(zip(rows_ids, rows_labels)):
-            input_ids[b, : len(ids)] = ids
-            labels[b, : len(ids)] = lab
-            attention[b, : len(ids)] = 1
+            lo = T + extra - len(ids) if left else 0
+            input_ids[b, lo : lo + len(ids)] = ids
+            labels[b, lo : lo + len(ids)] = lab
+            attention[b, lo : lo + len(ids)] = 1
+        self._count_tokens(rows_ids, images, input_ids.size)
         if dummy is not None:
             # Masked keys, ignored labels: the vision tower runs (ZeRO-3 ranks stay in step) but
             # nothing attends to the dummy and it adds no loss.
-            input_ids[0, T:] = [self._vision_start] + [self._image_pad] * (extra - 2) + [self._vision_end]
+            block = [self._vision_start] + [self._image_pad] * (extra - 2) + [self._vision_end]
+            if left:
+                input_ids[0, :extra] = block
+            else:
+                input_ids[0, T:] = block
             images = [dummy]
         out = {
             "input_ids": torch.from_numpy(input_ids),
@@ -496,8 +537,98 @@ class TokenSwapCollator:
             "mm_token_type_ids": torch.from_numpy((input_ids == self._image_pad).astype(np.int64)),
         }
         if images:
-            out["pixel_values"] = torch.cat([p for p, _ in images])
+            out["pixel_values"] = self._concat_pixels([p for p, _ in images])
             out["image_grid_thw"] = torch.tensor([g for _, g in images], dtype=torch.int64)
+        return out
+
+    # ------------------------------------------------------------------ packing, pixel buffers, accounting
+    def _setup_output(self) -> None:
+        """Check the packing budget and family and the pixel dtype once, before any batch."""
+        if self.pixel_dtype not in _PIXEL_DTYPES:
+            raise ValueError(f"pixel_dtype must be one of {sorted(_PIXEL_DTYPES)}, got {self.pixel_dtype!r}")
+        self._buffers: list[torch.Tensor] = []
+        self._rope_index = None
+        self._cut_at = self.max_length
+        if self.pack_budget is None:
+            return
+        from tokenswap.families import family_of
+        from tokenswap.packing import RopeIndex
+
+        ip = self.processor.image_processor
+        # The largest image the processor emits: max_pixels at patch x merge granularity, plus start/end tokens.
+        block = ip.size["longest_edge"] // (ip.patch_size * self._merge) ** 2 + 2
+        if self.pack_budget < block:
+            raise ValueError(
+                f"pack_budget={self.pack_budget} is smaller than one image block ({block} tokens for an image at the "
+                f"processor's max_pixels={ip.size['longest_edge']}); raise collator.pack_budget to at least {block} "
+                "(or lower model.max_pixels)"
+            )
+        self._rope_index = RopeIndex(family_of(self.processor).name, self._merge)
+        self._cut_at = self.pack_budget if self.max_length is None else min(self.max_length, self.pack_budget)
+
+    def _pack(self, rows_ids, rows_labels, rows_images, dummy, ids) -> dict[str, torch.Tensor]:
+        from tokenswap.packing import pack_rows
+
+        d = None
+        if dummy is not None:
+            t, h, w = dummy[1]
+            d_ids = np.asarray([self._vision_start] + [self._image_pad] * (t * h * w // self._merge**2)
+                               + [self._vision_end], dtype=np.int64)
+            d = (d_ids, dummy[1])
+        out, plan = pack_rows(
+            rows_ids, rows_labels, [[g for _, g in imgs] for imgs in rows_images],
+            budget=self.pack_budget, rope_index=self._rope_index, pad_id=self._pad_id,
+            image_pad_id=self._image_pad, dummy=d,
+        )
+        if self.log_ids_to is not None:
+            with open(self.log_ids_to, "a") as f:
+                f.write("".join(" ".join(str(ids[i]) for i in row) + "\n" for row in plan))
+        images = [im for imgs in rows_images for im in imgs]
+        self._count_tokens(rows_ids, images, out["input_ids"].numel())
+        self.stats["packed_rows"] += len(plan)
+        if dummy is not None:
+            images = [dummy]
+        if images:
+            out["pixel_values"] = self._concat_pixels([p for p, _ in images])
+            out["image_grid_thw"] = torch.tensor([g for _, g in images], dtype=torch.int64)
+        return out
+
+    def _count_tokens(self, rows_ids, images, slots: int) -> None:
+        """What the throughput callback reads: real tokens, token slots (real + padding), image patches."""
+        self.stats["tokens"] += sum(len(r) for r in rows_ids)
+        self.stats["token_slots"] += slots
+        self.stats["image_patches"] += sum(t * h * w for _, (t, h, w) in images)
+
+    def _concat_pixels(self, pieces: list[torch.Tensor]) -> torch.Tensor:
+        """``torch.cat(pieces)`` in ``pixel_dtype``, written into a reused buffer when that is safe.
+
+        A fresh 64 MiB tensor per batch costs mostly first-touch page faults; a buffer that no batch
+        still references costs only the copy. A buffer is reused only when its storage has no
+        reference but ours (the Trainer, accelerate's one-batch prefetch or the user may still hold
+        the previous batch), never in a DataLoader worker (tensors leave through shared memory, so the
+        parent could still be reading the storage) and never once shared.
+        """
+        dtype = _PIXEL_DTYPES[self.pixel_dtype]
+        n = sum(p.shape[0] for p in pieces)
+        width = pieces[0].shape[1]
+        need = n * width
+        buf = None
+        if torch.utils.data.get_worker_info() is None:
+            self._buffers = [b for b in self._buffers if not b.is_shared()]
+            free = [b for b in self._buffers if torch._C._storage_Use_Count(b.untyped_storage()._cdata) == 2]
+            fits = [b for b in free if b.numel() >= need]
+            if fits:
+                buf = fits[0]
+            elif free or len(self._buffers) < _PIXEL_BUFFERS:
+                if free:
+                    self._buffers = [b for b in self._buffers if b is not free[0]]
+                buf = torch.empty(need + need // 4, dtype=dtype)  # headroom: the next batch is rarely identical
+                self._buffers.append(buf)
+        out = torch.empty((n, width), dtype=dtype) if buf is None else buf[:need].view(n, width)
+        row = 0
+        for p in pieces:
+            out[row : row + p.shape[0]].copy_(p)
+            row += p.shape[0]
         return out
 
     # ------------------------------------------------------------------ helpers
