@@ -10,6 +10,7 @@ per distinct image and kept in a bounded LRU cache.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import warnings
@@ -24,8 +25,9 @@ import torch
 from PIL import Image
 
 from tokenswap.concepts import Concept, validate_concepts
-from tokenswap.store.image_store import CorruptImageError, ImageStore
-from tokenswap.store.prepare import load_prepared
+from tokenswap.images import DEFAULT_MAX_IMAGE_PIXELS, BadImageError, load_image
+from tokenswap.store.image_store import ImageStore
+from tokenswap.store.prepare import PreparedImageError, load_prepared
 from tokenswap.swap import SwapPolicy
 
 __all__ = ["IMAGE_MARKER", "TokenSwapCollator"]
@@ -91,6 +93,14 @@ class _ImageRef:
     what: str = ""
 
 
+class _SampleRefused(ValueError):
+    """A sample :meth:`TokenSwapCollator._plan` refused (already counted and warned); the batch goes on without it."""
+
+
+def _raise(error: Exception):
+    raise error
+
+
 @dataclass
 class TokenSwapCollator:
     """Batches conversations for Qwen2-VL-family models, swapping concept spans for images.
@@ -107,7 +117,8 @@ class TokenSwapCollator:
     built from the same examples):
 
     - ``input_ids``, ``attention_mask``, ``labels``, ``mm_token_type_ids``: ``(B, T)`` int64,
-      right-padded. Labels are ``-100`` except assistant tokens and their ``<|im_end|>``
+      right-padded (left-padded when ``processor.tokenizer.padding_side == "left"``, as the
+      processor pads; packed rows ignore it). Labels are ``-100`` except assistant tokens and their ``<|im_end|>``
       (``learn="assistant"``) or every non-image token (``learn="all"``, continued pre-training).
     - ``pixel_values``: ``(N_patches, C·T·P·P)`` float32 and ``image_grid_thw``: ``(N_img, 3)``
       int64, present whenever the batch has an image (always, with ``dummy_image``).
@@ -119,6 +130,29 @@ class TokenSwapCollator:
     does not fit is dropped whole with everything after it (counted). With ``dummy_image`` a
     batch without images gets one tiny fully-masked image (attention 0, labels -100) so every
     ZeRO-3 rank runs the vision tower.
+
+    Hostile data never fails a batch for one sample (``on_bad_image`` / ``on_bad_sample`` =
+    ``"error"`` make it raise instead). Images go through :func:`tokenswap.images.load_image`:
+    decompression bombs, aspect ratios the processor refuses, truncated or non-image files are
+    refused per image, and any processor failure on one image is caught for that image. Each
+    distinct image is decoded once per batch however many spans show it. Native image paths must
+    stay inside ``image_root`` (``../`` or absolute paths are refused as bad images). A sample is
+    refused (skipped and counted, see ``on_bad_sample``) when:
+
+    - its text contains a special token of the tokenizer (``<|im_start|>``, ``<|im_end|>``,
+      ``<|endoftext|>``, the vision tokens, ...): the official path would turn them into real turn
+      markers or image slots, and rewriting the text would train on text the data does not hold
+      (``samples_skipped_special_token``);
+    - ``learn="assistant"`` and it has no assistant turn, so it has nothing to learn
+      (``samples_skipped_no_assistant_turn``);
+    - it has ``images`` and their count differs from its ``<image>`` markers
+      (``samples_skipped_image_marker_mismatch``). Without ``images``, ``<image>`` is plain text
+      (HTML, markdown; counted as ``image_markers_as_text``);
+    - it exceeds ``max_chars_per_sample`` or ``max_images_per_sample`` native images
+      (``samples_skipped_too_long``, ``samples_skipped_too_many_images``).
+
+    A batch whose every sample is refused becomes one row with no targets (a placeholder that adds
+    nothing to the loss; counted as ``batches_all_refused``) instead of an exception.
 
     Args:
         processor: the model's processor (``AutoProcessor.from_pretrained``).
@@ -185,6 +219,11 @@ class TokenSwapCollator:
     prepared: str | None = None
     pack_budget: int | None = None
     pixel_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    on_bad_image: Literal["skip", "error"] = "skip"
+    on_bad_sample: Literal["skip", "error"] = "skip"
+    max_images_per_sample: int | None = 256
+    max_chars_per_sample: int | None = 1_000_000
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     stats: Counter = field(default_factory=Counter, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -206,6 +245,16 @@ class TokenSwapCollator:
         self._merge = self.processor.image_processor.merge_size
         self._cache = _PixelCache(self.cache_bytes, _PIXEL_DTYPES[self.pixel_dtype])
         self._warned: set[str] = set()
+        for name in ("on_bad_image", "on_bad_sample"):
+            if getattr(self, name) not in ("skip", "error"):
+                raise ValueError(f"{name} must be 'skip' or 'error', got {getattr(self, name)!r}")
+        for name in ("max_images_per_sample", "max_chars_per_sample"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 or None (no bound), got {getattr(self, name)}")
+        if self.max_image_pixels < 1:
+            raise ValueError(f"max_image_pixels must be >= 1, got {self.max_image_pixels}")
+        # Typed in message text, any of these would become a real marker (turn, image slot, end of text).
+        self._reserved = tuple(dict.fromkeys([*tok.all_special_tokens, *_VISION_TOKENS]))
         self._check_template()
         self._setup_output()
 
@@ -277,36 +326,86 @@ class TokenSwapCollator:
             )
 
     def _native_ref(self, image: Any, sample_id: object) -> _ImageRef:
+        what = f"native image of sample {sample_id!r}"
+        px = self.max_image_pixels
         if isinstance(image, Image.Image):
-            return _ImageRef(key=None, load=lambda: image.convert("RGB"), what=f"in-memory image of {sample_id!r}")
+            return _ImageRef(key=None, load=lambda: load_image(image, what=f"in-memory {what}", max_pixels=px),
+                             what=f"in-memory {what}")
         if isinstance(image, dict) and ("bytes" in image or "path" in image):  # datasets.Image(decode=False)
             if image.get("bytes"):
-                import io
-
                 data = image["bytes"]
-                return _ImageRef(key=None, load=lambda: Image.open(io.BytesIO(data)).convert("RGB"), what=f"bytes of {sample_id!r}")
+                # Keyed by content: repeats of one picture in a batch or across batches decode once.
+                return _ImageRef(key="bytes:" + hashlib.sha1(data).hexdigest(), what=f"bytes of {what}",
+                                 load=lambda: load_image(data, what=f"bytes of {what}", max_pixels=px))
             image = image["path"]
-        path = os.path.join(self.image_root, image) if self.image_root and not os.path.isabs(image) else image
-        return _ImageRef(key=f"path:{path}", load=lambda: Image.open(path).convert("RGB"), what=path)
+        if not isinstance(image, (str, os.PathLike)):
+            problem = BadImageError(f"{what}: expected a path, a PIL image or {{'bytes'|'path'}}, got {type(image).__name__}")
+            return _ImageRef(key=None, load=lambda: _raise(problem), what=what)
+        path = os.fspath(image)
+        if self.image_root is not None:
+            # Lexical, not realpath: data must not climb out of image_root, but a symlink the
+            # operator placed inside it (e.g. image_root/coco -> /mnt/coco) is theirs to use.
+            joined = os.path.normpath(os.path.join(self.image_root, path))
+            root = os.path.normpath(self.image_root)
+            if os.path.isabs(path) or os.path.commonpath([root, joined]) != root:
+                problem = BadImageError(
+                    f"{what}: path {path!r} is not inside image_root {self.image_root!r}; native image paths must "
+                    "be relative to image_root without '..' (refused, nothing read)"
+                )
+                return _ImageRef(key=None, load=lambda: _raise(problem), what=path)
+            path = joined
+        return _ImageRef(key=f"path:{path}", load=lambda: load_image(path, what=path, max_pixels=px), what=path)
+
+    def _refuse(self, sid: object, reason: str, message: str) -> None:
+        """Skip (count, warn once) or raise for a sample that cannot be used, per ``on_bad_sample``."""
+        if self.on_bad_sample == "error":
+            raise ValueError(f"sample {sid!r}: {message} (on_bad_sample='error')")
+        self.stats[f"samples_skipped_{reason}"] += 1
+        self._warn_once(f"refused:{reason}", f"sample {sid!r} skipped: {message}")
+        raise _SampleRefused(f"sample {sid!r}: {message}")
 
     def _plan(self, ex: dict, arm: str) -> tuple[list[dict], list[list[tuple[int, int, _ImageRef]]]]:
-        """Decide the swaps of one example: (messages with image slots, per-message image refs)."""
+        """Decide the swaps of one example: (messages with image slots, per-message image refs).
+
+        Raises:
+            _SampleRefused: the sample is skipped (counted and warned here).
+            ValueError, KeyError: malformed examples (missing keys, bad spans): the data pipeline is
+                wrong, not one sample, so these always raise.
+        """
         self._check_keys(ex)
         sid = ex["id"]
         messages = ex["messages"]
-        texts = [m["content"] for m in messages]
         for i, m in enumerate(messages):
-            if not isinstance(m.get("content"), str) or "role" not in m:
+            if not isinstance(m, dict) or not isinstance(m.get("content"), str) or "role" not in m:
                 raise ValueError(f"sample {sid!r}: message {i} needs a 'role' and a str 'content', got {m!r}")
-            for t in _VISION_TOKENS:
-                if t in m["content"]:
-                    raise ValueError(
-                        f"sample {sid!r}: message {i} contains the reserved token {t}; use {IMAGE_MARKER!r} "
-                        "for native images and concept spans for swaps"
-                    )
+        texts = [m["content"] for m in messages]
         concepts = validate_concepts([Concept.from_dict(c) for c in ex.get("concepts") or []], texts, sid)
         roles = [m["role"] for m in messages]
         self.stats["samples"] += 1
+        native = list(ex.get("images") or [])
+
+        n_chars = sum(len(t) for t in texts)
+        if self.max_chars_per_sample is not None and n_chars > self.max_chars_per_sample:
+            self._refuse(sid, "too_long", f"{n_chars:,} characters > max_chars_per_sample={self.max_chars_per_sample:,}")
+        for i, text in enumerate(texts):
+            if "<" not in text:  # every special token starts with "<"; skips the scans for most messages
+                continue
+            for t in self._reserved:
+                if t in text:
+                    self._refuse(sid, "special_token", f"message {i} contains the special token {t} as text (it "
+                                 f"would become a real marker); use {IMAGE_MARKER!r} for native images")
+        if self.learn == "assistant" and "assistant" not in roles:
+            self._refuse(sid, "no_assistant_turn", "no assistant turn, so nothing to learn with learn='assistant'")
+        n_markers = sum(t.count(IMAGE_MARKER) for t in texts) if native else 0
+        if not native:
+            # Text-only data (HTML, markdown) may hold a literal "<image>"; there is nothing to put there.
+            self.stats["image_markers_as_text"] += sum(t.count(IMAGE_MARKER) for t in texts)
+        elif n_markers != len(native):
+            self._refuse(sid, "image_marker_mismatch", f"{n_markers} {IMAGE_MARKER} markers but {len(native)} "
+                         "entries in 'images'; they must match one to one")
+        if self.max_images_per_sample is not None and len(native) > self.max_images_per_sample:
+            self._refuse(sid, "too_many_images", f"{len(native)} native images > max_images_per_sample="
+                         f"{self.max_images_per_sample}")
         self.stats["concepts"] += len(concepts)
 
         swap = [False] * len(concepts)
@@ -316,21 +415,18 @@ class TokenSwapCollator:
 
         # Per message: sorted (start, end, ref) image slots from native markers and swapped concepts.
         slots: list[list[tuple[int, int, _ImageRef]]] = [[] for _ in messages]
-        native = list(ex.get("images") or [])
-        n_markers = sum(t.count(IMAGE_MARKER) for t in texts)
-        if n_markers != len(native):
-            raise ValueError(
-                f"sample {sid!r}: {n_markers} {IMAGE_MARKER} markers but {len(native)} entries in 'images'; "
-                "they must match one to one"
-            )
         it = iter(native)
-        for i, text in enumerate(texts):
+        for i, text in enumerate(texts if native else ()):
             start = text.find(IMAGE_MARKER)
             while start >= 0:
                 slots[i].append((start, start + len(IMAGE_MARKER), self._native_ref(next(it), sid)))
                 start = text.find(IMAGE_MARKER, start + len(IMAGE_MARKER))
+        room = None if self.max_images_per_sample is None else self.max_images_per_sample - len(native)
         for k, (c, s) in enumerate(zip(concepts, swap)):
             if not s:
+                continue
+            if room is not None and room <= 0:
+                self.stats["concepts_text_image_limit"] += 1
                 continue
             candidates = self.store.get(c.key)
             if not candidates:
@@ -339,6 +435,8 @@ class TokenSwapCollator:
                 continue
             im = candidates[self.policy.pick(sid, k, len(candidates), self.epoch)]
             slots[c.message].append((c.start, c.end, _ImageRef(key=im.image_id, load=im.load, concept=c, what=c.key)))
+            if room is not None:
+                room -= 1
         for i, s in enumerate(slots):
             s.sort(key=lambda x: x[0])
             for (_a0, a1, ra), (b0, _, rb) in zip(s, s[1:]):
@@ -351,38 +449,57 @@ class TokenSwapCollator:
 
     # ------------------------------------------------------------------ pixels
     def _pixels(self, refs: list[_ImageRef]) -> dict[int, tuple[torch.Tensor, tuple[int, int, int]] | Exception]:
-        """Processed pixels for each ref (by position); an exception where the image failed."""
+        """Processed pixels for each ref (by position); a :class:`BadImageError` where the image cannot be used.
+
+        Refs with one key share one result: an image shown by 50,000 spans of a batch is decoded and
+        processed once, and only one decoded image is alive at a time.
+        """
         out: dict[int, Any] = {}
-        todo: list[tuple[int, Image.Image]] = []
+        first: dict[str, int] = {}
         for i, ref in enumerate(refs):
+            if ref.key is not None:
+                if ref.key in first:
+                    out[i] = out[first[ref.key]]
+                    self._cache.hits += 1  # served without work, like a hit: cache_info stays comparable
+                    continue
+                first[ref.key] = i
             hit = self._cache.get(ref.key) if ref.key is not None else None
             if hit is not None:
                 out[i] = hit
                 continue
-            resized = None
-            if self.prepared is not None and ref.concept is not None:
-                resized = load_prepared(Path(self.prepared), ref.key)
-            if resized is not None:
-                proc = self.processor.image_processor(images=[resized], do_resize=False, return_tensors="pt")
-                out[i] = (proc["pixel_values"], tuple(proc["image_grid_thw"][0].tolist()))
+            out[i] = self._process(ref)
+            if ref.key is not None and not isinstance(out[i], Exception):
                 self._cache.put(ref.key, *out[i])
-                continue
+        return out
+
+    def _process(self, ref: _ImageRef) -> tuple[torch.Tensor, tuple[int, int, int]] | BadImageError:
+        ip = self.processor.image_processor
+        if self.prepared is not None and ref.concept is not None:
             try:
-                todo.append((i, ref.load()))
-            except (CorruptImageError, OSError, ValueError) as e:
-                out[i] = e
-        for i, image in todo:
+                resized = load_prepared(Path(self.prepared), ref.key, ip)
+                if resized is not None:
+                    proc = ip(images=[resized], do_resize=False, return_tensors="pt")
+                    return proc["pixel_values"], tuple(proc["image_grid_thw"][0].tolist())
+            except Exception as e:  # noqa: BLE001 - the prepared copy is a cache; the store image is the truth
+                self.stats["prepared_fallback"] += 1
+                reason = str(e) if isinstance(e, PreparedImageError) else f"{type(e).__name__}: {e}"
+                self._warn_once("prepared", f"prepared copy of {ref.what!r} not used ({reason}); decoded the store image")
+        self.stats["image_decodes"] += 1
+        try:
+            image = ref.load()
+        except BadImageError as e:  # CorruptImageError of the store is one too
+            return e
+        except (OSError, ValueError) as e:
+            return BadImageError(f"{ref.what}: {e}")
+        try:
             # One processor call per image, not one for all misses: the batched call stacks, groups
             # and concatenates (a full extra copy of every miss, about 2x slower on CPU), and its
             # slices would be views that keep the whole batch tensor alive after LRU eviction.
             # The pixels are identical either way (checked in tests/tokenswap/test_collator.py).
-            proc = self.processor.image_processor(images=[image], return_tensors="pt")
-            pixels = proc["pixel_values"]
-            grid = tuple(proc["image_grid_thw"][0].tolist())
-            out[i] = (pixels, grid)
-            if refs[i].key is not None:
-                self._cache.put(refs[i].key, pixels, grid)
-        return out
+            proc = ip(images=[image], return_tensors="pt")
+        except Exception as e:  # noqa: BLE001 - one image the processor refuses must not stop the batch
+            return BadImageError(f"{ref.what}: the image processor failed on it ({type(e).__name__}: {e})")
+        return proc["pixel_values"], tuple(proc["image_grid_thw"][0].tolist())
 
     # ------------------------------------------------------------------ collate
     def __call__(self, examples: list[dict]) -> dict[str, Any]:
@@ -393,11 +510,16 @@ class TokenSwapCollator:
         return self._collate(examples, self.arm)
 
     def _collate(self, examples: list[dict], arm: str) -> dict[str, torch.Tensor]:
-        plans = [self._plan(ex, arm) for ex in examples]
+        plans: list[tuple | None] = []
+        for ex in examples:
+            try:
+                plans.append(self._plan(ex, arm))
+            except _SampleRefused:  # counted and warned in _plan
+                plans.append(None)
         if self.log_ids_to is not None and self.pack_budget is None:  # packed: one line per pack, below
             with open(self.log_ids_to, "a") as f:
                 f.write(" ".join(str(ex["id"]) for ex in examples) + "\n")
-        flat = [ref for _, slots in plans for s in slots for (_, _, ref) in s]
+        flat = [ref for plan in plans if plan is not None for s in plan[1] for (_, _, ref) in s]
         pixels = self._pixels(flat)
 
         texts: list[str] = []
@@ -405,7 +527,10 @@ class TokenSwapCollator:
         sample_images: list[list[tuple[torch.Tensor, tuple[int, int, int]]]] = []
         keep: list[int] = []
         j = 0
-        for b, (messages, slots) in enumerate(plans):
+        for b, plan in enumerate(plans):
+            if plan is None:
+                continue
+            messages, slots = plan
             rendered, images, dropped = [], [], False
             for m, s in zip(messages, slots):
                 parts, pos = [], 0
@@ -414,9 +539,11 @@ class TokenSwapCollator:
                     j += 1
                     if isinstance(got, Exception):
                         if ref.concept is None:  # a native image is part of the sample: cannot become text
-                            self.stats["samples_dropped_bad_native_image"] += 1
-                            self._warn_once("native", f"native image {ref.what} of sample {examples[b]['id']!r} "
-                                            f"failed to load ({got}); sample skipped")
+                            if self.on_bad_image == "error":
+                                raise BadImageError(f"sample {examples[b]['id']!r}: {got}") from got
+                            if not dropped:
+                                self.stats["samples_dropped_bad_native_image"] += 1
+                            self._warn_once("native", f"sample {examples[b]['id']!r} skipped: {got}")
                             dropped = True
                             continue
                         self.stats["concepts_text_corrupt_image"] += 1
@@ -439,8 +566,15 @@ class TokenSwapCollator:
             learn_ranges.append(learn)
             sample_images.append(images)
             keep.append(b)
-        if not texts:
-            raise ValueError("every sample of this batch had an unreadable native image; see collator.stats")
+        placeholder = not texts
+        if placeholder:
+            # Every sample was refused. Raising would stop a multi-day run for a few bad rows (for one,
+            # with a batch of 1); a row without targets adds nothing to the loss, which the Trainer
+            # divides by the targets of the whole step.
+            self.stats["batches_all_refused"] += 1
+            self._warn_once("all_refused", "every sample of a batch was refused; it became one row without targets")
+            text, _ = self._render([{"role": "user", "content": []}])
+            texts, learn_ranges, sample_images, keep = [text], [[]], [[]], [0]
 
         enc = self._tok(texts, add_special_tokens=False, return_offsets_mapping=self.learn == "assistant")
         rows_ids, rows_labels, rows_images = [], [], []
@@ -464,6 +598,8 @@ class TokenSwapCollator:
             rows_ids.append(ids)
             rows_labels.append(labels)
             rows_images.append(images)
+        if placeholder:  # learn="all" would otherwise learn the placeholder's template text
+            rows_labels[0][:] = -100
 
         batch_images = [im for imgs in rows_images for im in imgs]
         dummy = None
@@ -636,7 +772,9 @@ class TokenSwapCollator:
         """The conversation as chat content parts with PIL images (what the processor would be given).
 
         Useful to feed ``processor.apply_chat_template`` + ``processor(...)`` directly, e.g. for
-        evaluation or to check equivalence. Images that fail to load stay text, as in ``__call__``.
+        evaluation or to check equivalence. Store images that cannot be used stay text, as in
+        ``__call__``; a sample ``__call__`` would skip raises instead (``ValueError`` for a refused
+        sample, :class:`~tokenswap.images.BadImageError` for a native image that cannot be used).
         """
         messages, slots = self._plan(ex, arm)
         out = []
@@ -645,7 +783,9 @@ class TokenSwapCollator:
             for start, end, ref in s:
                 try:
                     image = ref.load()
-                except (CorruptImageError, OSError, ValueError):
+                except (OSError, ValueError):  # BadImageError / CorruptImageError are ValueErrors
+                    if ref.concept is None:
+                        raise
                     continue
                 if start > pos:
                     parts.append({"type": "text", "text": m["content"][pos:start]})

@@ -296,6 +296,7 @@ def test_unknown_and_missing_keys_list_keys_seen(collator):
 
 def test_native_image_marker_count_must_match(collator):
     ex = {**sample("m", "<image> and <image>"), "images": ["only_one.png"]}
+    collator.on_bad_sample = "error"  # the default skips and counts it: test_collator_robustness.py
     with pytest.raises(ValueError, match="2 <image> markers but 1"):
         collator([ex])
 
