@@ -105,7 +105,8 @@ def write_tokenswap_bench(
 
     out = Path(out_dir)
     pair_ids_match(pairs)
-    max_images = max((len(i.images) for _, i in pairs), default=0)
+    # Tags need not be contiguous (an item may show <image 1> and <image 3>): columns go up to the highest tag.
+    max_images = max((max(i.images, default=0) for _, i in pairs), default=0)
     base = {"subject": Value("string"), "question": Value("string"), "choices": HFSequence(Value("string")),
             "answer": Value("int64")}
 

@@ -1,12 +1,19 @@
 """``tokenswap eval``: the modality gap of one model on a TokenSwap-Bench-format dataset.
 
+The defaults are the release protocol: the ``generate`` scorer (greedy decoding, strict match of
+the last A-D letter) with ``max_new_tokens`` 2048 (the release uses 128 for Qwen2.5-VL). ``--scorer
+loglik`` is the fast in-loop scorer: one forward pass, the letter whose next token is most likely,
+where a letter's probability is that of "X" plus that of " X" (either can start the reply). It
+agrees with ``generate`` on a model that answers with a letter, not on one that reasons first.
+
 Examples::
 
-    tokenswap eval --model Qwen/Qwen2-VL-7B-Instruct --bench dongx1997/TokenSwap-Bench --scorer generate \\
-        --max-new-tokens 128 --out results/qwen2vl
+    tokenswap eval --model Qwen/Qwen2-VL-7B-Instruct --bench dongx1997/TokenSwap-Bench --out results/qwen2vl
+    tokenswap eval --model Qwen/Qwen2.5-VL-7B-Instruct --max-new-tokens 128 --out results/qwen25vl
     accelerate launch -m tokenswap.cli eval --model ckpt/ --bench data/bench --scorer loglik --out results/ckpt
 
-Writes ``gap.json`` (summary, per-image-count breakdown, per-item records) and ``gap.md``.
+Writes ``gap.json`` (summary with gap, relative gap and retention, per-image-count breakdown,
+per-item records) and ``gap.md``.
 """
 
 from __future__ import annotations
@@ -23,13 +30,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="checkpoint folder or hub id (Qwen2-VL family)")
     p.add_argument("--bench", default="dongx1997/TokenSwap-Bench", help="TokenSwap-Bench hub id or local folder")
     p.add_argument("--split", default="test", help="bench split to evaluate")
-    p.add_argument("--scorer", choices=["loglik", "generate"], default="loglik")
+    p.add_argument("--scorer", choices=["loglik", "generate"], default="generate",
+                   help="generate: the release protocol (default); loglik: next-token letter, P('X') + P(' X')")
     p.add_argument("--prompt", choices=["zero_shot", "cot", "k_shot"], default="zero_shot")
     p.add_argument("--k", type=int, default=5, help="shots for --prompt k_shot (from the bench's dev split)")
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N items")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=128, help="generate budget (release: 2048; Qwen2.5-VL 128)")
-    p.add_argument("--recognition", action="store_true", help="add the concept-identification control")
+    p.add_argument("--max-new-tokens", type=int, default=2048, help="generate budget (release: 2048; Qwen2.5-VL 128)")
+    p.add_argument("--recognition", action="store_true",
+                   help="add the concept-identification controls (naming form and multiple-choice form)")
     p.add_argument("--out", default="gap_eval", help="output folder for gap.json and gap.md")
     return p
 

@@ -21,8 +21,9 @@ per swapped image (:func:`tokenswap.eval.recognition.recognition_items`):
 
 The recognition-controlled gap is over items whose images were all recognized in naming form.
 
-Gap = acc_text - acc_interleaved; relative gap = gap / acc_text; both overall and by number of
-swapped images. Model inputs are built once per evaluator (the held-out set is fixed) and reused
+Gap = acc_text - acc_interleaved; relative gap = gap / acc_text; retention = acc_interleaved /
+acc_text (what the release's ``scripts/compute_gap.py`` prints; = 1 - relative gap); all overall
+and by number of swapped images (distinct ``<image N>`` tags of an item). Model inputs are built once per evaluator (the held-out set is fixed) and reused
 by every :meth:`GapEvaluator.evaluate` call.
 
 Distributed: every rank scores a strided shard and results are gathered with
@@ -91,6 +92,11 @@ class GapStats:
         rel_gap: ``gap / acc_text``; None when ``acc_text`` is 0.
     """
 
+    @property
+    def retention(self) -> float | None:
+        """``acc_interleaved / acc_text`` (the release's retention; 1 - rel_gap); None when ``acc_text`` is 0."""
+        return self.acc_interleaved / self.acc_text if self.acc_text > 0 else None
+
     n: int
     acc_text: float
     acc_interleaved: float
@@ -112,6 +118,7 @@ class GapStats:
         out[f"{prefix}abs"] = self.gap
         if self.rel_gap is not None:
             out[f"{prefix}rel"] = self.rel_gap
+            out[f"{prefix}retention"] = self.retention
         out[f"{prefix}n"] = float(self.n)
         return out
 
@@ -125,7 +132,7 @@ class GapResult:
         prompt: prompt mode.
         overall: stats over all items.
         by_images: stats per number of swapped images.
-        items: one record per item (id, subject, answer, num_images, predictions, correctness,
+        items: one record per item (id, subject, answer, num_images (distinct `<image N>` tags), predictions, correctness,
             responses for ``generate``, ``recognized`` with the recognition control).
         recognition_mc: multiple-choice identification accuracy over all swapped images (None
             without the control).
@@ -194,7 +201,8 @@ class GapResult:
             "scorer": self.scorer,
             "prompt": self.prompt,
             **asdict(self.overall),
-            "by_images": {k: asdict(s) for k, s in sorted(self.by_images.items())},
+            "retention": self.overall.retention,
+            "by_images": {k: asdict(s) | {"retention": s.retention} for k, s in sorted(self.by_images.items())},
             "recognition_mc": self.recognition_mc,
             "recognition_naming": self.recognition_naming,
             "recognition_n": self.recognition_n,
@@ -216,12 +224,13 @@ class GapResult:
         lines = [
             f"Modality gap ({self.scorer}, {self.prompt})",
             "",
-            "| images | n | acc_text | acc_interleaved | gap | rel_gap |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| images | n | acc_text | acc_interleaved | gap | rel_gap | retention |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for name, s in rows:
             lines.append(
-                f"| {name} | {s.n} | {fmt(s.acc_text)} | {fmt(s.acc_interleaved)} | {fmt(s.gap)} | {fmt(s.rel_gap)} |"
+                f"| {name} | {s.n} | {fmt(s.acc_text)} | {fmt(s.acc_interleaved)} | {fmt(s.gap)} | {fmt(s.rel_gap)} "
+                f"| {fmt(s.retention)} |"
             )
         if self.recognition_mc is not None:
             lines += [

@@ -53,3 +53,10 @@ def test_eval_cli_writes_gap_json_and_md(tiny_qwen2vl, tmp_path):
 def test_bench_config_loads():
     cfg = load_config(BenchBuildConfig, "bench_mmlu.yaml")
     assert cfg.filters == ["validity", "importance", "caption"] and cfg.judge.backend == "openai"
+
+
+def test_eval_cli_defaults_to_the_release_protocol():
+    from tokenswap.eval.cli import _parser
+
+    args = _parser().parse_args(["--model", "m"])
+    assert (args.scorer, args.max_new_tokens, args.bench) == ("generate", 2048, "dongx1997/TokenSwap-Bench")

@@ -109,3 +109,29 @@ def test_tokenswap_bench_missing_image_column(tmp_path):
     )
     with pytest.raises(KeyError, match="row 0: tag <image 2> needs a non-empty column image_2"):
         load_tokenswap_bench(tmp_path, "img")
+
+
+def test_write_tokenswap_bench_with_non_contiguous_tags(tmp_path):
+    """An item showing <image 1> and <image 3> (no <image 2>) round-trips: columns go up to image_3."""
+    import io
+
+    from PIL import Image as PILImage
+
+    from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs, write_tokenswap_bench
+    from tokenswap.eval.mc import MCItem, _as_rgb
+
+    def png(color: str) -> bytes:
+        buf = io.BytesIO()
+        PILImage.new("RGB", (8, 8), color).save(buf, format="PNG")
+        return buf.getvalue()
+
+    text = MCItem("q0", "s", "Is a cat near a dog?", ["cat", "b", "dog", "d"], 2)
+    inter = MCItem("q0", "s", "Is a <image 1> near a <image 3>?", ["<image 1>", "b", "<image 3>", "d"], 2,
+                   images={1: png("red"), 3: png("blue")})
+    plain = MCItem("q1", "s", "Is a <image 1> red?", list("abcd"), 0, images={1: png("green")})
+    write_tokenswap_bench([(text, inter), (MCItem("q1", "s", "Is a cow red?", list("abcd"), 0), plain)],
+                          tmp_path / "bench")
+    (t0, i0), (_, i1) = load_tokenswap_bench_pairs(str(tmp_path / "bench"))
+    assert sorted(i0.images) == [1, 3] and i0.num_images == 2 and i1.num_images == 1
+    assert _as_rgb(i0.images[3]).getpixel((0, 0)) == (0, 0, 255)
+    assert i0.concepts == {1: "cat", 3: "dog"} and t0.question == text.question
