@@ -21,6 +21,7 @@ import io
 import json
 import os
 import re
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ import pyarrow as pa
 from PIL import Image
 
 from tokenswap.concepts import normalize_concept
-from tokenswap.images import BadImageError, load_image
+from tokenswap.images import BadImageError, check_image_size, load_image
 
 __all__ = ["CorruptImageError", "ImageStore", "StoreImage", "StoreWriter", "atomic_write", "image_id_of"]
 
@@ -248,14 +249,26 @@ class StoreWriter:
 
         Returns:
             The image id, or None for a no-image record.
+
+        Raises:
+            BadImageError: ``image`` is bytes whose header is unreadable or describes an image
+                :func:`tokenswap.images.check_image_size` refuses.
         """
         data = None if image is None else encode_image(image)
         width = height = 0
         if isinstance(image, Image.Image):
             width, height = image.size
         elif data is not None:
-            with Image.open(io.BytesIO(data)) as im:
-                width, height = im.size
+            # Header only: a store must not take in a file no reader could use (a bomb, a sliver).
+            what = f"image bytes for concept {concept!r} ({source})"
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                    with Image.open(io.BytesIO(data)) as im:
+                        width, height = im.size
+            except Exception as e:  # noqa: BLE001 - any header failure means "not a usable image"
+                raise BadImageError(f"{what}: not a readable image ({type(e).__name__}: {e})") from None
+            check_image_size(width, height, what=what)
         image_id = image_id_of(data) if data is not None else ""
         self._rows.append(
             {

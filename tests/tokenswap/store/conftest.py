@@ -68,9 +68,13 @@ def fake_openai():
 @pytest.fixture(scope="session")
 def tiny_clip(tmp_path_factory):
     """Path of a tiny random CLIP (hidden 32, image 32, patch 8) with a locally trained tokenizer."""
+    return build_tiny_clip(tmp_path_factory.mktemp("tiny-clip"))
+
+
+def build_tiny_clip(path):
+    """Save a tiny random CLIP into ``path`` and return it as a string (also used by benchmarks/faults.py)."""
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizerFast
 
-    path = tmp_path_factory.mktemp("tiny-clip")
     tokenizer = _clip_tokenizer(path / "tok")
     config = CLIPConfig(
         text_config=dict(

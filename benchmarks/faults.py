@@ -1,0 +1,742 @@
+"""Fault injection on CPU with tiny models: does tokenswap survive what a multi-day run meets?
+
+    python benchmarks/faults.py                      # all sections, ~5 min on 2 cores
+    python benchmarks/faults.py --sections llm,data  # a subset
+    python benchmarks/faults.py --workdir /tmp/f --keep
+
+Every fault is one trial. A trial is *handled* when tokenswap does what it promises for that
+fault (refuses clearly, skips and counts, retries, or resumes to the same result as an
+uninterrupted run); otherwise it is *lost*, and the reason is printed. Sections:
+
+- ``store``: store builds SIGKILLed at random moments then resumed (output equal to an
+  uninterrupted build, the next start never refused by a stale lock); two builds started together
+  on one folder (one builds, the other is refused naming the holder, nothing lost or duplicated);
+  resumes with other sources/settings (refused with the difference, folder untouched); a typo in
+  ``data.path`` (exit 2, nothing written, the fixed command runs); a negative limit.
+- ``store_images``: hostile files in a retrieval corpus (decompression bomb, 1x4000 sliver,
+  truncated JPEG, empty file, text named .png): the build completes and names each file.
+- ``native_images``: hostile native images (and store images) through the real collator with the
+  tiny processor: the sample is dropped and counted (native) or the concept stays text (store).
+- ``data``: malformed Magpie lines with ``skip_malformed`` (counted), and without (line named);
+  bad spans and torn lines in a swap dataset; empty/edited/odd LLaVA files.
+- ``llm``: a misbehaving HTTP server on 127.0.0.1 (redirect to another host, slow drip, huge
+  replies, garbage/non-UTF-8/cut bodies, null reply, 429 with Retry-After, 500 storm, no server).
+- ``training``: ``recipes/post_train.py`` on the tiny config SIGKILLed at random moments and
+  right as a checkpoint folder appears (mid-save), resumed with ``train.resume_from_checkpoint=latest``;
+  the final losses, ``sample_ids.rank0.txt`` and ``swap_stats.json`` must equal an uninterrupted run.
+  Each kill is handled only if the run it belongs to ends equal to the reference.
+
+Bounded in time: every subprocess has a timeout, and a section past ``--budget-s`` stops.
+The last line of the output is exactly ``faults: N tried, H handled, L lost``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+ENV = {
+    **os.environ,
+    "PYTHONPATH": str(REPO),
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "WANDB_MODE": "offline",
+    "PYTHONWARNINGS": "ignore",
+}
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Hostile files and the tiny CLIP are the tests' own helpers, not copies.
+hostile = _load("ts_hostile", REPO / "tests/tokenswap/store/hostile.py")
+
+
+# ============================================================================ bookkeeping
+
+
+@dataclass
+class Trial:
+    section: str
+    what: str
+    handled: bool
+    detail: str = ""
+
+
+@dataclass
+class Tally:
+    trials: list[Trial] = field(default_factory=list)
+
+    def add(self, section: str, what: str, handled: bool, detail: str = "") -> None:
+        self.trials.append(Trial(section, what, bool(handled), detail))
+        mark = "ok  " if handled else "LOST"
+        print(f"  [{mark}] {section}: {what}" + (f"  ({detail})" if detail and not handled else ""), flush=True)
+
+
+OUTCOMES = {
+    "store": "kill: resumes to the uninterrupted build's rows, no stale lock; concurrent: one builds, the other exits 1 "
+    "naming folder + PID; changed sources/settings: exit 2 showing the difference, folder untouched; typo/negative "
+    "limit: exit 2, nothing written",
+    "store_images": "build completes; each file rejected by name in report.json (`images_rejected`), never stored",
+    "native_images": "native: sample dropped and counted (`samples_dropped_bad_native_image`), batch goes on; store "
+    "image: the concept stays text (`concepts_text_corrupt_image`)",
+    "data": "skip_malformed: skipped and counted (`rows_malformed_skipped`); otherwise exit 2 / ValueError naming file "
+    "and line or record; edited LLaVA file re-read",
+    "llm": "refused (redirect, oversize) or retried with backoff/Retry-After and recovered; deadline per attempt holds; "
+    "errors name the URL; null reply not cached",
+    "training": "resume from the newest complete checkpoint; losses, sample_ids and swap_stats equal an uninterrupted run",
+}
+
+
+def run(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired as e:
+        return subprocess.CompletedProcess(cmd, 124, e.stdout or "", f"timed out after {timeout}s")
+
+
+def tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(root)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def files_in(root: Path) -> int:
+    return sum(1 for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+
+
+# ============================================================================ store builds
+
+
+STORE_ARGS = ["data.max_samples=150", "samples_per_shard=10", "concept_batch_size=4", "progress=false"]
+
+
+def store_cmd(out: Path, *extra: str) -> list[str]:
+    return [PY, "-m", "tokenswap.cli", "build-store", "--config", "store_embedded.yaml", f"output_dir={out}",
+            *STORE_ARGS, *extra]
+
+
+def store_rows(out: Path) -> list[tuple]:
+    from tokenswap.store import ImageStore
+
+    ds = ImageStore(out / "store").to_dataset()
+    return sorted(zip(ds["key"], ds["source"], ds["image_id"]))
+
+
+def dataset_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((out / "dataset").glob("*.jsonl"))}
+
+
+def same_build(out: Path, ref: Path) -> str:
+    """'' when ``out`` holds the same store rows and byte-identical dataset shards as ``ref``."""
+    if not (out / "report.json").exists():
+        return "no report.json"
+    rows = store_rows(out)
+    if len(rows) != len(set(rows)):
+        return f"{len(rows) - len(set(rows))} duplicate store rows"
+    if rows != store_rows(ref):
+        return f"store rows differ ({len(rows)} vs {len(store_rows(ref))})"
+    if dataset_bytes(out) != dataset_bytes(ref):
+        return "dataset shards differ"
+    return ""
+
+
+def section_store(t: Tally, work: Path, rng: random.Random, n_kills: int) -> None:
+    ref = work / "store-ref"
+    proc = run(store_cmd(ref), 300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"reference store build failed: {proc.stderr[-2000:]}")
+
+    # SIGKILLs at random moments; every restart must start (no stale lock) and the end must match.
+    out = work / "store-killed"
+    kills: list[str] = []
+    refused = ""
+    for _ in range(n_kills * 3):
+        if len(kills) >= n_kills:
+            break
+        before = files_in(out)
+        err_path = work / "store-killed.err"
+        with open(err_path, "w") as err:
+            p = subprocess.Popen(store_cmd(out), cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=err)
+        target = before + rng.randint(1, 6)
+        deadline = time.monotonic() + 120
+        while p.poll() is None and files_in(out) < target and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, 0.15))
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+            kills.append(f"after {files_in(out) - before} new files")
+        p.wait()
+        if "being built by another process" in err_path.read_text():
+            refused = err_path.read_text()[-300:]
+        if (out / "report.json").exists():
+            break
+    final = run(store_cmd(out), 300)
+    problem = refused or (final.stderr[-300:] if final.returncode else "") or same_build(out, ref)
+    for k in kills:
+        t.add("store", f"SIGKILL of a store build {k}, resumed", not problem, problem)
+
+    # Two builds on one folder at (nearly) the same time.
+    for trial, delay in enumerate([0.0, 0.0, 0.5, 1.5]):
+        out = work / f"store-concurrent-{trial}"
+        a = subprocess.Popen(store_cmd(out), cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        b = subprocess.Popen(store_cmd(out), cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        results = [(q.wait(timeout=300), q.stderr.read()) for q in (a, b)]
+        codes = sorted(code for code, _ in results)
+        refusal = next((err for code, err in results if code == 1), "")
+        problem = ""
+        if codes == [0, 0]:
+            problem = "" if delay > 0 else "both exited 0 although started together"
+        elif codes != [0, 1]:
+            problem = f"exit codes {codes}: {results[0][1][-200:]} {results[1][1][-200:]}"
+        elif str(out) not in refusal or "pid " not in refusal:
+            problem = f"refusal does not name folder and holder: {refusal[-200:]}"
+        problem = problem or same_build(out, ref)
+        t.add("store", f"two builds on one folder, {delay:g}s apart", not problem, problem)
+
+    # Resuming with other plan settings is refused with the difference, and the folder is untouched.
+    for override, expect in [
+        (["sources=[rendered_text]", "extractor.vocabulary=[cat]"], "sources: was"),
+        (["openmoji.size=64"], "source_settings.openmoji.size: was 112, now 64"),
+        (["samples_per_shard=7"], "samples_per_shard: was 10, now 7"),
+    ]:
+        before = tree_digest(ref)
+        proc = run(store_cmd(ref, *override), 120)
+        ok = proc.returncode == 2 and expect in proc.stderr and tree_digest(ref) == before
+        t.add("store", f"resume with {' '.join(override)}", ok, f"rc={proc.returncode} {proc.stderr[-200:]}")
+
+    # A typo in data.path writes nothing, so the corrected command just runs.
+    out = work / "store-typo"
+    proc = run(store_cmd(out, f"data.path={work / 'magpie.jsonll'}"), 120)
+    typo_ok = proc.returncode == 2 and "does not exist" in proc.stderr and not (out / "state").exists()
+    fixed = run(store_cmd(out, "data.max_samples=20"), 300)
+    t.add("store", "typo in data.path, then the corrected command", typo_ok and fixed.returncode == 0,
+          f"rc={proc.returncode}/{fixed.returncode} {proc.stderr[-200:]} {fixed.stderr[-200:]}")
+    out = work / "store-negative"
+    proc = run(store_cmd(out, "data.max_samples=-1"), 120)
+    t.add("store", "data.max_samples=-1", proc.returncode == 2 and not (out / "state").exists(),
+          f"rc={proc.returncode} {proc.stderr[-200:]}")
+
+
+# ============================================================================ hostile images in a store build
+
+
+def section_store_images(t: Tally, work: Path) -> None:
+    conftest = _load("ts_store_conftest", REPO / "tests/tokenswap/store/conftest.py")
+    clip = conftest.build_tiny_clip(work / "tiny-clip")
+    corpus = work / "corpus"
+    bad = hostile.hostile_files(corpus)
+    (corpus / "empty.png").write_bytes(b"")
+    (corpus / "notes.png").write_text("this is not an image\n")
+    bad += [corpus / "empty.png", corpus / "notes.png"]
+    from PIL import Image
+
+    for i, colour in enumerate(["red", "green", "blue", "yellow"]):
+        Image.new("RGB", (40, 30), colour).save(corpus / f"ok{i}.png")
+    data = work / "corpus-magpie.jsonl"
+    rows = ["a cat and a dog", "an apple", "the dog runs", "a red apple and a cat"]
+    data.write_text("".join(
+        json.dumps({"uuid": f"s{i}", "conversations": [{"from": "human", "value": r}, {"from": "gpt", "value": "ok"}]})
+        + "\n" for i, r in enumerate(rows)))
+    out = work / "store-hostile"
+    proc = run([PY, "-m", "tokenswap.cli", "build-store", f"output_dir={out}", f"data.path={data}",
+                "sources=[retrieval]", "extractor.vocabulary=[cat,dog,apple]", f"retrieval.clip_path={clip}",
+                f"retrieval.corpus={corpus}", "retrieval.top_k=9", "retrieval.min_score=-1", "progress=false"], 300)
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
+    named = " ".join(r["what"] for r in report.get("rejected_images", []))
+    stored = set()
+    if (out / "store" / "store.json").exists():
+        from tokenswap.store import ImageStore
+
+        stored = {im.meta.get("item") for im in ImageStore(out / "store")}
+    for path in bad:
+        ok = proc.returncode == 0 and path.name in named and path.name not in stored
+        t.add("store_images", f"{path.name} in a retrieval corpus", ok, f"rc={proc.returncode} {proc.stderr[-300:]}")
+
+
+# ============================================================================ hostile images through the collator
+
+
+def section_native_images(t: Tally, work: Path, model: Path) -> None:
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    from tokenswap.collator import TokenSwapCollator
+    from tokenswap.images import BadImageError
+    from tokenswap.store import ImageStore, StoreWriter
+
+    processor = AutoProcessor.from_pretrained(model)
+    root = work / "native"
+    root.mkdir(exist_ok=True)
+    Image.new("RGB", (64, 48), "green").save(root / "good.png")
+    bad = hostile.hostile_files(root)
+    (root / "empty.png").write_bytes(b"")
+    Image.new("RGB", (8, 8), "red").save(work / "outside.png")
+    cases = [(p.name, p.name) for p in bad] + [("empty.png", "empty.png"), ("../outside.png", "a ../ path"),
+                                               (str(work / "outside.png"), "an absolute path outside image_root")]
+    collator = TokenSwapCollator(processor, None, image_root=str(root), max_length=512)
+
+    def sample(sid: str, image: str) -> dict:
+        return {"id": sid, "messages": [{"role": "user", "content": "<image>\nWhat is this?"},
+                                        {"role": "assistant", "content": "A picture."}],
+                "concepts": [], "images": [image]}
+
+    for image, label in cases:
+        before = collator.stats["samples_dropped_bad_native_image"]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                batch = collator([sample("good", "good.png"), sample("bad", image)])
+            dropped = collator.stats["samples_dropped_bad_native_image"] - before
+            ok = dropped == 1 and batch["input_ids"].shape[0] == 1
+            detail = f"dropped={dropped}, rows={batch['input_ids'].shape[0]}"
+        except Exception as e:  # noqa: BLE001 - any exception here is the fault we look for
+            ok, detail = False, f"{type(e).__name__}: {e}"
+        t.add("native_images", f"native image: {label} in a batch with a good sample", ok, detail)
+
+    # Store images: StoreWriter refuses hostile bytes; one planted in a shard anyway (an old or
+    # tampered store) leaves its swapped concept as text.
+    for kind, make in [("bomb", hostile.bomb_png), ("sliver", hostile.sliver_png), ("truncated", hostile.truncated_jpeg)]:
+        data = make(work / f"planted-{kind}.{'jpg' if kind == 'truncated' else 'png'}").read_bytes()
+        store_root = work / f"store-{kind}"
+        if kind != "truncated":  # a truncated file has a good header; StoreWriter reads headers only
+            try:
+                with StoreWriter(store_root / "refused") as w:
+                    w.add("cat", data, source="test")
+                t.add("native_images", f"StoreWriter.add of {kind} bytes", False, "accepted")
+            except BadImageError as e:
+                t.add("native_images", f"StoreWriter.add of {kind} bytes", "cat" in str(e), str(e))
+        _plant(store_root, "cat", data)
+        collator = TokenSwapCollator(processor, ImageStore(store_root), max_length=512)
+        text = "Draw a cat please"
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                collator([{"id": "s", "messages": [{"role": "user", "content": text},
+                                                   {"role": "assistant", "content": "ok"}],
+                           "concepts": [{"message": 0, "start": 7, "end": 10, "key": "cat"}], "images": []}])
+            ok = collator.stats["concepts_text_corrupt_image"] == 1 and collator.stats["concepts_swapped"] == 0
+            detail = dict(collator.stats)
+        except Exception as e:  # noqa: BLE001
+            ok, detail = False, f"{type(e).__name__}: {e}"
+        t.add("native_images", f"store image of a swapped concept: {kind}", ok, str(detail))
+
+
+def _plant(root: Path, concept: str, data: bytes) -> None:
+    """Write a store shard holding ``data`` as-is, bypassing StoreWriter's checks."""
+    import pyarrow as pa
+
+    from tokenswap.store import StoreWriter
+    from tokenswap.store.image_store import SCHEMA, atomic_write, image_id_of
+
+    StoreWriter(root).close()  # store.json
+    row = {"key": concept, "concept": concept, "image_id": image_id_of(data), "image": data, "source": "planted",
+           "score": 1.0, "width": 0, "height": 0, "meta": "{}"}
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, SCHEMA) as writer:
+        writer.write_table(pa.Table.from_pylist([row], schema=SCHEMA))
+    atomic_write(root / "shards" / "part-r000-000000.arrow", sink.getvalue().to_pybytes())
+
+
+# ============================================================================ malformed data
+
+
+def _magpie(i: int) -> bytes:
+    return json.dumps({"uuid": f"u{i}", "conversations": [{"from": "human", "value": f"a cat number {i}"},
+                                                         {"from": "gpt", "value": "ok"}]}).encode() + b"\n"
+
+
+def section_data(t: Tally, work: Path) -> None:
+    from tokenswap.data.llava import load_llava
+    from tokenswap.data.schema import load_samples
+
+    bad_lines = {
+        "truncated line": _magpie(100)[:30] + b"\n",
+        "non-UTF-8 line": b'{"uuid": "x", "conversations": "\xff\xfe"}\n',
+        "list-shaped line": b"[1, 2, 3]\n",
+        "number line": b"42\n",
+        "row with empty conversations": b'{"uuid": "u9", "conversations": []}\n',
+    }
+    path = work / "magpie-malformed.jsonl"
+    path.write_bytes(b"".join(_magpie(i) + line for i, line in enumerate(bad_lines.values())) + _magpie(99))
+    out = work / "store-malformed"
+    proc = run(store_cmd(out, f"data.path={path}", "data.skip_malformed=true", "data.max_samples=null"), 300)
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
+    ok = proc.returncode == 0 and report.get("rows_malformed_skipped") == len(bad_lines)
+    for what in bad_lines:
+        t.add("data", f"Magpie {what}, skip_malformed=true", ok,
+              f"rc={proc.returncode} skipped={report.get('rows_malformed_skipped')} {proc.stderr[-200:]}")
+    strict = run(store_cmd(work / "store-malformed-strict", f"data.path={path}", "data.max_samples=null"), 300)
+    t.add("data", "Magpie truncated line, skip_malformed=false", strict.returncode == 2 and "line 2" in strict.stderr,
+          f"rc={strict.returncode} {strict.stderr[-200:]}")
+
+    def expect_error(what: str, fn: Callable, *needles: str) -> None:
+        try:
+            fn()
+            ok, detail = False, "no error"
+        except (ValueError, KeyError, FileNotFoundError) as e:
+            ok, detail = all(n in str(e) for n in needles), str(e)[:200]
+        except Exception as e:  # noqa: BLE001
+            ok, detail = False, f"{type(e).__name__}: {e}"
+        t.add("data", what, ok, detail)
+
+    good = {"id": "s0", "messages": [{"role": "user", "content": "a cat"}, {"role": "assistant", "content": "ok"}],
+            "concepts": [{"message": 0, "start": 2, "end": 5, "key": "cat"}], "images": []}
+    swap = work / "swap-bad-span.jsonl"
+    swap.write_text(json.dumps(good) + "\n" + json.dumps({**good, "id": "s1", "concepts": [
+        {"message": 0, "start": 2, "end": 50, "key": "cat"}]}) + "\n")
+    expect_error("swap dataset span out of range", lambda: load_samples(str(swap)), "line 2", "s1", "out of range")
+    torn = work / "swap-torn.jsonl"
+    torn.write_text(json.dumps(good) + "\n" + json.dumps(good)[:40] + "\n")
+    expect_error("swap dataset torn last line", lambda: load_samples(str(torn)), "line 2", "not valid JSON")
+    empty = work / "llava-empty.json"
+    empty.write_text("")
+    expect_error("empty LLaVA file", lambda: load_llava(empty), "llava-empty.json", "empty")
+    odd = work / "llava-odd.json"
+    odd.write_text('[{"id": "a", "conversations": [{"from": "human", "value": "hi"}]}, "oops"]')
+    expect_error("LLaVA record that is not an object", lambda: load_llava(odd), "record 1")
+    edited = work / "llava-edited.json"
+    rec = {"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "ok"}]}
+    edited.write_text(json.dumps([rec]))
+    first = len(load_llava(edited))
+    time.sleep(0.01)
+    edited.write_text(json.dumps([rec, {**rec, "id": "b"}]))
+    second = len(load_llava(edited))
+    t.add("data", "LLaVA file edited in place after caching", (first, second) == (1, 2), f"rows {first} then {second}")
+
+
+# ============================================================================ misbehaving LLM server
+
+
+class _Server:
+    def __init__(self) -> None:
+        self.script: list[Callable] = []
+        self.hits = 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server API)
+                self.rfile.read(int(self.headers["Content-Length"]))
+                server.hits += 1
+                behaviour = server.script.pop(0) if server.script else _reply(_ok("fine"))
+                try:
+                    behaviour(self)
+                except OSError:
+                    pass
+                self.close_connection = True
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _ok(text: str | None) -> bytes:
+    return json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
+
+
+def _reply(body: bytes, status: int = 200, headers: dict | None = None, length: int | None = None) -> Callable:
+    def go(h) -> None:
+        h.send_response(status)
+        for k, v in (headers or {}).items():
+            h.send_header(k, v)
+        h.send_header("Content-Length", str(len(body) if length is None else length))
+        h.end_headers()
+        h.wfile.write(body)
+
+    return go
+
+
+def _drip(h) -> None:
+    body = _ok("slow")
+    h.send_response(200)
+    h.send_header("Content-Length", str(len(body)))
+    h.end_headers()
+    for byte in body:
+        h.wfile.write(bytes([byte]))
+        h.wfile.flush()
+        time.sleep(0.1)
+
+
+def _flood(h) -> None:
+    h.send_response(200)
+    h.send_header("Connection", "close")
+    h.end_headers()
+    for _ in range(400):  # 25 MB without Content-Length
+        h.wfile.write(b"x" * 65536)
+
+
+def section_llm(t: Tally, work: Path) -> None:
+    from tokenswap.llm import LLMRequestError, OpenAIChatModel
+
+    server, other = _Server(), _Server()
+    msg = [{"role": "user", "content": "hi"}]
+    os.environ["TS_FAULTS_KEY"] = "sk-faults-secret"
+
+    def client(**kw) -> OpenAIChatModel:
+        kw.setdefault("max_backoff", 0.1)
+        return OpenAIChatModel(server.base_url, "m", api_key_env="TS_FAULTS_KEY", **kw)
+
+    def check(what: str, script: list[Callable], fn: Callable[[], tuple[bool, str]]) -> None:
+        server.script = list(script)
+        try:
+            ok, detail = fn()
+        except Exception as e:  # noqa: BLE001
+            ok, detail = False, f"{type(e).__name__}: {e}"
+        t.add("llm", what, ok, detail)
+
+    def raises(model: OpenAIChatModel, *needles: str, within: float = 30.0) -> tuple[bool, str]:
+        t0 = time.monotonic()
+        try:
+            model.chat(msg)
+            return False, "no error"
+        except LLMRequestError as e:
+            dt = time.monotonic() - t0
+            return all(n in str(e) for n in needles) and dt < within and "sk-faults" not in str(e), f"{dt:.1f}s {e}"
+
+    def recovers(model: OpenAIChatModel, answer: str = "fine", min_s: float = 0.0) -> tuple[bool, str]:
+        t0 = time.monotonic()
+        got = model.chat(msg)
+        dt = time.monotonic() - t0
+        return got == answer and dt >= min_s, f"{got!r} after {dt:.1f}s"
+
+    check("302 redirect to another host", [_reply(b"", 302, {"Location": f"{other.base_url}/chat/completions"})],
+          lambda: (raises(client(), "HTTP 302")[0] and other.hits == 0, f"other host hits={other.hits}"))
+    check("server drips one byte per 0.1 s (timeout=1 s, 1 retry)", [_drip, _drip],
+          lambda: raises(client(timeout=1.0, max_retries=1), "deadline", server.base_url, within=4.0))
+    check("reply announcing 300 MB", [_reply(b"", length=300 << 20)],
+          lambda: raises(client(max_response_bytes=1 << 20), "max_response_bytes"))
+    check("reply streaming 25 MB without Content-Length", [_flood],
+          lambda: raises(client(max_response_bytes=1 << 20), "max_response_bytes"))
+    for what, bad in [("garbage JSON", _reply(b"<html>oops</html>")), ("non-UTF-8 body", _reply(b"\xff\xfe" + _ok("x"))),
+                      ("body cut short", _reply(_ok("fine")[:15], length=len(_ok("fine")))),
+                      ("HTTP 500", _reply(b"boom", 500))]:
+        check(f"{what}, then a good reply", [bad, _reply(_ok("fine"))], lambda: recovers(client(max_retries=2)))
+    check("429 with Retry-After: 1", [_reply(b"slow down", 429, {"Retry-After": "1"}), _reply(_ok("fine"))],
+          lambda: recovers(client(max_retries=1, max_backoff=5), min_s=1.0))
+    check("500 on every attempt", [_reply(b"boom", 500)] * 3,
+          lambda: raises(client(max_retries=2), "failed after 3 attempts", server.base_url))
+
+    def null_not_cached() -> tuple[bool, str]:
+        cache = work / "llm-cache.jsonl"
+        model = client(cache_path=cache)
+        first = model.chat(msg)
+        second = model.chat(msg)
+        return (first, second, model.num_requests) == ("", "real", 2), f"{first!r}, {second!r}, {model.num_requests}"
+
+    check("null reply", [_reply(_ok(None)), _reply(_ok("real"))], null_not_cached)
+    check("no server listening", [], lambda: raises(
+        OpenAIChatModel("http://127.0.0.1:9/v1", "m", max_retries=1, max_backoff=0.05, timeout=2), "127.0.0.1:9"))
+    server.close()
+    other.close()
+
+
+# ============================================================================ training kills
+
+
+def train_cmd(out: Path, model: Path, store: Path, *extra: str) -> list[str]:
+    return [PY, "recipes/post_train.py", "--config", "tiny/post_tokenswap.yaml", f"run.output_dir={out}",
+            f"model.name_or_path={model}", f"image_store={store}", "train.max_steps=8", "train.save_steps=2", *extra]
+
+
+def run_logs(out: Path) -> dict:
+    history = json.loads((out / "log_history.json").read_text())
+    return {
+        "losses": [(h["step"], h["loss"]) for h in history if "loss" in h],
+        "sample_ids": (out / "sample_ids.rank0.txt").read_text().splitlines(),
+        "swap_stats": json.loads((out / "swap_stats.json").read_text()),
+    }
+
+
+def compare_logs(out: Path, ref: dict) -> str:
+    try:
+        got = run_logs(out)
+    except (OSError, ValueError, KeyError) as e:
+        return f"logs unreadable: {e}"
+    problems = []
+    if [s for s, _ in got["losses"]] != [s for s, _ in ref["losses"]] or any(
+        abs(a - b) > 1e-5 * max(1.0, abs(b)) for (_, a), (_, b) in zip(got["losses"], ref["losses"])
+    ):
+        problems.append(f"losses {got['losses']} vs {ref['losses']}")
+    if got["sample_ids"] != ref["sample_ids"]:
+        problems.append(f"sample_ids {len(got['sample_ids'])} lines vs {len(ref['sample_ids'])}")
+    if got["swap_stats"] != ref["swap_stats"]:
+        problems.append(f"swap_stats samples {got['swap_stats'].get('samples')} vs {ref['swap_stats'].get('samples')}")
+    return "; ".join(problems)
+
+
+def section_training(t: Tally, work: Path, rng: random.Random, model: Path, store: Path, n_kills: int) -> None:
+    ref_out = work / "train-ref"
+    proc = run(train_cmd(ref_out, model, store), 600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"reference training run failed: {proc.stderr[-2000:]}")
+    ref = run_logs(ref_out)
+
+    out = work / "train-killed"
+    kinds = ["save", "random"] * n_kills
+    kills: list[str] = []
+    problem = ""
+    for attempt in range(3 * n_kills):
+        if len(kills) >= n_kills:
+            break
+        resume = ["train.resume_from_checkpoint=latest"] if any(out.glob("checkpoint-*")) else []
+        seen = {p.name for p in out.glob("*checkpoint-*")} if out.exists() else set()
+        log = work / f"train-attempt-{attempt}.log"
+        with open(log, "w") as f:
+            p = subprocess.Popen(train_cmd(out, model, store, *resume), cwd=REPO, env=ENV, stdout=f, stderr=f)
+        kind = kinds[len(kills)]
+        deadline = time.monotonic() + 300
+        detail = ""
+        if kind == "save":  # kill the moment a new checkpoint folder appears: mid-save
+            while p.poll() is None and time.monotonic() < deadline:
+                new = [d for d in (out.glob("*checkpoint-*") if out.exists() else []) if d.name not in seen]
+                if new:
+                    time.sleep(rng.uniform(0.0, 0.05))
+                    complete = all((d / "trainer_state.json").exists() for d in new)
+                    detail = f"during the save of {new[0].name} ({'complete' if complete else 'partial'} at kill)"
+                    break
+                time.sleep(0.002)
+        else:  # a random moment once training has made progress
+            ids = out / "sample_ids.rank0.txt"
+            start = ids.stat().st_size if ids.exists() else -1
+            while p.poll() is None and time.monotonic() < deadline and (ids.stat().st_size if ids.exists() else -1) <= start:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 3.0))
+            detail = "at a random moment in training"
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            kills.append(detail)
+            continue
+        p.wait()
+        if p.returncode != 0:
+            problem = f"attempt {attempt} failed (rc={p.returncode}): {log.read_text()[-400:]}"
+            break
+        break  # finished before the kill
+    if not problem:
+        resume = ["train.resume_from_checkpoint=latest"] if any(out.glob("checkpoint-*")) else []
+        final = run(train_cmd(out, model, store, *resume), 600)
+        problem = f"final resume failed: {final.stderr[-400:]}" if final.returncode else compare_logs(out, ref)
+    for k in kills:
+        t.add("training", f"SIGKILL {k}, resumed with resume_from_checkpoint=latest", not problem, problem)
+    if not kills:
+        t.add("training", "SIGKILL of training", False, problem or "the run finished before any kill")
+
+
+# ============================================================================ main
+
+
+SECTIONS = ("store", "store_images", "native_images", "data", "llm", "training")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", default=None, help="scratch folder (default: a temporary one)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
+    parser.add_argument("--store-kills", type=int, default=6)
+    parser.add_argument("--train-kills", type=int, default=4)
+    parser.add_argument("--json", default=None, help="also write the trials here")
+    args = parser.parse_args(argv)
+    sections = [s for s in args.sections.split(",") if s]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="tokenswap-faults-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(args.seed)
+    tally = Tally()
+    t0 = time.monotonic()
+    model = store = None
+    if {"native_images", "training"} & set(sections):
+        from tokenswap.testing import build_tiny_qwen2vl, build_tiny_store
+
+        with contextlib_quiet():
+            model = build_tiny_qwen2vl(work / "tiny-qwen2vl")
+            store = build_tiny_store(work / "tiny-store").root
+    runners = {
+        "store": lambda: section_store(tally, work, rng, args.store_kills),
+        "store_images": lambda: section_store_images(tally, work),
+        "native_images": lambda: section_native_images(tally, work, model),
+        "data": lambda: section_data(tally, work),
+        "llm": lambda: section_llm(tally, work),
+        "training": lambda: section_training(tally, work, rng, model, store, args.train_kills),
+    }
+    timings = {}
+    for name in sections:
+        print(f"== {name}", flush=True)
+        s0 = time.monotonic()
+        try:
+            runners[name]()
+        except Exception as e:  # noqa: BLE001 - a harness failure is reported as a lost trial, not hidden
+            tally.add(name, "section set-up", False, f"{type(e).__name__}: {str(e)[-400:]}")
+        timings[name] = time.monotonic() - s0
+    total = time.monotonic() - t0
+
+    print("\n| section | tried | handled | lost | what happens | time |\n|---|---|---|---|---|---|")
+    for name in sections:
+        rows = [x for x in tally.trials if x.section == name]
+        handled = sum(x.handled for x in rows)
+        print(f"| {name} | {len(rows)} | {handled} | {len(rows) - handled} | {OUTCOMES[name]} | {timings[name]:.0f}s |")
+    print(f"total {total:.0f}s, workdir {work}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"total_s": total, "timings_s": timings,
+                                               "trials": [vars(x) for x in tally.trials]}, indent=2))
+    if not args.keep and args.workdir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    tried = len(tally.trials)
+    handled = sum(x.handled for x in tally.trials)
+    print(f"faults: {tried} tried, {handled} handled, {tried - handled} lost", flush=True)
+    return 0 if handled == tried else 1
+
+
+class contextlib_quiet:  # noqa: N801 - silences the progress bars of the tiny model/store builders
+    def __enter__(self):
+        self._out = sys.stderr
+        sys.stderr = io.StringIO()
+
+    def __exit__(self, *exc):
+        sys.stderr = self._out
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
