@@ -52,9 +52,12 @@ def test_real_crossmath_configs_validate(image_sft, grpo):
     sft = load_config(image_sft.ImageSFTConfig, "image_sft_crossmath.yaml")
     assert sft.model.lora.r == 16 and sft.train.learning_rate == 2e-5 and sft.collator.max_length == 5000
     assert sft.train.gradient_accumulation_steps == 8 and sft.train.num_train_epochs == 2
+    assert sft.model.name_or_path == "Qwen/Qwen3.5-9B" and sft.train.lr_scheduler_type == "cosine"
+    assert sft.train.warmup_steps == 0.03
     rl = load_config(grpo.GRPORecipeConfig, "grpo_crossmath.yaml")
     assert rl.model.name_or_path == sft.run.output_dir  # GRPO starts from the SFT output
-    assert (rl.grpo.num_generations, rl.grpo.max_completion_length, rl.train.max_steps) == (4, 6000, 200)
+    assert (rl.train.num_generations, rl.train.max_completion_length, rl.train.max_steps) == (4, 6000, 200)
+    assert rl.train.use_vllm is False
     assert rl.model.lora.r == 16 and rl.train.learning_rate == 1e-6 and rl.reward.name == "hop_weighted"
     with pytest.raises(ValueError, match="run.arm: text"):
         load_config(grpo.GRPORecipeConfig, "grpo_crossmath.yaml", ["run.arm=tokenswap"])
@@ -114,6 +117,12 @@ def test_grpo_from_sft_checkpoint(grpo, sft_out, tmp_path, monkeypatch):
         [f"run.output_dir={out}", f"model.name_or_path={sft_out}"],
     )
     grpo.main(cfg)
+    # train: is GRPOConfig itself: the YAML's rollout settings reached TRL
+    import torch
+
+    args = torch.load(out / "checkpoint-2" / "training_args.bin", weights_only=False)
+    assert type(args).__name__ == "GRPOConfig"
+    assert (args.use_vllm, args.num_generations, args.max_completion_length, args.beta) == (False, 4, 16, 0.04)
 
     # The reward saw the dataset columns, per completion, matching the puzzle each completion answers.
     assert len(calls) == 2
