@@ -119,3 +119,28 @@ def test_hostile_corpus_images_are_rejected_by_name_and_the_build_goes_on(tiny_c
     with pytest.warns(UserWarning, match="ok0.png"):
         report = build_store(cfg)
     assert report["images_rejected"] == 3 + 3  # the corpus three + ok0.png once per concept
+
+
+def test_store_writer_refuses_hostile_bytes_and_reading_a_planted_one_is_a_clear_error(hostile, tmp_path):
+    import pyarrow as pa
+
+    from tokenswap.images import BadImageError
+    from tokenswap.store import CorruptImageError, StoreWriter
+    from tokenswap.store.image_store import SCHEMA, image_id_of
+
+    bomb = hostile.bomb_png(tmp_path / "bomb.png").read_bytes()
+    sliver = hostile.sliver_png(tmp_path / "sliver.png").read_bytes()
+    with StoreWriter(tmp_path / "store") as w:
+        for data in (bomb, sliver, b"not an image"):
+            with pytest.raises(BadImageError, match="concept 'cat'"):
+                w.add("cat", data, source="test")
+    # A shard written by something else (an older build, a tampered file) is refused on read.
+    row = {"key": "cat", "concept": "cat", "image_id": image_id_of(bomb), "image": bomb, "source": "planted",
+           "score": 1.0, "width": 0, "height": 0, "meta": "{}"}
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, SCHEMA) as writer:
+        writer.write_table(pa.Table.from_pylist([row], schema=SCHEMA))
+    (tmp_path / "store" / "shards" / "part-r000-000000.arrow").write_bytes(sink.getvalue().to_pybytes())
+    (image,) = ImageStore(tmp_path / "store").get("cat")
+    with pytest.raises(CorruptImageError, match="decompression bomb"):
+        image.load()
