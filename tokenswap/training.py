@@ -166,9 +166,27 @@ class CollatorConfig:
     prepared: str | None = None
     """Prepared copy of the image store for this processor (tokenswap.store.prepare.prepare_store): cache misses
     read images at the target size instead of decoding and resizing them. Pixels are identical."""
+    on_bad_image: Literal["skip", "error"] = "skip"
+    """A native (LLaVA) image that cannot be used (decompression bomb, aspect ratio over 200, broken file, path
+    outside the image root): `skip` drops its sample (counted, warned once), `error` stops with the file named.
+    Store images of swapped concepts that cannot be used always stay text."""
+    on_bad_sample: Literal["skip", "error"] = "skip"
+    """A sample the collator refuses (special tokens such as <|im_end|> typed in its text, no assistant turn when
+    learning assistant tokens, <image> markers that do not match its images, over the bounds below): `skip`
+    counts it in the swap stats and warns once, `error` stops naming the sample."""
+    max_images_per_sample: int | None = 256
+    """Images in one sample: more native images refuse the sample, more swapped concepts stay text; null: no bound."""
+    max_chars_per_sample: int | None = 1_000_000
+    """Characters in one sample's messages; a longer sample is refused (see `on_bad_sample`); null: no bound."""
+    max_image_pixels: int = 50_000_000
+    """Largest image (width x height) decoded, checked from the file header before any pixel is decoded."""
 
     def __post_init__(self) -> None:
-        problems = _ranges(self, positive=("max_images",), non_negative=("cache_gb",))
+        problems = _ranges(
+            self,
+            positive=("max_images", "max_images_per_sample", "max_chars_per_sample", "max_image_pixels"),
+            non_negative=("cache_gb",),
+        )
         if not 0.0 <= self.swap_prob <= 1.0:
             problems.append(f"`swap_prob` must be in [0, 1], got {self.swap_prob}")
         if self.max_length is not None and self.max_length < 16:
@@ -724,6 +742,11 @@ def build_collator(
         image_root=image_root,
         cache_bytes=int(cfg.cache_gb * (1 << 30)),
         prepared=cfg.prepared,
+        on_bad_image=cfg.on_bad_image,
+        on_bad_sample=cfg.on_bad_sample,
+        max_images_per_sample=cfg.max_images_per_sample,
+        max_chars_per_sample=cfg.max_chars_per_sample,
+        max_image_pixels=cfg.max_image_pixels,
     )
 
 
