@@ -7,7 +7,11 @@ Runs are read from wherever they were logged:
   (W&B writes no summary file offline, so this module parses the record log);
 - ``wandb:ENTITY/PROJECT/GROUP`` through the W&B API (online runs of one pair).
 
-Runs with the same arm are treated as seeds: the table gives mean ± 95% CI across them.
+Runs with the same arm are treated as seeds: the table gives mean ± 95% CI across them (exact
+Student-t, :mod:`tokenswap.eval.stats`). Paired arms share seeds, so their difference is estimated
+per seed (``tokenswap − text`` of the same seed) with its own CI, which is narrower than the two
+arms' CIs combined when the seeds' noise is shared. A run whose log is empty (a crashed or
+unfinished run) is left out and listed under ``skipped``; it never counts as a seed.
 """
 
 from __future__ import annotations
@@ -22,12 +26,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["RunRecord", "compare_runs", "load_run", "make_wandb_report", "mean_ci", "read_trainer_run", "read_wandb_offline"]
+from tokenswap.eval.stats import mean_ci
 
-DEFAULT_METRICS = ("loss", "gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/rel")
+__all__ = ["RunRecord", "compare_runs", "load_run", "make_wandb_report", "mean_ci", "paired_difference",
+           "read_trainer_run", "read_wandb_offline", "seed_of"]
+
+DEFAULT_METRICS = ("loss", "gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/rel", "gap/retention")
 ARM_ORDER = ("baseline", "text", "tokenswap")
-# Two-sided 95% Student-t quantiles by degrees of freedom (scipy is not a dependency).
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 @dataclass
@@ -129,7 +134,8 @@ def read_trainer_run(output_dir: str | os.PathLike) -> RunRecord:
         group=run.get("pair", ""),
         arm=run.get("arm", "?"),
         config=config,
-        history=json.loads(log.read_text()),
+        # An empty file is a run that crashed before its first log line: no history (compare skips it).
+        history=json.loads(log.read_text() or "[]"),
     )
 
 
@@ -166,23 +172,66 @@ def load_run(spec: str) -> list[RunRecord]:
 
 
 # ---------------------------------------------------------------------------- comparison
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, float("nan")
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, _T95.get(n - 1, 1.96) * sd / math.sqrt(n)
+def seed_of(run: RunRecord) -> int | None:
+    """The run's seed: ``run.seed`` of a recipe's config (also how the recipes' W&B config nests it)."""
+    section = run.config.get("run")
+    seed = section.get("seed") if isinstance(section, dict) else run.config.get("seed")
+    return None if seed is None else int(seed)
 
 
-def compare_runs(runs: list[RunRecord], metrics: tuple[str, ...] = DEFAULT_METRICS) -> dict:
-    """Final value of each metric per arm, mean ± 95% CI over the runs (seeds) of an arm.
+def paired_difference(runs: list[RunRecord], metric: str, base: str = "text", other: str = "tokenswap") -> dict:
+    """``other − base`` of the final ``metric`` per seed (same group), mean ± 95% Student-t CI.
 
     Returns:
-        ``{"arms": {arm: {"n": int, metric: {"mean", "ci95", "values"}}}, "metrics": [...]}``.
+        ``{"n", "mean", "ci95", "values", "seeds"}``; ``n`` is 0 when no seed has both arms.
+
+    Raises:
+        ValueError: a run of either arm has no seed in its config, or one seed has two runs of an arm.
+    """
+    finals: dict[str, dict[tuple[str, int], float]] = {base: {}, other: {}}
+    for r in runs:
+        if r.arm not in finals or not r.history:
+            continue
+        seed = seed_of(r)
+        if seed is None:
+            raise ValueError(f"run {r.name!r} ({r.arm}) has no run.seed in its config; runs are paired by seed")
+        key = (r.group, seed)
+        if key in finals[r.arm]:
+            raise ValueError(f"two {r.arm} runs for group {r.group!r} seed {seed}; pass each run once")
+        value = r.last(metric)
+        if value is not None:
+            finals[r.arm][key] = value
+    keys = sorted(set(finals[base]) & set(finals[other]))
+    values = [finals[other][k] - finals[base][k] for k in keys]
+    if not values:
+        return {"n": 0, "mean": math.nan, "ci95": math.nan, "values": [], "seeds": []}
+    mean, ci = mean_ci(values)
+    return {"n": len(values), "mean": mean, "ci95": ci, "values": values, "seeds": [k[1] for k in keys]}
+
+
+def compare_runs(
+    runs: list[RunRecord],
+    metrics: tuple[str, ...] = DEFAULT_METRICS,
+    pairs: tuple[tuple[str, str], ...] = (("text", "tokenswap"),),
+) -> dict:
+    """Final value of each metric per arm, mean ± 95% CI over the runs (seeds) of an arm.
+
+    Args:
+        runs: the runs; those with an empty log are skipped (listed under ``skipped``).
+        metrics: metric names (as logged, e.g. ``gap/abs``).
+        pairs: ``(base, other)`` arms whose per-seed difference ``other − base`` is reported when
+            both arms are present.
+
+    Returns:
+        ``{"arms": {arm: {"n": int, metric: {"mean", "ci95", "values"}}}, "metrics": [...],
+        "paired": {"other-base": {metric: paired_difference(...)}}, "skipped": [names]}``.
     """
     by_arm: dict[str, list[RunRecord]] = defaultdict(list)
+    skipped = []
     for r in runs:
+        if not r.history:
+            skipped.append(r.name)
+            continue
         by_arm[r.arm].append(r)
     arms = sorted(by_arm, key=lambda a: (ARM_ORDER.index(a) if a in ARM_ORDER else len(ARM_ORDER), a))
     table: dict = {"arms": {}, "metrics": list(metrics)}
@@ -194,6 +243,12 @@ def compare_runs(runs: list[RunRecord], metrics: tuple[str, ...] = DEFAULT_METRI
                 mean, ci = mean_ci(values)
                 row[m] = {"mean": mean, "ci95": ci, "values": values}
         table["arms"][arm] = row
+    table["paired"] = {}
+    for base, other in pairs:
+        if base in by_arm and other in by_arm:
+            kept = by_arm[base] + by_arm[other]
+            table["paired"][f"{other}-{base}"] = {m: paired_difference(kept, m, base, other) for m in metrics}
+    table["skipped"] = skipped
     return table
 
 
@@ -210,6 +265,20 @@ def to_markdown(table: dict) -> str:
             else:
                 cells.append(f"{row[m]['mean']:.4f} ± {row[m]['ci95']:.4f}")
         lines.append(f"| {arm} | {row['n']} | " + " | ".join(cells) + " |")
+    for name, diffs in table.get("paired", {}).items():
+        cells = []
+        for m in metrics:
+            d = diffs.get(m)
+            if not d or not d["n"]:
+                cells.append("—")
+            elif math.isnan(d["ci95"]):
+                cells.append(f"{d['mean']:+.4f}")
+            else:
+                cells.append(f"{d['mean']:+.4f} ± {d['ci95']:.4f}")
+        n = max((d["n"] for d in diffs.values()), default=0)
+        lines.append(f"| paired {name} (per seed) | {n} | " + " | ".join(cells) + " |")
+    if table.get("skipped"):
+        lines.append(f"\nSkipped (empty log): {', '.join(table['skipped'])}")
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,54 @@
+"""The exact Student-t quantile and CI against published values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tokenswap.eval.stats import betainc, mean_ci, paired_differences, t_cdf, t_quantile
+
+# Two-sided 95% (p = 0.975) and 99% (p = 0.995) quantiles, from standard tables (R's qt to 10 digits).
+T975 = {1: 12.7062047362, 2: 4.3026527297, 3: 3.1824463053, 4: 2.7764451052, 9: 2.2621571628,
+        11: 2.2009851601, 12: 2.1788128297, 20: 2.0859634473, 29: 2.0452296421, 30: 2.0422724563,
+        100: 1.9839715185, 1000: 1.9623390808}
+T995 = {1: 63.6567411629, 5: 4.0321429836, 30: 2.7499956536}
+
+
+@pytest.mark.parametrize("df,expected", sorted(T975.items()))
+def test_t_quantile_975(df, expected):
+    assert t_quantile(0.975, df) == pytest.approx(expected, abs=1e-9)
+
+
+@pytest.mark.parametrize("df,expected", sorted(T995.items()))
+def test_t_quantile_995_and_symmetry(df, expected):
+    assert t_quantile(0.995, df) == pytest.approx(expected, abs=1e-8)
+    assert t_quantile(0.005, df) == pytest.approx(-expected, abs=1e-8)
+
+
+def test_t_cdf_and_limits():
+    assert t_cdf(0.0, 7) == 0.5
+    assert t_cdf(1.0, 1) == pytest.approx(0.75)  # Cauchy: 1/2 + atan(1)/pi
+    assert t_quantile(0.975, math.inf) == pytest.approx(1.959963985, abs=1e-8)
+    assert betainc(2.0, 3.0, 0.4) == pytest.approx(0.5248, abs=1e-12)  # 1 - (1-x)^4 - 4x(1-x)^3
+    with pytest.raises(ValueError, match="quantile level"):
+        t_quantile(1.0, 3)
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t_cdf(1.0, 0)
+
+
+def test_mean_ci_uses_the_exact_quantile_for_every_n():
+    # 12 runs: the half-width is t(0.975, 11) * sd / sqrt(12), not 1.96 * sd / sqrt(12).
+    values = [float(v) for v in range(12)]
+    mean, half = mean_ci(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / 11)
+    assert mean == 5.5 and half == pytest.approx(2.2009851601 * sd / math.sqrt(12), rel=1e-9)
+    assert math.isnan(mean_ci([3.0])[1])
+    with pytest.raises(ValueError):
+        mean_ci([])
+
+
+def test_paired_differences_pair_by_key():
+    assert paired_differences({1: 0.5, 0: 0.25}, {0: 0.0, 1: 0.75}) == [0.25, -0.25]
+    with pytest.raises(ValueError, match="only left \\[2\\]"):
+        paired_differences({0: 1.0, 2: 1.0}, {0: 1.0})
