@@ -1,4 +1,4 @@
-"""Shared fixtures: offline environment, seeding, and one tiny Qwen2-VL checkpoint per session."""
+"""Shared fixtures: offline environment, seeding, one tiny Qwen2-VL checkpoint per session and tiny checkpoints of every family."""
 
 from __future__ import annotations
 
@@ -48,6 +48,43 @@ def tiny_processor(tiny_qwen2vl):
     from transformers import AutoProcessor
 
     return AutoProcessor.from_pretrained(tiny_qwen2vl)
+
+
+@pytest.fixture(scope="session")
+def tiny_family(tmp_path_factory):
+    """``get(family, tokenizer="trained") -> path``: a tiny checkpoint of any family, built once per session.
+
+    ``tokenizer="qwen"`` uses Qwen2's real vocabulary (built from dashscope's ranks, cached under
+    ``~/.cache/tokenswap``) with a 32-wide model, so the 151,936-row embedding stays small.
+    """
+    from tokenswap.testing import build_tiny_model
+
+    built = {}
+
+    def get(family: str, tokenizer: str = "trained"):
+        if (family, tokenizer) not in built:
+            out = tmp_path_factory.mktemp(f"tiny-{family}-{tokenizer}")
+            built[family, tokenizer] = build_tiny_model(
+                out, family=family, tokenizer=tokenizer, hidden_size=32 if tokenizer == "qwen" else 64
+            )
+        return built[family, tokenizer]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def family_processor(tiny_family):
+    """``get(family, tokenizer="trained") -> processor`` of :func:`tiny_family`'s checkpoint, loaded once."""
+    from transformers import AutoProcessor
+
+    loaded = {}
+
+    def get(family: str, tokenizer: str = "trained"):
+        if (family, tokenizer) not in loaded:
+            loaded[family, tokenizer] = AutoProcessor.from_pretrained(tiny_family(family, tokenizer))
+        return loaded[family, tokenizer]
+
+    return get
 
 
 ASSETS = __import__("pathlib").Path(__file__).parent / "assets"

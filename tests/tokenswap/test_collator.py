@@ -323,7 +323,7 @@ def test_processor_without_template_gets_the_qwen2vl_one(tiny_processor, tiny_st
 def test_rejects_a_non_qwen2vl_template(tiny_processor, tiny_store):
     other = copy.deepcopy(tiny_processor)
     other.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    with pytest.raises(ValueError, match="does not match the Qwen2-VL template"):
+    with pytest.raises(ValueError, match="does not match the qwen2_vl template"):
         TokenSwapCollator(other, tiny_store)
 
 
