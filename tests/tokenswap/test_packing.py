@@ -1,0 +1,315 @@
+"""Packing: a packed batch computes exactly what its samples compute one at a time.
+
+Tiny random-weight models in float32 on CPU. Per-token losses and parameter gradients of a packed
+batch are compared with the same samples run alone (1e-5), for sdpa and eager; the flash-attention 2
+version of the check is in benchmarks/gpu_check.sh.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tokenswap.collator import TokenSwapCollator
+from tokenswap.packing import (
+    PackingNotSupportedError,
+    RopeIndex,
+    greedy_pack,
+    length_grouped_order,
+    pack_rows,
+    text_lengths,
+)
+from tokenswap.swap import SwapPolicy
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------- pure functions
+def test_greedy_pack_keeps_order_and_budget():
+    lengths = [5, 3, 9, 1, 1, 6, 10]
+    rows = greedy_pack(lengths, budget=10)
+    assert [i for r in rows for i in r] == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in r) <= 10 for r in rows)
+    assert rows == [[0, 1], [2, 3], [4, 5], [6]]
+    with pytest.raises(ValueError, match="pack_budget=10"):
+        greedy_pack([11], budget=10)
+
+
+def test_length_grouped_order_is_a_seeded_permutation_grouping_lengths():
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(10, 2000, size=400).tolist()
+    order = length_grouped_order(lengths, batch_size=4, seed=7)
+    assert sorted(order) == list(range(400))
+    assert order == length_grouped_order(lengths, batch_size=4, seed=7)
+    assert order != length_grouped_order(lengths, batch_size=4, seed=8)
+
+    def padding(o):
+        batches = [[lengths[i] for i in o[k : k + 4]] for k in range(0, len(o), 4)]
+        return sum(4 * max(b) - sum(b) for b in batches) / sum(4 * max(b) for b in batches)
+
+    assert padding(order) < 0.05 < padding(list(range(400)))
+
+
+def test_text_lengths_are_the_same_for_both_arms(swap_samples):
+    # Lengths come from the raw text (the text arm), so both arms get the same grouped order.
+    assert text_lengths(swap_samples) == text_lengths([dict(s) for s in swap_samples])
+    assert all(n > 0 for n in text_lengths(swap_samples))
+
+
+# ---------------------------------------------------------------------------- model helpers
+def per_token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Next-token cross entropy per position of one row (0 where the label is -100)."""
+    shift = torch.cat([labels[1:], labels.new_full((1,), -100)])
+    return F.cross_entropy(logits.float(), shift, ignore_index=-100, reduction="none")
+
+
+def grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def check_packed_equals_alone(model, packed: dict, singles: list[dict], plan: list[list[int]]):
+    """Per-token losses and summed-loss gradients of the packed batch equal the one-at-a-time runs."""
+    model.zero_grad()
+    out = model(**{k: v for k, v in packed.items() if k != "labels"})
+    loss_rows = []
+    for r in range(packed["input_ids"].shape[0]):
+        loss_rows.append(per_token_losses(out.logits[r], packed["labels"][r]))
+    torch.stack(loss_rows).sum().backward()
+    g_packed = grads(model)
+
+    model.zero_grad()
+    total = 0.0
+    for r, row in enumerate(plan):
+        pos = 0
+        for i in row:
+            s = singles[i]
+            n = s["input_ids"].shape[1]
+            logits = model(**{k: v for k, v in s.items() if k != "labels"}).logits[0]
+            alone = per_token_losses(logits, s["labels"][0])
+            torch.testing.assert_close(loss_rows[r][pos : pos + n], alone, **TOL)
+            torch.testing.assert_close(out.logits[r, pos : pos + n], logits, **TOL)
+            total = total + alone.sum()
+            pos += n
+    total.backward()
+    g_alone = grads(model)
+    assert g_alone
+    for name in g_packed.keys() | g_alone.keys():
+        # A parameter only one side touched (the vision tower, through the masked dummy image) must get zero.
+        a = g_packed.get(name, torch.zeros_like(g_alone.get(name, torch.zeros(0))))
+        b = g_alone.get(name, torch.zeros_like(a))
+        torch.testing.assert_close(a, b, **TOL, msg=lambda m, n=name: f"{n}: {m}")
+
+
+# ---------------------------------------------------------------------------- through the collator (Qwen2-VL)
+@pytest.fixture(scope="module")
+def qwen2vl_models(tiny_qwen2vl):
+    from transformers import AutoModelForImageTextToText
+
+    return {
+        attn: AutoModelForImageTextToText.from_pretrained(tiny_qwen2vl, dtype=torch.float32, attn_implementation=attn)
+        for attn in ("sdpa", "eager")
+    }
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_collator_packed_batch_equals_samples_one_at_a_time(attn, qwen2vl_models, tiny_processor, tiny_store,
+                                                            swap_samples):
+    model = qwen2vl_models[attn].train()
+    policy = SwapPolicy(swap_prob=1.0)
+    examples = swap_samples[:6]
+    alone = TokenSwapCollator(tiny_processor, tiny_store, policy)
+    singles = [alone([ex]) for ex in examples]
+    singles = [{k: v for k, v in s.items() if k != "attention_mask"} for s in singles]
+    lengths = [s["input_ids"].shape[1] for s in singles]
+    budget = max(lengths) + min(lengths)  # at least one row holds two samples, and rows differ in length
+    packer = TokenSwapCollator(tiny_processor, tiny_store, policy, pack_budget=budget)
+    packed = packer(examples)
+    plan = greedy_pack(lengths, budget)
+    assert any(len(r) > 1 for r in plan) and len(plan) > 1
+    assert "attention_mask" not in packed and packed["use_cache"] is False
+    assert packed["position_ids"].shape == (4, len(plan), packed["input_ids"].shape[1])
+    # Images keep the unpacked order (and so belong to the right sample).
+    torch.testing.assert_close(packed["image_grid_thw"], torch.cat([s["image_grid_thw"] for s in singles]))
+    torch.testing.assert_close(packed["pixel_values"], torch.cat([s["pixel_values"] for s in singles]))
+    # Every sample keeps its labels, including each <|im_end|> it learns.
+    im_end = tiny_processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert int((packed["labels"] == im_end).sum()) == sum(int((s["labels"] == im_end).sum()) for s in singles)
+    assert packer.stats["tokens"] == sum(lengths)
+    assert packer.stats["token_slots"] == packed["input_ids"].numel()
+    check_packed_equals_alone(model, packed, singles, plan)
+
+
+def test_a_sample_never_depends_on_its_neighbours(qwen2vl_models, tiny_processor, tiny_store, swap_samples):
+    model = qwen2vl_models["sdpa"].eval()
+    collator = TokenSwapCollator(tiny_processor, tiny_store, SwapPolicy(swap_prob=1.0), pack_budget=4096)
+    target = swap_samples[0]
+    n = collator([target])["input_ids"].shape[1]
+    tails = []
+    for neighbours in ([swap_samples[1]], [swap_samples[2], swap_samples[3]], [swap_samples[4]]):
+        batch = collator([*neighbours, target])
+        assert batch["input_ids"].shape[0] == 1  # one row: the target sits after its neighbours
+        with torch.no_grad():
+            tails.append(model(**{k: v for k, v in batch.items() if k != "labels"}).logits[0, -n:])
+    for t in tails[1:]:
+        torch.testing.assert_close(t, tails[0], **TOL)
+
+
+def test_text_only_batch_with_dummy_image_packs(qwen2vl_models, tiny_processor, swap_samples):
+    model = qwen2vl_models["eager"].train()
+    examples = swap_samples[:3]
+    singles = [TokenSwapCollator(tiny_processor, None, dummy_image=False)([ex]) for ex in examples]
+    singles = [{k: v for k, v in s.items() if k != "attention_mask"} for s in singles]
+    packed = TokenSwapCollator(tiny_processor, None, pack_budget=4096)(examples)
+    assert packed["image_grid_thw"].shape[0] == 1  # the masked dummy, at the end of the last row
+    check_packed_equals_alone(model, packed, singles, [[0, 1, 2]])
+
+
+def test_long_sample_is_cut_to_the_budget_image_safe_and_counted(tiny_processor, tiny_store, swap_samples):
+    ex = swap_samples[0]
+    full = TokenSwapCollator(tiny_processor, tiny_store, SwapPolicy(swap_prob=1.0))([ex])["input_ids"].shape[1]
+    budget = full - 5
+    collator = TokenSwapCollator(tiny_processor, tiny_store, SwapPolicy(swap_prob=1.0), pack_budget=budget)
+    with pytest.warns(UserWarning, match="per-sample budget"):
+        batch = collator([ex, swap_samples[1]])
+    assert batch["input_ids"].shape[1] <= budget
+    assert collator.stats["samples_truncated"] == 1
+    ids = batch["input_ids"]
+    vs, ve = (tiny_processor.tokenizer.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|vision_end|>"))
+    assert int((ids == vs).sum()) == int((ids == ve).sum()) == batch["image_grid_thw"].shape[0]
+
+
+def test_budget_smaller_than_an_image_block_is_a_clear_error(tiny_processor, tiny_store):
+    with pytest.raises(ValueError, match="smaller than one image block"):
+        TokenSwapCollator(tiny_processor, tiny_store, pack_budget=20)
+
+
+def test_pack_ids_are_logged_one_line_per_pack(tmp_path, tiny_processor, tiny_store, swap_samples):
+    log = tmp_path / "sample_ids.rank0.txt"
+    collator = TokenSwapCollator(tiny_processor, tiny_store, SwapPolicy(swap_prob=1.0), pack_budget=300,
+                                 log_ids_to=str(log))
+    batch = collator(swap_samples[:6])
+    lines = log.read_text().splitlines()
+    assert len(lines) == batch["input_ids"].shape[0] > 1
+    assert " ".join(lines).split() == [str(s["id"]) for s in swap_samples[:6]]
+
+
+def test_packing_is_identical_across_calls(tiny_processor, tiny_store, swap_samples):
+    a = TokenSwapCollator(tiny_processor, tiny_store, SwapPolicy(swap_prob=0.5), pack_budget=300)(swap_samples)
+    b = TokenSwapCollator(tiny_processor, tiny_store, SwapPolicy(swap_prob=0.5), pack_budget=300)(swap_samples)
+    for k in ("input_ids", "labels", "position_ids", "pixel_values"):
+        assert torch.equal(a[k], b[k])
+
+
+# ---------------------------------------------------------------------------- every family, at the tensor level
+def family_sample(config, rng: np.random.Generator, n_images: int, text: int, grid=(1, 4, 6)):
+    """A token row with ``n_images`` image blocks, random labels on the text, and matching pixels."""
+    vc = config.vision_config
+    t, h, w = grid
+    merged = t * h * w // vc.spatial_merge_size**2
+    vocab = config.text_config.vocab_size
+    special = {config.image_token_id, config.vision_start_token_id, config.vision_end_token_id, config.video_token_id}
+    ordinary = np.array([i for i in range(min(vocab, 300)) if i not in special])
+    ids: list[int] = list(rng.choice(ordinary, size=text))
+    for _ in range(n_images):
+        ids += [config.vision_start_token_id] + [config.image_token_id] * merged + [config.vision_end_token_id]
+        ids += list(rng.choice(ordinary, size=text))
+    ids = np.asarray(ids, dtype=np.int64)
+    labels = np.where(np.isin(ids, list(special)), -100, ids)
+    labels[: text // 2] = -100
+    patch = vc.in_channels * vc.temporal_patch_size * vc.patch_size**2
+    pixels = torch.from_numpy(rng.standard_normal((n_images * t * h * w, patch)).astype(np.float32))
+    return ids, labels, [grid] * n_images, pixels
+
+
+@pytest.fixture(scope="module")
+def family_models(tmp_path_factory):
+    from transformers import AutoModelForImageTextToText
+
+    from tokenswap.testing import build_tiny_model
+
+    def load(family: str, attn: str):
+        path = build_tiny_model(tmp_path_factory.getbasetemp() / f"tiny-{family}", family=family)
+        return AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation=attn)
+
+    return load
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_every_packable_family_packs_exactly(family, attn, family_models):
+    model = family_models(family, attn).train()
+    config = model.config
+    rng = np.random.default_rng(0)
+    samples = [family_sample(config, rng, n, text) for n, text in ((1, 20), (0, 33), (2, 9), (1, 40))]
+    merge = config.vision_config.spatial_merge_size
+    rope = RopeIndex(family, merge)
+
+    singles = []
+    for ids, labels, grids, pixels in samples:
+        s = {"input_ids": torch.from_numpy(ids)[None], "labels": torch.from_numpy(labels)[None],
+             "mm_token_type_ids": torch.from_numpy((ids == config.image_token_id).astype(np.int64))[None]}
+        if grids:
+            s["pixel_values"] = pixels
+            s["image_grid_thw"] = torch.tensor(grids)
+            # The model-less rope index gives the model's own positions for the sample alone.
+            mask = torch.ones_like(s["input_ids"])
+            own, _ = model.model.get_rope_index(s["input_ids"], s["mm_token_type_ids"], s["image_grid_thw"],
+                                                attention_mask=mask)
+            torch.testing.assert_close(rope(s["input_ids"], s["mm_token_type_ids"], s["image_grid_thw"], mask), own)
+        singles.append(s)
+    budget = max(len(s[0]) for s in samples) + 8  # some rows hold two samples, some one
+    packed, plan = pack_rows([s[0] for s in samples], [s[1] for s in samples], [s[2] for s in samples],
+                             budget=budget, rope_index=rope, pad_id=0, image_pad_id=config.image_token_id)
+    assert len(plan) > 1 and any(len(r) > 1 for r in plan)
+    packed["pixel_values"] = torch.cat([s[3] for s in samples if s[2]])
+    packed["image_grid_thw"] = torch.tensor([g for s in samples for g in s[2]])
+    check_packed_equals_alone(model, packed, singles, plan)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "llava"])
+def test_packing_an_unsupported_family_names_it(family):
+    with pytest.raises(PackingNotSupportedError, match=family):
+        RopeIndex(family, 2)
+
+
+# ---------------------------------------------------------------------------- pixel dtype and buffers
+def test_bfloat16_pixels_give_bit_identical_outputs_on_a_bfloat16_model(tiny_qwen2vl, tiny_processor, tiny_store,
+                                                                         swap_samples):
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(tiny_qwen2vl, dtype=torch.bfloat16,
+                                                        attn_implementation="eager").eval()
+    policy = SwapPolicy(swap_prob=1.0)
+    f32 = TokenSwapCollator(tiny_processor, tiny_store, policy)(swap_samples[:4])
+    bf16 = TokenSwapCollator(tiny_processor, tiny_store, policy, pixel_dtype="bfloat16")(swap_samples[:4])
+    assert f32["pixel_values"].dtype == torch.float32 and bf16["pixel_values"].dtype == torch.bfloat16
+    assert torch.equal(f32["pixel_values"].to(torch.bfloat16), bf16["pixel_values"])
+    with torch.no_grad():
+        a, b = model(**f32).logits, model(**bf16).logits
+    assert torch.equal(a, b)
+
+
+def test_bfloat16_cache_holds_half_the_bytes(tiny_processor, tiny_store, swap_samples):
+    policy = SwapPolicy(swap_prob=1.0)
+    f32 = TokenSwapCollator(tiny_processor, tiny_store, policy)
+    bf16 = TokenSwapCollator(tiny_processor, tiny_store, policy, pixel_dtype="bfloat16")
+    f32(swap_samples)
+    bf16(swap_samples)
+    assert bf16.cache_info()["bytes"] * 2 == f32.cache_info()["bytes"] > 0
+
+
+def test_a_held_batch_is_never_overwritten_and_a_released_buffer_is_reused(tiny_processor, tiny_store,
+                                                                            swap_samples):
+    collator = TokenSwapCollator(tiny_processor, tiny_store, SwapPolicy(swap_prob=1.0))
+    held = [collator(swap_samples[i : i + 2]) for i in range(0, 10, 2)]  # more batches than buffers, all held
+    copies = [b["pixel_values"].clone() for b in held]
+    for b, c in zip(held, copies):
+        assert torch.equal(b["pixel_values"], c)
+    pointers = {b["pixel_values"].data_ptr() for b in held}
+    assert len(pointers) == len(held)  # no two live batches share memory
+    del held, b
+    first = collator(swap_samples[:2])["pixel_values"].untyped_storage().data_ptr()
+    again = collator(swap_samples[:2])["pixel_values"].untyped_storage().data_ptr()
+    assert first == again  # the previous batch was dropped, so its buffer is reused
