@@ -1,8 +1,7 @@
 """TokenSwapCollator: text instruction data with concept spans swapped for images, on the fly.
 
-The collator renders each conversation exactly as the model family's chat template would
-(Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5: :mod:`tokenswap.families`; checked against the
-processor's own template at construction), tokenizes it with one ``<|image_pad|>``
+The collator renders each conversation exactly as the Qwen2-VL chat template would (checked
+against the processor's own template at construction), tokenizes it with one ``<|image_pad|>``
 per image, expands each pad to the image's ``t·h·w / merge²`` tokens, and attaches the cached
 pixels. The result is identical to ``processor(text=apply_chat_template(...), images=...)``
 for the same interleaved conversation, at a fraction of the cost: pixels are processed once
@@ -26,7 +25,6 @@ import torch
 from PIL import Image
 
 from tokenswap.concepts import Concept, validate_concepts
-from tokenswap.families import VISION_TOKENS, Family, family_of, render_conversation
 from tokenswap.images import DEFAULT_MAX_IMAGE_PIXELS, BadImageError, load_image
 from tokenswap.store.image_store import ImageStore
 from tokenswap.store.prepare import PreparedImageError, load_prepared
@@ -41,22 +39,8 @@ IMAGE_MARKER = "<image>"
 
 _REQUIRED_KEYS = frozenset({"id", "messages"})
 _OPTIONAL_KEYS = frozenset({"concepts", "images"})
-_VISION_TOKENS = VISION_TOKENS
-# Conversations whose rendering must equal the processor's template: an image between texts, a system
-# message, whitespace at content edges (Qwen3.5 trims), assistant turns before and after the last user turn.
-_TEMPLATE_PROBES = (
-    [
-        {"role": "user", "content": [{"type": "text", "text": "a "}, {"type": "image"}, {"type": "text", "text": " b"}]},
-        {"role": "assistant", "content": [{"type": "text", "text": "c"}]},
-    ],
-    [
-        {"role": "system", "content": [{"type": "text", "text": " Be brief. "}]},
-        {"role": "user", "content": [{"type": "text", "text": "q"}]},
-        {"role": "assistant", "content": [{"type": "text", "text": " x\n"}]},
-        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "r "}]},
-        {"role": "assistant", "content": [{"type": "text", "text": "\ny"}]},
-    ],
-)
+_DEFAULT_SYSTEM = "You are a helpful assistant."
+_VISION_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
 _PIXEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _PIXEL_BUFFERS = 3  # the batch being built, the one accelerate holds prefetched, the one in the step
 
@@ -119,10 +103,7 @@ def _raise(error: Exception):
 
 @dataclass
 class TokenSwapCollator:
-    """Batches conversations for Qwen-VL models, swapping concept spans for images.
-
-    Supported: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE variants (:data:`tokenswap.families.FAMILIES`),
-    each rendered with its own released chat template; another processor raises ``UnsupportedFamilyError``.
+    """Batches conversations for Qwen2-VL-family models, swapping concept spans for images.
 
     Input examples are dicts with keys:
 
@@ -139,10 +120,6 @@ class TokenSwapCollator:
       right-padded (left-padded when ``processor.tokenizer.padding_side == "left"``, as the
       processor pads; packed rows ignore it). Labels are ``-100`` except assistant tokens and their ``<|im_end|>``
       (``learn="assistant"``) or every non-image token (``learn="all"``, continued pre-training).
-      An assistant token is a token with at least one character of the assistant turn's text: a
-      token straddling the ``<|im_start|>assistant\n`` header and the answer (with Qwen2's vocabulary,
-      an answer starting with "\n" merges with the header's "\n" into one "\n\n" token) is learned.
-      For Qwen3.5 the assistant text includes the ``<think>\n\n</think>\n\n`` block its template writes.
     - ``pixel_values``: ``(N_patches, C·T·P·P)`` float32 and ``image_grid_thw``: ``(N_img, 3)``
       int64, present whenever the batch has an image (always, with ``dummy_image``).
 
@@ -187,10 +164,7 @@ class TokenSwapCollator:
         dummy_image: add a masked dummy image to image-less batches (needed under ZeRO-3).
         image_root: folder that relative native image paths are resolved against.
         cache_bytes: bound of the processed-pixel cache.
-        system_prompt: system message inserted when a conversation has none; ``None``: the family's
-            default (Qwen2-VL / Qwen2.5-VL "You are a helpful assistant.", none for Qwen3-VL / Qwen3.5),
-            which is what the released templates do. Set it only for a processor whose template was
-            edited to insert another one; the template check at construction compares the two.
+        system_prompt: system message inserted when a conversation has none, as the chat
             template does; must match the processor's template.
         epoch: current epoch, for policies with ``resample_each_epoch`` (see ``EpochCallback``).
         log_ids_to: append the sample ids of every batch to this file, one line per batch
@@ -239,7 +213,7 @@ class TokenSwapCollator:
     dummy_image: bool = True
     image_root: str | None = None
     cache_bytes: int = 1 << 30
-    system_prompt: str | None = None
+    system_prompt: str = _DEFAULT_SYSTEM
     epoch: int = 0
     log_ids_to: str | None = None
     prepared: str | None = None
@@ -259,8 +233,6 @@ class TokenSwapCollator:
             raise ValueError(f"learn must be 'assistant' or 'all', got {self.learn!r}")
         if self.max_length is not None and self.max_length < 16:
             raise ValueError(f"max_length must be >= 16 or None, got {self.max_length}")
-        # First: UnsupportedFamilyError (a ValueError) names the supported families.
-        self.family: Family = family_of(self.processor)
         tok = self.processor.tokenizer
         self._tok = tok
         self._ids = {t: tok.convert_tokens_to_ids(t) for t in _VISION_TOKENS}
@@ -289,28 +261,47 @@ class TokenSwapCollator:
     # ------------------------------------------------------------------ template
     def _render(self, messages: Sequence[dict]) -> tuple[str, list[tuple[int, int]]]:
         """Conversation -> template string (one pad per image) and learnable char ranges."""
-        return render_conversation(self.family, messages, self._system)
+        out: list[str] = []
+        learn: list[tuple[int, int]] = []
+        pos = 0
+        if messages and messages[0]["role"] != "system":
+            head = f"<|im_start|>system\n{self.system_prompt}<|im_end|>\n"
+            out.append(head)
+            pos += len(head)
+        for m in messages:
+            head = f"<|im_start|>{m['role']}\n"
+            body = m["content"] if isinstance(m["content"], str) else "".join(
+                p["text"] if p["type"] == "text" else "<|vision_start|><|image_pad|><|vision_end|>" for p in m["content"]
+            )
+            body_start = pos + len(head)
+            piece = f"{head}{body}<|im_end|>\n"
+            if m["role"] == "assistant":
+                learn.append((body_start, body_start + len(body) + len("<|im_end|>")))
+            out.append(piece)
+            pos += len(piece)
+        return "".join(out), learn
 
     def _check_template(self) -> None:
-        self._system = self.system_prompt if self.system_prompt is not None else self.family.default_system_prompt
         if self.processor.chat_template is None:
             # Base checkpoints (e.g. Qwen/Qwen2-VL-7B) may ship no template; post-training then
             # teaches the Instruct one, which is what this collator renders.
-            warnings.warn(
-                f"the processor has no chat_template; using the {self.family.name} Instruct template", stacklevel=3
+            from tokenswap.testing import QWEN2VL_CHAT_TEMPLATE
+
+            warnings.warn("the processor has no chat_template; using the Qwen2-VL-Instruct template", stacklevel=3)
+            self.processor.chat_template = QWEN2VL_CHAT_TEMPLATE
+        probe = [
+            {"role": "user", "content": [{"type": "text", "text": "a "}, {"type": "image"}, {"type": "text", "text": " b"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "c"}]},
+        ]
+        theirs = self.processor.apply_chat_template(probe, tokenize=False)
+        ours, _ = self._render(probe)
+        if theirs != ours:
+            raise ValueError(
+                "the processor's chat template does not match the Qwen2-VL template this collator renders:\n"
+                f"  processor: {theirs!r}\n  collator:  {ours!r}\n"
+                "TokenSwapCollator supports the Qwen2-VL family (Qwen2-VL, Qwen2.5-VL); for another model "
+                "family use the processor directly"
             )
-            self.processor.chat_template = self.family.chat_template
-        for probe in _TEMPLATE_PROBES:
-            theirs = self.processor.apply_chat_template(probe, tokenize=False)
-            ours, _ = self._render(probe)
-            if theirs != ours:
-                raise ValueError(
-                    f"the processor's chat template does not match the {self.family.name} template this collator "
-                    f"renders:\n  processor: {theirs!r}\n  collator:  {ours!r}\n"
-                    "TokenSwapCollator reproduces the released Instruct templates of Qwen2-VL, Qwen2.5-VL, Qwen3-VL "
-                    "and Qwen3.5 (system_prompt= covers an edited default system message); for another template "
-                    "use the processor directly"
-                )
 
     # ------------------------------------------------------------------ planning
     def _warn_once(self, kind: str, message: str) -> None:
@@ -373,8 +364,13 @@ class TokenSwapCollator:
         self._warn_once(f"refused:{reason}", f"sample {sid!r} skipped: {message}")
         raise _SampleRefused(f"sample {sid!r}: {message}")
 
-    def _plan(self, ex: dict, arm: str) -> tuple[list[dict], list[list[tuple[int, int, _ImageRef]]]]:
+    def _plan(
+        self, ex: dict, arm: str, for_training: bool = True
+    ) -> tuple[list[dict], list[list[tuple[int, int, _ImageRef]]]]:
         """Decide the swaps of one example: (messages with image slots, per-message image refs).
+
+        ``for_training=False`` (:meth:`interleaved_messages`) accepts a conversation without an
+        assistant turn: an evaluation prompt has none.
 
         Raises:
             _SampleRefused: the sample is skipped (counted and warned here).
@@ -403,7 +399,7 @@ class TokenSwapCollator:
                 if t in text:
                     self._refuse(sid, "special_token", f"message {i} contains the special token {t} as text (it "
                                  f"would become a real marker); use {IMAGE_MARKER!r} for native images")
-        if self.learn == "assistant" and "assistant" not in roles:
+        if for_training and self.learn == "assistant" and "assistant" not in roles:
             self._refuse(sid, "no_assistant_turn", "no assistant turn, so nothing to learn with learn='assistant'")
         n_markers = sum(t.count(IMAGE_MARKER) for t in texts) if native else 0
         if not native:
@@ -590,13 +586,10 @@ class TokenSwapCollator:
         for r, ids in enumerate(enc["input_ids"]):
             ids = np.asarray(ids, dtype=np.int64)
             if self.learn == "assistant":
-                offsets = np.asarray(enc["offset_mapping"][r], dtype=np.int64).reshape(-1, 2)
+                starts = np.asarray([o[0] for o in enc["offset_mapping"][r]], dtype=np.int64)
                 learnable = np.zeros(len(ids), dtype=bool)
-                # A token is learned if any of its characters is: one that straddles the header and the
-                # answer (Qwen2's "\n\n" when the answer starts with "\n") carries answer text, so it is
-                # a target, as in transformers' return_assistant_tokens_mask.
                 for lo, hi in learn_ranges[r]:
-                    learnable |= (offsets[:, 1] > lo) & (offsets[:, 0] < hi)
+                    learnable |= (starts >= lo) & (starts < hi)
             else:
                 learnable = np.ones(len(ids), dtype=bool)
             images = sample_images[r]
@@ -788,7 +781,7 @@ class TokenSwapCollator:
         ``__call__``; a sample ``__call__`` would skip raises instead (``ValueError`` for a refused
         sample, :class:`~tokenswap.images.BadImageError` for a native image that cannot be used).
         """
-        messages, slots = self._plan(ex, arm)
+        messages, slots = self._plan(ex, arm, for_training=False)
         out = []
         for m, s in zip(messages, slots):
             parts, pos = [], 0

@@ -317,6 +317,8 @@ def test_no_assistant_turn_is_skipped_when_learning_assistant_tokens(make):
     assert_same_batch(batch, make()([GOOD]))
     kept = make(learn="all")([prompt_only, GOOD])  # continued pre-training learns every token: kept
     assert kept["input_ids"].shape[0] == 2
+    parts = collator.interleaved_messages(prompt_only)  # an evaluation prompt: no targets needed
+    assert [m["role"] for m in parts] == ["user"]
 
 
 def test_a_batch_of_only_refused_samples_is_a_row_without_targets(make, native_root, tiny_qwen2vl):
