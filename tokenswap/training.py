@@ -180,11 +180,21 @@ class CollatorConfig:
     """Characters in one sample's messages; a longer sample is refused (see `on_bad_sample`); null: no bound."""
     max_image_pixels: int = 50_000_000
     """Largest image (width x height) decoded, checked from the file header before any pixel is decoded."""
+    packing: bool = False
+    """Pack each micro-batch's samples, greedily in order, into rows of `pack_budget` tokens with per-sample
+    positions (tokenswap.packing): no padding, same samples per step. Qwen2-VL, Qwen2.5-VL and Qwen3-VL only."""
+    pack_budget: int = 16384
+    """Tokens per packed row (with packing). Samples longer than this are cut image-safe and counted. About
+    per_device_train_batch_size x mean sample length puts a whole micro-batch in one row (no padding at all)."""
+    pixel_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """dtype of pixel_values and of the pixel cache; set it to model.dtype (bfloat16 halves the cache and the
+    copies, and a bfloat16 vision tower computes bit-identical outputs)."""
 
     def __post_init__(self) -> None:
         problems = _ranges(
             self,
-            positive=("max_images", "max_images_per_sample", "max_chars_per_sample", "max_image_pixels"),
+            positive=("max_images", "max_images_per_sample", "max_chars_per_sample", "max_image_pixels",
+                      "pack_budget"),
             non_negative=("cache_gb",),
         )
         if not 0.0 <= self.swap_prob <= 1.0:
