@@ -19,8 +19,8 @@ from tokenswap.families import FAMILIES, UnsupportedFamilyError, family_of
 from tokenswap.swap import SwapPolicy
 from tokenswap.testing import TINY_FAMILIES
 
-# Qwen2-VL's template rules equal Qwen2.5-VL's; both Qwen3 dialects are covered.
-REAL_TOKENIZER_FAMILIES = ("qwen2_5_vl", "qwen3_vl")
+# The families whose released checkpoints use Qwen2's vocabulary (Qwen3.5 has its own, unpackaged).
+REAL_TOKENIZER_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 
 def official(processor, messages_list):
