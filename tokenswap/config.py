@@ -275,9 +275,12 @@ def _help(cls: type, prefix: str = "") -> list[str]:
             lines.append(f"  {prefix}{f.name}:  ({tp.__name__}) {docs.get(f.name, '')}")
             lines += _help(tp, prefix + f.name + ".")
             continue
-        default = f.default if f.default is not dataclasses.MISSING else (
-            "<factory>" if f.default_factory is not dataclasses.MISSING else "<required>"
-        )
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING and not dataclasses.is_dataclass(tp):
+            default = f.default_factory()
+        else:
+            default = "<required>"
         doc = docs.get(f.name) or " ".join(str(f.metadata.get("help", "")).split())
         lines.append(f"  {prefix}{f.name}={default!r}  [{_type_name(tp)}]  {doc}")
     return lines
