@@ -1,7 +1,8 @@
 """TokenSwapCollator: text instruction data with concept spans swapped for images, on the fly.
 
-The collator renders each conversation exactly as the Qwen2-VL chat template would (checked
-against the processor's own template at construction), tokenizes it with one ``<|image_pad|>``
+The collator renders each conversation exactly as the model family's chat template would
+(Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5: :mod:`tokenswap.families`; checked against the
+processor's own template at construction), tokenizes it with one ``<|image_pad|>``
 per image, expands each pad to the image's ``t·h·w / merge²`` tokens, and attaches the cached
 pixels. The result is identical to ``processor(text=apply_chat_template(...), images=...)``
 for the same interleaved conversation, at a fraction of the cost: pixels are processed once
@@ -25,6 +26,7 @@ import torch
 from PIL import Image
 
 from tokenswap.concepts import Concept, validate_concepts
+from tokenswap.families import VISION_TOKENS, Family, family_of, render_conversation
 from tokenswap.images import DEFAULT_MAX_IMAGE_PIXELS, BadImageError, load_image
 from tokenswap.store.image_store import ImageStore
 from tokenswap.store.prepare import PreparedImageError, load_prepared
@@ -39,13 +41,24 @@ IMAGE_MARKER = "<image>"
 
 _REQUIRED_KEYS = frozenset({"id", "messages"})
 _OPTIONAL_KEYS = frozenset({"concepts", "images"})
-_DEFAULT_SYSTEM = "You are a helpful assistant."
-_VISION_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
+_VISION_TOKENS = VISION_TOKENS
+# Conversations whose rendering must equal the processor's template: an image between texts, a system
+# message, whitespace at content edges (Qwen3.5 trims), assistant turns before and after the last user turn.
+_TEMPLATE_PROBES = (
+    [
+        {"role": "user", "content": [{"type": "text", "text": "a "}, {"type": "image"}, {"type": "text", "text": " b"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "c"}]},
+    ],
+    [
+        {"role": "system", "content": [{"type": "text", "text": " Be brief. "}]},
+        {"role": "user", "content": [{"type": "text", "text": "q"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": " x\n"}]},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "r "}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "\ny"}]},
+    ],
+)
 _PIXEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Pixel buffers shared by every collator of the process, per dtype. Four: the batch being built, the
-# one accelerate holds prefetched, the one in the step, and the second arm of a paired batch.
-_PIXEL_BUFFERS = 4
-_PIXEL_POOL: dict[torch.dtype, list[torch.Tensor]] = {}
+_PIXEL_BUFFERS = 3  # the batch being built, the one accelerate holds prefetched, the one in the step
 
 
 class _PixelCache:
@@ -106,7 +119,10 @@ def _raise(error: Exception):
 
 @dataclass
 class TokenSwapCollator:
-    """Batches conversations for Qwen2-VL-family models, swapping concept spans for images.
+    """Batches conversations for Qwen-VL models, swapping concept spans for images.
+
+    Supported: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE variants (:data:`tokenswap.families.FAMILIES`),
+    each rendered with its own released chat template; another processor raises ``UnsupportedFamilyError``.
 
     Input examples are dicts with keys:
 
@@ -123,6 +139,10 @@ class TokenSwapCollator:
       right-padded (left-padded when ``processor.tokenizer.padding_side == "left"``, as the
       processor pads; packed rows ignore it). Labels are ``-100`` except assistant tokens and their ``<|im_end|>``
       (``learn="assistant"``) or every non-image token (``learn="all"``, continued pre-training).
+      An assistant token is a token with at least one character of the assistant turn's text: a
+      token straddling the ``<|im_start|>assistant\n`` header and the answer (with Qwen2's vocabulary,
+      an answer starting with "\n" merges with the header's "\n" into one "\n\n" token) is learned.
+      For Qwen3.5 the assistant text includes the ``<think>\n\n</think>\n\n`` block its template writes.
     - ``pixel_values``: ``(N_patches, C·T·P·P)`` float32 and ``image_grid_thw``: ``(N_img, 3)``
       int64, present whenever the batch has an image (always, with ``dummy_image``).
 
@@ -167,7 +187,10 @@ class TokenSwapCollator:
         dummy_image: add a masked dummy image to image-less batches (needed under ZeRO-3).
         image_root: folder that relative native image paths are resolved against.
         cache_bytes: bound of the processed-pixel cache.
-        system_prompt: system message inserted when a conversation has none, as the chat
+        system_prompt: system message inserted when a conversation has none; ``None``: the family's
+            default (Qwen2-VL / Qwen2.5-VL "You are a helpful assistant.", none for Qwen3-VL / Qwen3.5),
+            which is what the released templates do. Set it only for a processor whose template was
+            edited to insert another one; the template check at construction compares the two.
             template does; must match the processor's template.
         epoch: current epoch, for policies with ``resample_each_epoch`` (see ``EpochCallback``).
         log_ids_to: append the sample ids of every batch to this file, one line per batch
@@ -216,7 +239,7 @@ class TokenSwapCollator:
     dummy_image: bool = True
     image_root: str | None = None
     cache_bytes: int = 1 << 30
-    system_prompt: str = _DEFAULT_SYSTEM
+    system_prompt: str | None = None
     epoch: int = 0
     log_ids_to: str | None = None
     prepared: str | None = None
@@ -236,6 +259,8 @@ class TokenSwapCollator:
             raise ValueError(f"learn must be 'assistant' or 'all', got {self.learn!r}")
         if self.max_length is not None and self.max_length < 16:
             raise ValueError(f"max_length must be >= 16 or None, got {self.max_length}")
+        # First: UnsupportedFamilyError (a ValueError) names the supported families.
+        self.family: Family = family_of(self.processor)
         tok = self.processor.tokenizer
         self._tok = tok
         self._ids = {t: tok.convert_tokens_to_ids(t) for t in _VISION_TOKENS}
@@ -264,47 +289,41 @@ class TokenSwapCollator:
     # ------------------------------------------------------------------ template
     def _render(self, messages: Sequence[dict]) -> tuple[str, list[tuple[int, int]]]:
         """Conversation -> template string (one pad per image) and learnable char ranges."""
-        out: list[str] = []
-        learn: list[tuple[int, int]] = []
-        pos = 0
-        if messages and messages[0]["role"] != "system":
-            head = f"<|im_start|>system\n{self.system_prompt}<|im_end|>\n"
-            out.append(head)
-            pos += len(head)
-        for m in messages:
-            head = f"<|im_start|>{m['role']}\n"
-            body = m["content"] if isinstance(m["content"], str) else "".join(
-                p["text"] if p["type"] == "text" else "<|vision_start|><|image_pad|><|vision_end|>" for p in m["content"]
-            )
-            body_start = pos + len(head)
-            piece = f"{head}{body}<|im_end|>\n"
-            if m["role"] == "assistant":
-                learn.append((body_start, body_start + len(body) + len("<|im_end|>")))
-            out.append(piece)
-            pos += len(piece)
-        return "".join(out), learn
+        return render_conversation(self.family, messages, self._system)
 
     def _check_template(self) -> None:
+        self._system = self.system_prompt if self.system_prompt is not None else self.family.default_system_prompt
         if self.processor.chat_template is None:
             # Base checkpoints (e.g. Qwen/Qwen2-VL-7B) may ship no template; post-training then
             # teaches the Instruct one, which is what this collator renders.
-            from tokenswap.testing import QWEN2VL_CHAT_TEMPLATE
-
-            warnings.warn("the processor has no chat_template; using the Qwen2-VL-Instruct template", stacklevel=3)
-            self.processor.chat_template = QWEN2VL_CHAT_TEMPLATE
-        probe = [
-            {"role": "user", "content": [{"type": "text", "text": "a "}, {"type": "image"}, {"type": "text", "text": " b"}]},
-            {"role": "assistant", "content": [{"type": "text", "text": "c"}]},
-        ]
-        theirs = self.processor.apply_chat_template(probe, tokenize=False)
-        ours, _ = self._render(probe)
-        if theirs != ours:
-            raise ValueError(
-                "the processor's chat template does not match the Qwen2-VL template this collator renders:\n"
-                f"  processor: {theirs!r}\n  collator:  {ours!r}\n"
-                "TokenSwapCollator supports the Qwen2-VL family (Qwen2-VL, Qwen2.5-VL); for another model "
-                "family use the processor directly"
+            warnings.warn(
+                f"the processor has no chat_template; using the {self.family.name} Instruct template", stacklevel=3
             )
+            self.processor.chat_template = self.family.chat_template
+        dropped = [r for r in self.policy.roles if r not in self.family.image_roles]
+        if dropped:
+            raise ValueError(
+                f"policy.roles {list(self.policy.roles)} includes {dropped}, but the {self.family.name} chat template "
+                f"renders images only in {' and '.join(self.family.image_roles)} messages; drop {dropped} from "
+                "SwapPolicy.roles"
+            )
+        for probe in _TEMPLATE_PROBES:
+            theirs = self.processor.apply_chat_template(probe, tokenize=False)
+            ours, _ = self._render(probe)
+            if theirs != ours:
+                raise ValueError(
+                    f"the processor's chat template does not match the {self.family.name} template this collator "
+                    f"renders:\n  processor: {theirs!r}\n  collator:  {ours!r}\n"
+                    "TokenSwapCollator reproduces the released Instruct templates of Qwen2-VL, Qwen2.5-VL, Qwen3-VL "
+                    "and Qwen3.5 (system_prompt= covers an edited default system message); for another template "
+                    "use the processor directly"
+                )
+
+    def _skip_unrenderable(self, sid: object, error: ValueError) -> None:
+        try:
+            self._refuse(sid, "template", str(error))
+        except _SampleRefused:  # counted and warned in _refuse
+            pass
 
     # ------------------------------------------------------------------ planning
     def _warn_once(self, kind: str, message: str) -> None:
@@ -569,7 +588,11 @@ class TokenSwapCollator:
                 rendered.append({"role": m["role"], "content": parts})
             if dropped:
                 continue
-            text, learn = self._render(rendered)
+            try:
+                text, learn = self._render(rendered)
+            except ValueError as e:  # the family's template rejects it or would drop its images
+                self._skip_unrenderable(examples[b]["id"], e)
+                continue
             texts.append(text)
             learn_ranges.append(learn)
             sample_images.append(images)
@@ -589,10 +612,13 @@ class TokenSwapCollator:
         for r, ids in enumerate(enc["input_ids"]):
             ids = np.asarray(ids, dtype=np.int64)
             if self.learn == "assistant":
-                starts = np.asarray([o[0] for o in enc["offset_mapping"][r]], dtype=np.int64)
+                offsets = np.asarray(enc["offset_mapping"][r], dtype=np.int64).reshape(-1, 2)
                 learnable = np.zeros(len(ids), dtype=bool)
+                # A token is learned if any of its characters is: one that straddles the header and the
+                # answer (Qwen2's "\n\n" when the answer starts with "\n") carries answer text, so it is
+                # a target, as in transformers' return_assistant_tokens_mask.
                 for lo, hi in learn_ranges[r]:
-                    learnable |= (starts >= lo) & (starts < hi)
+                    learnable |= (offsets[:, 1] > lo) & (offsets[:, 0] < hi)
             else:
                 learnable = np.ones(len(ids), dtype=bool)
             images = sample_images[r]
@@ -690,6 +716,7 @@ class TokenSwapCollator:
         """Check the packing budget and family and the pixel dtype once, before any batch."""
         if self.pixel_dtype not in _PIXEL_DTYPES:
             raise ValueError(f"pixel_dtype must be one of {sorted(_PIXEL_DTYPES)}, got {self.pixel_dtype!r}")
+        self._buffers: list[torch.Tensor] = []
         self._rope_index = None
         self._cut_at = self.max_length
         if self.pack_budget is None:
@@ -745,13 +772,11 @@ class TokenSwapCollator:
     def _concat_pixels(self, pieces: list[torch.Tensor]) -> torch.Tensor:
         """``torch.cat(pieces)`` in ``pixel_dtype``, written into a reused buffer when that is safe.
 
-        A fresh 64 MiB tensor per batch costs mostly first-touch page faults (on a loaded 2-core VM,
-        ~0.5 s for a 64 MiB clone against ~25 ms for the copy into touched memory); a buffer that no
-        batch still references costs only the copy. The buffers belong to the process (shared by its
-        collators). A buffer is reused only when its storage has no reference but the pool's (the
-        Trainer, accelerate's one-batch prefetch or the user may still hold a previous batch), never in
-        a DataLoader worker (tensors leave through shared memory, so the parent could still be reading
-        the storage) and never once shared.
+        A fresh 64 MiB tensor per batch costs mostly first-touch page faults; a buffer that no batch
+        still references costs only the copy. A buffer is reused only when its storage has no
+        reference but ours (the Trainer, accelerate's one-batch prefetch or the user may still hold
+        the previous batch), never in a DataLoader worker (tensors leave through shared memory, so the
+        parent could still be reading the storage) and never once shared.
         """
         dtype = _PIXEL_DTYPES[self.pixel_dtype]
         n = sum(p.shape[0] for p in pieces)
@@ -759,17 +784,16 @@ class TokenSwapCollator:
         need = n * width
         buf = None
         if torch.utils.data.get_worker_info() is None:
-            pool = _PIXEL_POOL.setdefault(dtype, [])
-            pool[:] = [b for b in pool if not b.is_shared()]
-            free = [b for b in pool if torch._C._storage_Use_Count(b.untyped_storage()._cdata) == 2]
+            self._buffers = [b for b in self._buffers if not b.is_shared()]
+            free = [b for b in self._buffers if torch._C._storage_Use_Count(b.untyped_storage()._cdata) == 2]
             fits = [b for b in free if b.numel() >= need]
             if fits:
                 buf = fits[0]
-            elif free or len(pool) < _PIXEL_BUFFERS:
+            elif free or len(self._buffers) < _PIXEL_BUFFERS:
                 if free:
-                    pool[:] = [b for b in pool if b is not free[0]]
+                    self._buffers = [b for b in self._buffers if b is not free[0]]
                 buf = torch.empty(need + need // 4, dtype=dtype)  # headroom: the next batch is rarely identical
-                pool.append(buf)
+                self._buffers.append(buf)
         out = torch.empty((n, width), dtype=dtype) if buf is None else buf[:need].view(n, width)
         row = 0
         for p in pieces:

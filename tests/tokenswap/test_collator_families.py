@@ -151,11 +151,26 @@ def test_qwen3_5_earlier_turns_keep_no_think_block(family_processor, tiny_store)
 
 
 @pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
-def test_image_where_the_template_drops_it_is_an_error(family, family_processor, tiny_store):
-    collator = TokenSwapCollator(family_processor(family), tiny_store, SwapPolicy(swap_prob=1.0, roles=("system",)))
-    ex = sample("s", "hi", system="You draw a cat.", concepts=[span("You draw a cat.", "cat", message=-1)])
-    with pytest.raises(ValueError, match=f"message 0 \\(system\\) has an image, but the {family} chat template"):
-        collator([ex])
+def test_swap_roles_whose_images_the_template_drops_are_refused(family, family_processor, tiny_store):
+    with pytest.raises(ValueError, match=f"includes \\['system'\\], but the {family} chat template renders images only"):
+        TokenSwapCollator(family_processor(family), tiny_store, SwapPolicy(roles=("user", "system")))
+
+
+def test_conversations_the_template_rejects_are_skipped_and_counted(family_processor, tiny_store, tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (40, 40), "red").save(tmp_path / "red.png")
+    good = sample("ok", "hi", "hello")
+    image_in_system = {**sample("sys-img", "what is it?", system="<image> is the topic."), "images": ["red.png"]}
+    collator = TokenSwapCollator(family_processor("qwen3_vl"), tiny_store, image_root=str(tmp_path), dummy_image=False)
+    with pytest.warns(UserWarning, match="sample 'sys-img' skipped: message 0 \\(system\\) has an image"):
+        batch = collator([good, image_in_system])
+    assert batch["input_ids"].shape[0] == 1 and collator.stats["samples_skipped_template"] == 1
+
+    no_user = {"id": "no-user", "messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}
+    strict = TokenSwapCollator(family_processor("qwen3_5"), tiny_store, on_bad_sample="error")
+    with pytest.raises(ValueError, match="sample 'no-user': the Qwen3.5 chat template needs at least one user message"):
+        strict([good, no_user])
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)
