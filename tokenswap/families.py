@@ -435,6 +435,9 @@ def _unsupported(what: str) -> UnsupportedFamilyError:
 def family_of(obj: Any) -> Family:
     """The family of a ``model_type`` string, a config, a model or a processor.
 
+    A processor does not say whether its model is dense or MoE (they share processor, tokenizer and
+    template): it maps to the dense family, which renders and computes positions identically.
+
     Raises:
         UnsupportedFamilyError: for anything outside :data:`FAMILIES`; the message lists the supported ones.
     """

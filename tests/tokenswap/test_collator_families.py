@@ -200,10 +200,14 @@ def test_batches_run_through_the_family_model(family, tiny_family, family_proces
     collator = TokenSwapCollator(family_processor(family), tiny_store, SwapPolicy(swap_prob=1.0))
     batch = collator(swap_samples[:2])
     assert batch["image_grid_thw"].shape[0] > 0
+    # A text batch gets the masked ZeRO-3 dummy image, sized from this family's patch size.
+    text = TokenSwapCollator(family_processor(family), tiny_store, arm="text")(swap_samples[:2])
+    no_dummy = TokenSwapCollator(family_processor(family), tiny_store, arm="text", dummy_image=False)(swap_samples[:2])
+    assert text["image_grid_thw"].shape == (1, 3) and "pixel_values" not in no_dummy
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Qwen3.5's reference linear-attention kernels warn on CPU
-        out = model(**batch)
-    assert torch.isfinite(out.loss)
+        assert torch.isfinite(model(**batch).loss)
+        torch.testing.assert_close(model(**text).loss, model(**no_dummy).loss)  # masked: changes nothing
 
 
 # ---------------------------------------------------------------------------- property-based
