@@ -408,11 +408,16 @@ def load_qwen2vl(path: str | os.PathLike, dtype=None, attn_implementation: str |
 
     The same call serves the tiny test checkpoints and ``Qwen/Qwen2-VL-7B-Instruct``.
     """
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    import transformers
+    from transformers import AutoConfig, AutoProcessor
 
+    from tokenswap.families import family_of
+
+    # The family table picks the class (and refuses unsupported models, naming the supported families).
+    family = family_of(AutoConfig.from_pretrained(path).model_type)
     processor = AutoProcessor.from_pretrained(path)
     kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-    model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype or "auto", **kwargs)
+    model = getattr(transformers, family.model_class).from_pretrained(path, dtype=dtype or "auto", **kwargs)
     return model, processor
 
 
@@ -474,8 +479,11 @@ def main(argv: list[str] | None = None) -> int:
         print(build_tiny_qwen2vl(out / "tiny-qwen2vl", corpus=corpus))
     else:
         hidden = 32 if args.tokenizer == "qwen" else 64
-        print(build_tiny_model(out / f"tiny-{args.family}", family=args.family, tokenizer=args.tokenizer,
-                               corpus=corpus, hidden_size=hidden))
+        try:
+            print(build_tiny_model(out / f"tiny-{args.family}", family=args.family, tokenizer=args.tokenizer,
+                                   corpus=corpus, hidden_size=hidden))
+        except (ValueError, FileNotFoundError) as e:  # e.g. --tokenizer qwen for Qwen3.5, or no dashscope
+            parser.error(str(e))
     print(build_tiny_store(out / "tiny-store").root)
     return 0
 

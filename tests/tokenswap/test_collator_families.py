@@ -108,6 +108,22 @@ def test_unsupported_family_names_the_supported_ones(tiny_store):
         TokenSwapCollator(OtherProcessor(), tiny_store)
 
 
+def test_testing_cli_writes_a_loadable_family_checkpoint_and_store(tmp_path, capsys):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from tokenswap.testing import main
+
+    assert main([str(tmp_path), "--family", "qwen2_5_vl"]) == 0
+    processor = AutoProcessor.from_pretrained(tmp_path / "tiny-qwen2_5_vl")
+    assert processor.chat_template == FAMILIES["qwen2_5_vl"].chat_template
+    model = AutoModelForImageTextToText.from_pretrained(tmp_path / "tiny-qwen2_5_vl")
+    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    assert (tmp_path / "tiny-store" / "store.json").is_file()
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--family", "qwen3_5", "--tokenizer", "qwen"])
+    assert "qwen3_5 uses another (Qwen3_5Tokenizer)" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------- equivalence
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_equivalent_to_the_family_processor(family, family_processor, tiny_store, swap_samples):
