@@ -58,10 +58,7 @@ _TEMPLATE_PROBES = (
     ],
 )
 _PIXEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Pixel buffers shared by every collator of the process, per dtype. Four: the batch being built, the
-# one accelerate holds prefetched, the one in the step, and the second arm of a paired batch.
-_PIXEL_BUFFERS = 4
-_PIXEL_POOL: dict[torch.dtype, list[torch.Tensor]] = {}
+_PIXEL_BUFFERS = 3  # the batch being built, the one accelerate holds prefetched, the one in the step
 
 
 class _PixelCache:
@@ -162,8 +159,9 @@ class TokenSwapCollator:
     decompression bombs, aspect ratios the processor refuses, truncated or non-image files are
     refused per image, and any processor failure on one image is caught for that image. Each
     distinct image is decoded once per batch however many spans show it. Native image paths must
-    stay inside ``image_root`` (``../`` or absolute paths are refused as bad images). A sample is
-    refused (skipped and counted, see ``on_bad_sample``) when:
+    stay inside ``image_root`` (``../`` or absolute paths are refused as bad images). A swapped
+    concept whose span overlaps an ``<image>`` marker stays text (``concepts_text_overlap_image_marker``).
+    A sample is refused (skipped and counted, see ``on_bad_sample``) when:
 
     - its text contains a special token of the tokenizer (``<|im_start|>``, ``<|im_end|>``,
       ``<|endoftext|>``, the vision tokens, ...): the official path would turn them into real turn
@@ -412,7 +410,11 @@ class TokenSwapCollator:
         concepts = validate_concepts([Concept.from_dict(c) for c in ex.get("concepts") or []], texts, sid)
         roles = [m["role"] for m in messages]
         self.stats["samples"] += 1
-        native = list(ex.get("images") or [])
+        native = ex.get("images") or []
+        if not isinstance(native, (list, tuple)):
+            raise ValueError(f"sample {sid!r}: 'images' must be a list (one entry per {IMAGE_MARKER} marker), got "
+                             f"{type(native).__name__}")
+        native = list(native)
 
         n_chars = sum(len(t) for t in texts)
         if self.max_chars_per_sample is not None and n_chars > self.max_chars_per_sample:
@@ -458,6 +460,11 @@ class TokenSwapCollator:
             if room is not None and room <= 0:
                 self.stats["concepts_text_image_limit"] += 1
                 continue
+            if any(a < c.end and c.start < b for a, b, _ in slots[c.message]):
+                # Only native markers are in slots yet (concepts never overlap each other): a concept
+                # such as "image" found inside "<image>" by an extractor stays text; the picture stays.
+                self.stats["concepts_text_overlap_image_marker"] += 1
+                continue
             candidates = self.store.get(c.key)
             if not candidates:
                 self.stats["concepts_text_missing_image"] += 1
@@ -467,14 +474,8 @@ class TokenSwapCollator:
             slots[c.message].append((c.start, c.end, _ImageRef(key=im.image_id, load=im.load, concept=c, what=c.key)))
             if room is not None:
                 room -= 1
-        for i, s in enumerate(slots):
+        for s in slots:
             s.sort(key=lambda x: x[0])
-            for (_a0, a1, ra), (b0, _, rb) in zip(s, s[1:]):
-                if b0 < a1:
-                    raise ValueError(
-                        f"sample {sid!r}: concept {(rb.concept or ra.concept).key!r} overlaps an {IMAGE_MARKER} "
-                        f"marker in message {i}; concept spans must not cover image markers"
-                    )
         return messages, slots
 
     # ------------------------------------------------------------------ pixels
@@ -719,6 +720,7 @@ class TokenSwapCollator:
         """Check the packing budget and family and the pixel dtype once, before any batch."""
         if self.pixel_dtype not in _PIXEL_DTYPES:
             raise ValueError(f"pixel_dtype must be one of {sorted(_PIXEL_DTYPES)}, got {self.pixel_dtype!r}")
+        self._buffers: list[torch.Tensor] = []
         self._rope_index = None
         self._cut_at = self.max_length
         if self.pack_budget is None:
@@ -774,13 +776,11 @@ class TokenSwapCollator:
     def _concat_pixels(self, pieces: list[torch.Tensor]) -> torch.Tensor:
         """``torch.cat(pieces)`` in ``pixel_dtype``, written into a reused buffer when that is safe.
 
-        A fresh 64 MiB tensor per batch costs mostly first-touch page faults (on a loaded 2-core VM,
-        ~0.5 s for a 64 MiB clone against ~25 ms for the copy into touched memory); a buffer that no
-        batch still references costs only the copy. The buffers belong to the process (shared by its
-        collators). A buffer is reused only when its storage has no reference but the pool's (the
-        Trainer, accelerate's one-batch prefetch or the user may still hold a previous batch), never in
-        a DataLoader worker (tensors leave through shared memory, so the parent could still be reading
-        the storage) and never once shared.
+        A fresh 64 MiB tensor per batch costs mostly first-touch page faults; a buffer that no batch
+        still references costs only the copy. A buffer is reused only when its storage has no
+        reference but ours (the Trainer, accelerate's one-batch prefetch or the user may still hold
+        the previous batch), never in a DataLoader worker (tensors leave through shared memory, so the
+        parent could still be reading the storage) and never once shared.
         """
         dtype = _PIXEL_DTYPES[self.pixel_dtype]
         n = sum(p.shape[0] for p in pieces)
@@ -788,17 +788,16 @@ class TokenSwapCollator:
         need = n * width
         buf = None
         if torch.utils.data.get_worker_info() is None:
-            pool = _PIXEL_POOL.setdefault(dtype, [])
-            pool[:] = [b for b in pool if not b.is_shared()]
-            free = [b for b in pool if torch._C._storage_Use_Count(b.untyped_storage()._cdata) == 2]
+            self._buffers = [b for b in self._buffers if not b.is_shared()]
+            free = [b for b in self._buffers if torch._C._storage_Use_Count(b.untyped_storage()._cdata) == 2]
             fits = [b for b in free if b.numel() >= need]
             if fits:
                 buf = fits[0]
-            elif free or len(pool) < _PIXEL_BUFFERS:
+            elif free or len(self._buffers) < _PIXEL_BUFFERS:
                 if free:
-                    pool[:] = [b for b in pool if b is not free[0]]
+                    self._buffers = [b for b in self._buffers if b is not free[0]]
                 buf = torch.empty(need + need // 4, dtype=dtype)  # headroom: the next batch is rarely identical
-                pool.append(buf)
+                self._buffers.append(buf)
         out = torch.empty((n, width), dtype=dtype) if buf is None else buf[:need].view(n, width)
         row = 0
         for p in pieces:

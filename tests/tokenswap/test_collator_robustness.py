@@ -254,6 +254,17 @@ def test_marker_mismatch_in_a_sample_with_images_skips_it(make, native_root):
     assert_same_batch(batch, make()([GOOD]))
 
 
+def test_concept_inside_an_image_marker_stays_text(make, native_root):
+    user = "<image> what is in the image?"
+    spans = [{"message": 0, "start": 1, "end": 6, "key": "cat"}, span(user, "image?", key="apple")]  # "image" in "<image>"
+    collator = make(image_root=str(native_root))
+    batch = collator([sample("ov", user, concepts=spans, images=["sub/ok.png"])])
+    assert collator.stats["concepts_text_overlap_image_marker"] == 1
+    assert batch["image_grid_thw"].shape[0] == 2  # the native picture and the apple
+    with pytest.raises(ValueError, match="'images' must be a list"):
+        make(image_root=str(native_root))([sample("str", "<image>", images="sub/ok.png")])
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_padding_side_is_honoured_like_the_processor(tiny_processor, tiny_store, side):
     processor = copy.deepcopy(tiny_processor)
