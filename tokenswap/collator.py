@@ -770,10 +770,15 @@ class TokenSwapCollator:
         return out
 
     def _count_tokens(self, rows_ids, images, slots: int) -> None:
-        """What the throughput callback reads: real tokens, token slots (real + padding), image patches."""
+        """What the throughput callback reads: real tokens, token slots (real + padding), image patches.
+
+        The sums of squares are the attention term: each sample attends within itself (so does each image).
+        """
         self.stats["tokens"] += sum(len(r) for r in rows_ids)
+        self.stats["token_sq"] += sum(len(r) ** 2 for r in rows_ids)
         self.stats["token_slots"] += slots
         self.stats["image_patches"] += sum(t * h * w for _, (t, h, w) in images)
+        self.stats["patch_sq"] += sum((t * h * w) ** 2 for _, (t, h, w) in images)
 
     def _concat_pixels(self, pieces: list[torch.Tensor]) -> torch.Tensor:
         """``torch.cat(pieces)`` in ``pixel_dtype``, written into a reused buffer when that is safe.
