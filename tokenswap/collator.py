@@ -189,7 +189,8 @@ class TokenSwapCollator:
         max_length: token budget per sample (``None``: unlimited).
         learn: which tokens carry loss.
         dummy_image: add a masked dummy image to image-less batches (needed under ZeRO-3).
-        image_root: folder that relative native image paths are resolved against.
+        image_root: folder native image paths are resolved against; a path that leaves it (``../``,
+            absolute) is refused as a bad image. ``None``: paths are used as written.
         cache_bytes: bound of the processed-pixel cache.
         system_prompt: system message inserted when a conversation has none; ``None``: the family's
             default (Qwen2-VL / Qwen2.5-VL "You are a helpful assistant.", none for Qwen3-VL / Qwen3.5),
