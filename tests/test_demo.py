@@ -14,7 +14,7 @@ def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     out = tmp_path / "demo"
     argv = ["--out", str(out), "--seeds", "0", "--concepts", "8", "--pretrain-steps", "12", "--post-steps", "6",
-            "--eval-every", "3"]
+            "--eval-every", "3", "--phrasings", "2"]
     assert main(argv) == 0
 
     report = json.loads((out / "report.json").read_text())
@@ -23,16 +23,33 @@ def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch):
     for arm, row in arms.items():
         assert row["n"] == 1
         history = json.loads((out / f"post-{arm}-seed0" / "log_history.json").read_text())
-        for metric in ("loss", "gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/recognition_acc"):
+        for metric in ("loss", "gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/recognition_naming",
+                       "gap/recognition_mc", "gap/retention"):
             logged = [h[metric] for h in history if metric in h]
             assert row[metric]["values"] == [logged[-1]], (arm, metric)
         gap = [h for h in history if "gap/abs" in h][-1]
         assert gap["gap/abs"] == pytest.approx(gap["gap/acc_text"] - gap["gap/acc_interleaved"])
         assert [h["step"] for h in history if "gap/abs" in h] == [3, 6]
 
+        # group B in report.json is the in-loop evaluator's final value
+        assert report["groups"]["group_b"][arm]["gap/abs"]["values"] == [gap["gap/abs"]]
+        assert report["recognition_naming"][arm]["group_b"]["values"] == [gap["gap/recognition_naming"]]
+        # group A was evaluated on the final checkpoint, with both recognition forms
+        group_a = json.loads((out / f"post-{arm}-seed0" / "eval_group_a.json").read_text())
+        assert report["recognition_mc"][arm]["group_a"]["values"] == [group_a["gap/recognition_mc"]]
+        assert group_a["gap/n"] == 4 * 3 * 2  # 4 group-A concepts x 3 facts x 2 held-out phrasings
+
+    assert report["seeds"] == [0] and report["questions_per_form"] == {"group_b": 24, "group_a": 24}
+    finals = {arm: report["groups"]["group_b"][arm] for arm in ("text", "tokenswap")}
+    paired = report["paired_difference"]["group_b"]["gap_text_minus_gap_tokenswap"]
+    assert paired["values"] == [finals["text"]["gap/abs"]["values"][0] - finals["tokenswap"]["gap/abs"]["values"][0]]
+    assert paired["ci95"] is None  # one seed: no interval
+    # 12 steps of pre-training cannot recognise pictures: the report says so and states no verdict
+    assert not report["validity"]["passed"] and report["validity"]["failed"]
     md = (out / "report.md").read_text()
-    assert "| tokenswap | 1 |" in md and "Does TokenSwap training shrink the gap" in md
-    assert f"{arms['text']['gap/abs']['mean']:.4f}" in md
+    assert md.index("## Analysis (stated before the results)") < md.index("## Paired result")
+    assert "**Failed**" in md and "does TokenSwap shrink the gap" not in md
+    assert "| tokenswap | 1 |" in md
     assert (out / "comparison.png").stat().st_size > 5000
 
     # the text and tokenswap arms saw the same samples in the same order
@@ -50,4 +67,5 @@ def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch):
     # rerunning reuses every finished run (resumable) and reproduces the same report
     assert main(argv) == 0
     again = json.loads((out / "report.json").read_text())
-    assert again["comparison"] == report["comparison"]
+    for key in ("comparison", "groups", "paired_difference", "recognition_naming"):
+        assert again[key] == report[key]

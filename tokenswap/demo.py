@@ -4,23 +4,26 @@
 
 1. **World.** ``--concepts`` OpenMoji pictograms (banana, cat, rocket, ...) each get three
    arbitrary facts (a zone, an owner, a number; drawn by hash, so nothing can be guessed from
-   the picture). Concepts are split in two groups: TokenSwap practice uses group A's pictures,
-   the bench asks about group B's facts with group B's pictures (which no question ever showed).
+   the picture). Concepts are split in two groups: TokenSwap practice uses group A's pictures;
+   group B's pictures are never inside a training question (the transfer test).
 2. **Continued pre-training** (``recipes/pretrain.py``, text arm, once): a random-init tiny
    Qwen2-VL-architecture model learns every fact as text (plus, as text, the multiple-choice
    questions on the training facts) and learns to name every picture.
 3. **Post-training** (``recipes/post_train.py``), per seed three arms on the same samples in the
    same order: *baseline* (picture naming and identification only, the "LLaVA data"), *text*
    (+ multiple-choice questions on the training facts), *tokenswap* (+ the same questions with the
-   concept word shown as its picture).
-4. **Gap evaluation** of each arm on group B's facts (a question phrasing no sample used), in
-   text and interleaved form, in the
-   TokenSwap-Bench format with the loglik scorer, plus the recognition control; in the loop
-   (``GapEvalCallback``) and at the end.
-5. **Comparison**: ``tokenswap compare`` over all arms and seeds (mean ± 95% CI), a table and
-   a plot in ``--out``; W&B offline runs grouped by pair.
+   concept word shown as its picture, group A only).
+4. **Gap evaluation** in text and interleaved form, TokenSwap-Bench format, loglik scorer, on the
+   facts of each group asked in ``--phrasings`` question phrasings no training sample used, with
+   both recognition controls (naming form: the trained naming prompt followed by each of 4
+   candidate names, scored by log-likelihood; multiple-choice form): group B in the loop
+   (``GapEvalCallback``) and on the final checkpoint, group A on the final checkpoint.
+5. **Analysis** fixed in advance (:data:`ANALYSIS`): validity checks, then the per-seed paired
+   difference text − tokenswap with a Student-t CI; ``report.md``, ``report.json``, a plot, and
+   ``tokenswap compare`` over the runs; W&B offline runs grouped by pair.
 
-Every recipe is started with ``accelerate launch``, exactly as a user would.
+Every recipe is started with ``accelerate launch``, exactly as a user would. Finished runs and
+evaluations are reused, so an interrupted demo resumes.
 """
 
 from __future__ import annotations
@@ -52,17 +55,19 @@ CANDIDATES = [
 ATTRIBUTES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "zone": (
         ["north", "south", "east", "west"],
-        ["Which zone is the {c} from?", "In which zone does the {c} live?"],
+        ["Which zone is the {c} from?", "In which zone does the {c} live?", "The {c} comes from which zone?",
+         "Name the zone of the {c}."],
         ["The {c} is from the {v} zone.", "The {v} zone is where the {c} lives.", "People find the {c} in the {v} zone."],
     ),
     "owner": (
         ["Ana", "Ben", "Cai", "Dee"],
-        ["Who owns the {c}?", "Whose is the {c}?"],
+        ["Who owns the {c}?", "Whose is the {c}?", "The {c} belongs to whom?", "Name the owner of the {c}."],
         ["The {c} belongs to {v}.", "{v} owns the {c}.", "The owner of the {c} is {v}."],
     ),
     "number": (
         ["two", "five", "seven", "nine"],
-        ["What number goes with the {c}?", "Which number belongs to the {c}?"],
+        ["What number goes with the {c}?", "Which number belongs to the {c}?", "The {c} has which number?",
+         "Name the number of the {c}."],
         ["The number of the {c} is {v}.", "The {c} goes with the number {v}.", "{v} is the number of the {c}."],
     ),
 }
@@ -81,18 +86,38 @@ def _slug(concept: str) -> str:
 
 
 # ---------------------------------------------------------------------------- the toy world
-def build_world(out: Path, n_concepts: int, world_seed: int = 0) -> dict:
-    """Write pictures, image store, CPT / post-training data and the held-out bench under ``out/data``."""
+def build_world(out: Path, n_concepts: int, world_seed: int = 0, n_group_a: int | None = None,
+                heldout_phrasings: int = 3) -> dict:
+    """Write pictures, image store, CPT / post-training data and the held-out benches under ``out/data``.
+
+    Args:
+        out: demo folder.
+        n_concepts: concepts in the world.
+        world_seed: seed of the facts and distractors.
+        n_group_a: concepts whose pictures TokenSwap practises with (default: half); the rest are group B.
+        heldout_phrasings: question phrasings per fact in the benches (1-3; training uses phrasing 0).
+    """
     from tokenswap.concepts import Concept
     from tokenswap.data.tokenswap_bench import write_tokenswap_bench
+    from tokenswap.eval.gap import NAMING_ANSWER, NAMING_PROMPT
     from tokenswap.eval.mc import MCItem, format_prompt, swap_concepts
     from tokenswap.eval.recognition import RECOGNITION_QUESTION, RECOGNITION_SUBJECT
     from tokenswap.store.image_store import ImageStore, StoreWriter
     from tokenswap.store.sources import OpenMojiSource
 
+    # The naming-form recognition control asks exactly what the toy trains (its first naming pair).
+    if NAMING[0] != (NAMING_PROMPT.replace("<image 1>", "<image>"), NAMING_ANSWER.replace("{concept}", "{c}")):
+        raise AssertionError(f"demo NAMING[0] {NAMING[0]} must match the evaluator's {NAMING_PROMPT!r} -> {NAMING_ANSWER!r}")
+    if not 1 <= heldout_phrasings <= 3:
+        raise ValueError(f"heldout_phrasings must be 1-3 (each attribute has 3 held-out phrasings), got {heldout_phrasings}")
     data = out / "data"
+    wanted = {"concepts": n_concepts, "world_seed": world_seed, "n_group_a": n_group_a,
+              "heldout_phrasings": heldout_phrasings}
     if (data / "world.json").exists():
-        return json.loads((data / "world.json").read_text())
+        world = json.loads((data / "world.json").read_text())
+        if world.get("settings") != wanted:
+            raise ValueError(f"{data} was built with {world.get('settings')}, not {wanted}; use another --out")
+        return world
     tmp = out / "data.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "images").mkdir(parents=True)
@@ -105,7 +130,16 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0) -> dict:
     # Group A: concepts whose pictures appear inside questions during TokenSwap post-training.
     # Group B: concepts whose pictures never do; the bench asks about them. TokenSwap's claim is
     # that practising with pictures in place of words transfers to other concepts' pictures.
-    group_a, group_b = concepts[0::2], concepts[1::2]
+    if n_group_a is None:
+        group_a, group_b = concepts[0::2], concepts[1::2]
+    else:
+        if not 4 <= n_group_a <= n_concepts - 4:
+            raise ValueError(f"--group-a must leave at least 4 concepts in each group, got {n_group_a} of {n_concepts}")
+        # Spread group A over the list (the list mixes fruit, animals, vehicles, ...).
+        order = sorted(range(n_concepts), key=lambda k: (k * n_group_a) % n_concepts)
+        picked = set(order[:n_group_a])
+        group_a = [c for k, c in enumerate(concepts) if k in picked]
+        group_b = [c for k, c in enumerate(concepts) if k not in picked]
     info = {"attribution": "OpenMoji (CC BY-SA 4.0), https://openmoji.org"}
     with StoreWriter(tmp / "store", info=info) as w_all, StoreWriter(tmp / "store_train", info=info) as w_train:
         for c in concepts:
@@ -178,36 +212,42 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0) -> dict:
         (tmp / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp / "llava.json").write_text(json.dumps(llava))
 
-    # The bench: group B's facts in a phrasing no training sample used (phrasing 1), text and
+    # The bench: group B's facts in phrasings no training sample used (phrasings 1..3), text and
     # interleaved, in the TokenSwap-Bench hub layout. The facts were trained as text, so text
     # accuracy measures knowledge; the interleaved form asks the same with the picture.
     # A second bench asks the same about group A (pictures TokenSwap practised with, new phrasing):
     # it separates "learned to read these pictures in questions" from "learned to read pictures".
     store = ImageStore(tmp / "store")
+    n_bench = {}
     for name, group in (("bench", group_b), ("bench_seen", group_a)):
         pairs = []
         for c in group:
             for a in attrs:
-                item, _ = mc(c, a, 1)
-                start = item.question.index(c)
-                pairs.append((item, swap_concepts(item, [Concept(0, start, start + len(c), c)], store)))
+                for q in range(1, 1 + heldout_phrasings):
+                    item, _ = mc(c, a, q)
+                    start = item.question.index(c)
+                    pairs.append((item, swap_concepts(item, [Concept(0, start, start + len(c), c)], store)))
         write_tokenswap_bench(pairs, tmp / name)
+        n_bench[name] = len(pairs)
 
-    world = {"concepts": concepts, "group_a": group_a, "group_b": group_b, "facts": facts, "n_cpt": len(cpt),
-             "n_llava": len(llava), "n_swap": len(swap), "n_bench": len(pairs)}
+    world = {"settings": wanted, "concepts": concepts, "group_a": group_a, "group_b": group_b, "facts": facts,
+             "n_cpt": len(cpt), "n_llava": len(llava), "n_swap": len(swap), "n_bench": n_bench["bench"],
+             "n_bench_seen": n_bench["bench_seen"]}
     (tmp / "world.json").write_text(json.dumps(world, indent=2))
     tmp.rename(data)  # the world appears whole or not at all
     return world
 
 
 # ---------------------------------------------------------------------------- running recipes
-def launch(recipe: str, config: str, overrides: list[str], log: Path) -> None:
-    """``accelerate launch recipes/{recipe}.py --config {config} ...`` (one CPU process)."""
+def launch(recipe: str, config: str, overrides: list[str], log: Path, threads: int | None = None) -> None:
+    """``accelerate launch recipes/{recipe}.py --config {config} ...`` (one CPU process, ``threads`` torch threads)."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "recipes" / f"{recipe}.py"),
            "--config", config, *overrides]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
            "WANDB_SILENT": "true", "ACCELERATE_USE_CPU": "true"}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     with open(log, "w") as f:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
@@ -215,8 +255,10 @@ def launch(recipe: str, config: str, overrides: list[str], log: Path) -> None:
         raise RuntimeError(f"{recipe} failed (exit {proc.returncode}); log {log}:\n{tail}")
 
 
-def evaluate_checkpoint(path: Path, bench: Path) -> dict:
-    """Gap + recognition of a saved checkpoint (used for the pre-trained model before post-training)."""
+def evaluate_checkpoint(path: Path, bench: Path, cache: Path | None = None) -> dict:
+    """Gap + both recognition controls of a saved checkpoint on ``bench`` (cached in ``cache`` when given)."""
+    if cache is not None and cache.exists():
+        return json.loads(cache.read_text())
     from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs
     from tokenswap.eval.gap import GapEvaluator
     from tokenswap.testing import load_qwen2vl
@@ -224,28 +266,79 @@ def evaluate_checkpoint(path: Path, bench: Path) -> dict:
     model, processor = load_qwen2vl(path)
     evaluator = GapEvaluator(processor, load_tokenswap_bench_pairs(str(bench)), scorer="loglik", batch_size=32,
                              recognition=True, progress=False)
-    return evaluator.evaluate(model).metrics("gap/")
+    metrics = evaluator.evaluate(model).metrics("gap/")
+    if cache is not None:
+        cache.write_text(json.dumps(metrics, indent=1))
+    return metrics
+
+
+# The analysis, fixed before any number is seen; the report prints it above the results.
+ANALYSIS = """\
+**Question.** Does TokenSwap post-training shrink the modality gap relative to text post-training on
+the same samples, on pictures it never practised with (group B: transfer), and on the pictures it did
+practise with (group A: the positive control)?
+
+**Endpoints.** For each seed s (same samples, same order in both arms), on the final checkpoint,
+loglik scorer, the held-out questions of a group:
+- primary: D_gap(s) = gap_text(s) − gap_tokenswap(s) on group B, with gap = acc_text − acc_interleaved;
+- secondary: D_acc(s) = acc_interleaved_tokenswap(s) − acc_interleaved_text(s) on group B, and both
+  on group A.
+Positive means TokenSwap helped. Estimate: the mean over seeds with a two-sided 95% Student-t CI
+(n − 1 degrees of freedom; exact quantile). The CI lies above 0: TokenSwap shrank the gap; below 0:
+it widened it; contains 0: not resolved, and the CI's half-width is the resolution of this toy.
+
+**Validity (checked before reading the endpoints).** The comparison counts only if every arm
+recognises the pictures of both groups in the form it was trained on (`recognition_naming` ≥ 0.8:
+the 4 candidate names scored by log-likelihood after the naming prompt) and knows the facts as text
+(acc_text ≥ 0.5, chance 0.25). Otherwise the report says which check failed and states no verdict.
+`recognition_mc` (a 4-way question with the picture inside it) is shown beside it but is not a
+validity check: answering it needs the skill the gap measures.
+
+**Fixed in advance:** seeds, steps, world and question counts (the command line below); no setting
+was changed after seeing this run's endpoints.
+"""
+
+METRICS = ("loss", "gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/rel", "gap/retention",
+           "gap/recognition_naming", "gap/recognition_mc", "gap/controlled/abs")
+GROUP_METRICS = ("gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/rel", "gap/retention",
+                 "gap/recognition_naming", "gap/recognition_mc")
+NAMING_MIN, ACC_TEXT_MIN = 0.8, 0.5
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tokenswap.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="demo_out", help="output folder (reused: finished runs are skipped)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--concepts", type=int, default=24)
+    parser.add_argument("--group-a", type=int, default=None, help="concepts TokenSwap practises with (default half)")
+    parser.add_argument("--phrasings", type=int, default=3, help="held-out question phrasings per fact (1-3)")
     parser.add_argument("--pretrain-steps", type=int, default=1000)
-    parser.add_argument("--post-steps", type=int, default=120)
-    parser.add_argument("--eval-every", type=int, default=40)
+    parser.add_argument("--post-steps", type=int, default=100)
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="post-training runs at once, each with cores/jobs threads (a tiny model keeps one core "
+                             "busy, not two: two single-threaded runs finish the work in about half the time)")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1")
 
-    t0 = time.time()
+    t0, cpu0 = time.time(), _cpu_seconds()
     out = Path(args.out).resolve()
     (out / "logs").mkdir(parents=True, exist_ok=True)
     print(f"[demo] 1/5 toy world in {out / 'data'}", flush=True)
-    world = build_world(out, args.concepts)
+    world = build_world(out, args.concepts, n_group_a=args.group_a, heldout_phrasings=args.phrasings)
     data = out / "data"
     print(f"[demo]     {len(world['concepts'])} concepts ({len(world['group_a'])} swapped in training, "
           f"{len(world['group_b'])} asked about), {world['n_cpt']} CPT samples, {world['n_llava']} LLaVA-style + "
-          f"{world['n_swap']} MC post-training samples, {world['n_bench']} bench questions per form", flush=True)
+          f"{world['n_swap']} MC post-training samples, {world['n_bench']} bench questions per form "
+          f"(group A: {world['n_bench_seen']})", flush=True)
 
     from tokenswap.testing import build_tiny_qwen2vl
 
@@ -263,105 +356,196 @@ def main(argv: list[str] | None = None) -> int:
             f"data.llava_image_root={data / 'images'}", f"train.max_steps={args.pretrain_steps}",
             f"train.logging_steps={max(1, min(25, args.pretrain_steps // 10))}",
         ], out / "logs" / "pretrain.log")
-    pre_metrics = evaluate_checkpoint(pre, data / "bench")
-    print(f"[demo]     after pre-training: acc_text {pre_metrics['gap/acc_text']:.3f}, acc_interleaved "
-          f"{pre_metrics['gap/acc_interleaved']:.3f}, recognition {pre_metrics['gap/recognition_acc']:.3f}", flush=True)
-    runs = []
+    pre_metrics = {g: evaluate_checkpoint(pre, data / b, pre / f"eval_{g}.json") for g, b in GROUPS}
+    print("[demo]     after pre-training: " + "; ".join(
+        f"group {g[-1].upper()}: acc_text {m['gap/acc_text']:.3f}, acc_interleaved {m['gap/acc_interleaved']:.3f}, "
+        f"recognition naming {m['gap/recognition_naming']:.3f} / mc {m['gap/recognition_mc']:.3f}"
+        for g, m in pre_metrics.items()), flush=True)
+    runs, todo = [], []
     for seed in args.seeds:
         for arm in ("baseline", "text", "tokenswap"):
             post = out / f"post-{arm}-seed{seed}"
-            if not (post / "log_history.json").exists():
-                print(f"[demo] 3/5 seed {seed}: post-training, {arm} arm ({args.post_steps} steps)", flush=True)
-                launch("post_train", f"demo/post_{arm}.yaml", [
-                    f"run.output_dir={post}", f"run.seed={seed}", f"data.seed={seed}", f"collator.swap_seed={seed}",
-                    f"model.name_or_path={pre}", f"data.llava_json={data / 'llava.json'}",
-                    f"data.llava_image_root={data / 'images'}", f"data.swap_dataset={data / 'swap.jsonl'}",
-                    f"gap_eval.bench={data / 'bench'}", f"gap_eval.every_steps={args.eval_every}",
-                    f"train.max_steps={args.post_steps}", f"train.logging_steps={max(1, min(25, args.post_steps // 6))}",
-                    *([f"image_store={data / 'store_train'}"] if arm == "tokenswap" else []),
-                ], out / "logs" / f"post-{arm}-seed{seed}.log")
             runs.append(post)
+            if not (post / "log_history.json").exists():
+                todo.append((seed, arm, post))
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
 
-    print("[demo] 4/5 comparing arms", flush=True)
-    from tokenswap.compare import compare_runs, load_run, mean_ci, plot_runs, to_markdown
+    def post_train(job: tuple[int, str, Path]) -> None:
+        seed, arm, post = job
+        print(f"[demo] 3/5 seed {seed}: post-training, {arm} arm ({args.post_steps} steps)", flush=True)
+        launch("post_train", f"demo/post_{arm}.yaml", [
+            f"run.output_dir={post}", f"run.seed={seed}", f"data.seed={seed}", f"collator.swap_seed={seed}",
+            f"model.name_or_path={pre}", f"data.llava_json={data / 'llava.json'}",
+            f"data.llava_image_root={data / 'images'}", f"data.swap_dataset={data / 'swap.jsonl'}",
+            f"gap_eval.bench={data / 'bench'}", f"gap_eval.every_steps={args.eval_every}",
+            f"train.max_steps={args.post_steps}", f"train.logging_steps={max(1, min(25, args.post_steps // 6))}",
+            *([f"image_store={data / 'store_train'}"] if arm == "tokenswap" else []),
+        ], out / "logs" / f"post-{arm}-seed{seed}.log", threads=threads)
 
-    metrics = ("loss", "gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/rel", "gap/recognition_acc",
-               "gap/controlled/abs")
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        list(pool.map(post_train, todo))  # list(): re-raises the first failure
+
+    print("[demo] 4/5 comparing arms (group B in the loop; group A on the final checkpoints)", flush=True)
+    from tokenswap.compare import compare_runs, load_run, plot_runs, to_markdown
+
     records = [r for p in runs for r in load_run(str(p))]
-    table = compare_runs(records, metrics)
-    seen: dict[str, list[dict]] = {}
+    table = compare_runs(records, METRICS)
+    # Group B: the in-loop evaluator's last values (the final checkpoint); group A: evaluated here.
+    finals: dict[str, dict[str, dict[int, dict]]] = {"group_b": {}, "group_a": {}}
     for post, record in zip(runs, records):
-        seen.setdefault(record.arm, []).append(evaluate_checkpoint(post, data / "bench_seen"))
-    seen_table = {
-        arm: {m: dict(zip(("mean", "ci95"), mean_ci([r[m] for r in rows]))) for m in metrics[1:5]
-              if all(r.get(m) is not None for r in rows)}
-        for arm, rows in seen.items()
-    }
-    pre_row = {m: v for m, v in pre_metrics.items() if m in metrics}
-    report = {
-        "world": {k: world[k] for k in ("n_cpt", "n_llava", "n_swap", "n_bench")} | {"concepts": len(world["concepts"])},
-        "seeds": args.seeds, "pretrain_steps": args.pretrain_steps, "post_steps": args.post_steps,
-        "pretrained_only": pre_row, "comparison": table, "seen_concepts": seen_table, "runs": [str(p) for p in runs],
-        "wandb_offline_runs": sorted(str(p) for p in out.glob("*/wandb/offline-run-*")),
-        "seconds": round(time.time() - t0, 1),
-    }
-    md = to_markdown(table)
-    md_pre = "| pre-trained only (before post-training) | 1 | " + " | ".join(
-        f"{pre_row[m]:.4f}" if m in pre_row else "—" for m in metrics) + " |\n"
+        seed = int(record.config["run"]["seed"])
+        finals["group_b"].setdefault(record.arm, {})[seed] = {m: record.last(m) for m in GROUP_METRICS}
+        finals["group_a"].setdefault(record.arm, {})[seed] = evaluate_checkpoint(
+            post, data / "bench_seen", post / "eval_group_a.json")
+    report = _report(args, world, pre_metrics, finals, table, records)
+    report["seconds"] = round(time.time() - t0, 1)
+    report["cpu_seconds"] = round(_cpu_seconds() - cpu0, 1)
     (out / "report.json").write_text(json.dumps(report, indent=2))
-    (out / "report.md").write_text(_report_md(md + md_pre, report, table) + _seen_md(seen_table))
-    plot_runs(records, metrics[:6], out / "comparison.png")
-    print(f"[demo] 5/5 done in {report['seconds']:.0f} s")
-    print(md + md_pre)
+    md = _report_md(report, to_markdown(table), argv if argv is not None else sys.argv[1:])
+    (out / "report.md").write_text(md)
+    plot_runs(records, METRICS[:8], out / "comparison.png")
+    print(f"[demo] 5/5 done in {report['seconds']:.0f} s wall, {report['cpu_seconds']:.0f} s CPU (this process "
+          "and its children)")
+    print(md)
     print(f"[demo] table: {out / 'report.md'}\n[demo] plot:  {out / 'comparison.png'}\n[demo] json:  {out / 'report.json'}")
     return 0
 
 
-def _seen_md(seen: dict) -> str:
+GROUPS = (("group_b", "bench"), ("group_a", "bench_seen"))
+
+
+def _summary(values: list[float]) -> dict:
+    from tokenswap.eval.stats import mean_ci
+
+    mean, ci = mean_ci(values)
+    return {"mean": mean, "ci95": None if ci != ci else ci, "values": values}
+
+
+def _report(args, world: dict, pre_metrics: dict, finals: dict, table: dict, records: list) -> dict:
+    from tokenswap.eval.stats import paired_differences
+
+    arms = [a for a in ("baseline", "text", "tokenswap") if a in finals["group_b"]]
+    per_group: dict = {g: {} for g in finals}
+    for g, by_arm in finals.items():
+        for arm in arms:
+            rows = by_arm[arm]
+            per_group[g][arm] = {m: _summary([rows[s][m] for s in sorted(rows)]) for m in GROUP_METRICS
+                                 if all(rows[s].get(m) is not None for s in rows)}
+    paired: dict = {}
+    for g, by_arm in finals.items():
+        if "text" not in by_arm or "tokenswap" not in by_arm:
+            continue
+        text, swap = by_arm["text"], by_arm["tokenswap"]
+        gap_t = {s: r["gap/abs"] for s, r in text.items()}
+        gap_s = {s: r["gap/abs"] for s, r in swap.items()}
+        acc_t = {s: r["gap/acc_interleaved"] for s, r in text.items()}
+        acc_s = {s: r["gap/acc_interleaved"] for s, r in swap.items()}
+        paired[g] = {
+            "gap_text_minus_gap_tokenswap": _summary(paired_differences(gap_t, gap_s)) | {"seeds": sorted(gap_t)},
+            "acc_interleaved_tokenswap_minus_text": _summary(paired_differences(acc_s, acc_t)) | {"seeds": sorted(acc_t)},
+        }
+    naming = {arm: {g: per_group[g][arm].get("gap/recognition_naming") for g in per_group} for arm in arms}
+    mc = {arm: {g: per_group[g][arm].get("gap/recognition_mc") for g in per_group} for arm in arms}
+    failed = []
+    for arm in arms:
+        for g in per_group:
+            for s, row in finals[g][arm].items():
+                if row["gap/recognition_naming"] < NAMING_MIN:
+                    failed.append(f"{arm} seed {s} {g}: recognition_naming {row['gap/recognition_naming']:.3f} < {NAMING_MIN}")
+                if row["gap/acc_text"] < ACC_TEXT_MIN:
+                    failed.append(f"{arm} seed {s} {g}: acc_text {row['gap/acc_text']:.3f} < {ACC_TEXT_MIN}")
+    return {
+        "world": {k: world[k] for k in ("n_cpt", "n_llava", "n_swap")} | {
+            "concepts": len(world["concepts"]), "group_a": len(world["group_a"]), "group_b": len(world["group_b"])},
+        "seeds": list(args.seeds),
+        "questions_per_form": {"group_b": world["n_bench"], "group_a": world["n_bench_seen"]},
+        "pretrain_steps": args.pretrain_steps, "post_steps": args.post_steps, "eval_every": args.eval_every,
+        "analysis": ANALYSIS,
+        "validity": {"naming_min": NAMING_MIN, "acc_text_min": ACC_TEXT_MIN, "passed": not failed, "failed": failed},
+        "pretrained_only": {g: {m: v for m, v in pre_metrics[g].items() if m in GROUP_METRICS} for g in pre_metrics},
+        "groups": per_group,
+        "recognition_naming": naming,
+        "recognition_mc": mc,
+        "paired_difference": paired,
+        "comparison": table,
+        "runs": [r.name for r in records],
+        "run_dirs": [str(p) for p in sorted({str(Path(r.config["run"]["output_dir"])) for r in records})],
+        "wandb_offline_runs": sorted(str(p) for p in Path(args.out).resolve().glob("*/wandb/offline-run-*")),
+    }
+
+
+def _fmt(cell: dict | None, signed: bool = False) -> str:
+    if not cell:
+        return "—"
+    mean = f"{cell['mean']:+.3f}" if signed else f"{cell['mean']:.3f}"
+    return mean if cell.get("ci95") is None else f"{mean} ± {cell['ci95']:.3f}"
+
+
+def _verdict(cell: dict | None) -> str:
+    if not cell or cell.get("ci95") is None:
+        return "not measured (needs at least 2 seeds with both arms)"
+    lo, hi = cell["mean"] - cell["ci95"], cell["mean"] + cell["ci95"]
+    ci = f"{cell['mean']:+.3f}, 95% CI [{lo:+.3f}, {hi:+.3f}]"
+    if lo > 0:
+        return f"yes, TokenSwap helped ({ci})"
+    if hi < 0:
+        return f"no, TokenSwap hurt ({ci})"
+    return f"not resolved: no difference detectable at this resolution ({ci})"
+
+
+def _report_md(report: dict, inloop_md: str, argv: list[str]) -> str:
+    q = report["questions_per_form"]
     lines = [
-        "\n## Concepts whose pictures TokenSwap practised with (group A, unseen phrasing)\n",
-        "| arm | gap/acc_text | gap/acc_interleaved | gap/abs | gap/rel |",
-        "|---|---|---|---|---|",
+        "# tokenswap demo: paired arms on a toy concept world\n",
+        f"`python -m tokenswap.demo {' '.join(argv)}`: seeds {report['seeds']}; {report['world']['concepts']} concepts "
+        f"({report['world']['group_a']} in group A, {report['world']['group_b']} in group B); CPT "
+        f"{report['pretrain_steps']} steps; post-training {report['post_steps']} steps per arm and seed; "
+        f"{q['group_b']} held-out questions per form on group B, {q['group_a']} on group A. "
+        f"Wall time {report.get('seconds', '?')} s, CPU time {report.get('cpu_seconds', '?')} s.\n",
+        "## Analysis (stated before the results)\n",
+        report["analysis"],
+        "## Validity checks\n",
     ]
-    for arm, row in seen.items():
-        cells = ["—" if m not in row else f"{row[m]['mean']:.4f}" + (
-            "" if row[m]["ci95"] != row[m]["ci95"] else f" ± {row[m]['ci95']:.4f}")
-            for m in ("gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/rel")]
-        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    v = report["validity"]
+    if v["passed"]:
+        lines.append(f"Passed: every arm and seed has recognition_naming ≥ {v['naming_min']} and acc_text ≥ "
+                     f"{v['acc_text_min']} on both groups.\n")
+    else:
+        lines.append("**Failed** — the toy does not meet its own preconditions, so no verdict is stated:\n")
+        lines += [f"- {f}" for f in v["failed"][:12]] + ([f"- ... {len(v['failed']) - 12} more"] if len(v["failed"]) > 12 else [])
+        lines.append("")
+    lines.append("## Paired result (per seed: same samples, same order)\n")
+    lines.append("| group | n seeds | gap_text − gap_tokenswap | acc_interleaved tokenswap − text |")
+    lines.append("|---|---|---|---|")
+    for g, label in (("group_b", "B (transfer)"), ("group_a", "A (practised)")):
+        d = report["paired_difference"].get(g, {})
+        n = len(d.get("gap_text_minus_gap_tokenswap", {}).get("values", []))
+        lines.append(f"| {label} | {n} | {_fmt(d.get('gap_text_minus_gap_tokenswap'), True)} | "
+                     f"{_fmt(d.get('acc_interleaved_tokenswap_minus_text'), True)} |")
+    if v["passed"]:
+        for g, label in (("group_b", "Transfer (group B, primary)"), ("group_a", "Practised pictures (group A)")):
+            d = report["paired_difference"].get(g, {})
+            lines.append(f"\n**{label}: does TokenSwap shrink the gap relative to text training?** "
+                         f"{_verdict(d.get('gap_text_minus_gap_tokenswap'))}")
+    lines.append("\n## Per arm (mean ± 95% CI over seeds, final checkpoint)\n")
+    cols = ("gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/rel", "gap/retention", "gap/recognition_naming",
+            "gap/recognition_mc")
+    lines.append("| group | arm | " + " | ".join(c.removeprefix("gap/") for c in cols) + " |")
+    lines.append("|---|---|" + "---|" * len(cols))
+    for g, label in (("group_b", "B"), ("group_a", "A")):
+        pre = report["pretrained_only"][g]
+        lines.append(f"| {label} | pre-trained only | " + " | ".join(
+            f"{pre[c]:.3f}" if pre.get(c) is not None else "—" for c in cols) + " |")
+        for arm, row in report["groups"][g].items():
+            lines.append(f"| {label} | {arm} | " + " | ".join(_fmt(row.get(c)) for c in cols) + " |")
+    lines.append("\n`gap` = acc_text − acc_interleaved; `rel` = gap / acc_text; `retention` = acc_interleaved / "
+                 "acc_text; `recognition_naming`: the 4 candidate names scored after the trained naming prompt, "
+                 "per picture; `recognition_mc`: a 4-way question with the picture inside it. Chance is 0.25.\n")
+    lines.append("## In-loop log (group B, `tokenswap compare` over the runs)\n")
+    lines.append(inloop_md)
     return "\n".join(lines) + "\n"
-
-
-def _report_md(table_md: str, report: dict, table: dict) -> str:
-    arms = table["arms"]
-    verdict = "not measured (missing arms)"
-    if "text" in arms and "tokenswap" in arms and "gap/abs" in arms["text"] and "gap/abs" in arms["tokenswap"]:
-        t, s = arms["text"]["gap/abs"], arms["tokenswap"]["gap/abs"]
-        diff = t["mean"] - s["mean"]
-        ci = (t["ci95"] ** 2 + s["ci95"] ** 2) ** 0.5 if t["ci95"] == t["ci95"] and s["ci95"] == s["ci95"] else float("nan")
-        if ci == ci and abs(diff) > ci:
-            verdict = f"{'yes' if diff > 0 else 'no, it grew'}: gap text − gap tokenswap = {diff:+.3f} (±{ci:.3f}, 95%)"
-        else:
-            verdict = f"not resolved at this scale: gap text − gap tokenswap = {diff:+.3f} (±{ci:.3f}, 95%)"
-    caveat = ""
-    rec = [arms[a]["gap/recognition_acc"] for a in arms if "gap/recognition_acc" in arms[a]]
-    if rec and all(r["mean"] - (r["ci95"] if r["ci95"] == r["ci95"] else 0.0) <= 0.25 for r in rec):
-        caveat = (
-            "\n**Caveat (from the recognition control):** no arm identifies the held-out pictures better than "
-            "chance (0.25, 4-way) at this scale, so interleaved accuracy here mostly reflects answer-letter priors, "
-            "not reasoning over recognised concepts; the comparison above does not test the paper's claim.\n"
-        )
-    return (
-        "# tokenswap demo: paired arms on a toy concept world\n\n"
-        f"Seeds {report['seeds']}; {report['world']['concepts']} concepts; CPT {report['pretrain_steps']} steps; "
-        f"post-training {report['post_steps']} steps; {report['world']['n_bench']} held-out questions per form. "
-        f"Wall time {report['seconds']} s.\n\n"
-        "Final values per arm (mean ± 95% CI over seeds). `gap/abs` = acc_text − acc_interleaved; "
-        "`gap/recognition_acc` = share of held-out pictures the model identifies (4-way); "
-        "`gap/controlled/abs` = gap on the items whose pictures it identified.\n\n"
-        + table_md
-        + f"\n**Does TokenSwap training shrink the gap relative to text training?** {verdict}\n"
-        + caveat
-    )
 
 
 if __name__ == "__main__":
