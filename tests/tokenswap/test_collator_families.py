@@ -124,6 +124,44 @@ def test_testing_cli_writes_a_loadable_family_checkpoint_and_store(tmp_path, cap
     assert "qwen3_5 uses another (Qwen3_5Tokenizer)" in capsys.readouterr().err
 
 
+TEXT = st.lists(st.sampled_from([*"ab \n\té🙂", "<think>", "</think>", "<tool_response>", "</tool_response>"]),
+                max_size=10).map("".join)
+
+
+@st.composite
+def conversation(draw):
+    def parts():
+        items = draw(st.lists(st.one_of(TEXT.map(lambda t: {"type": "text", "text": t}), st.just({"type": "image"})),
+                              max_size=4))
+        return items or [{"type": "text", "text": ""}]
+
+    messages = []
+    if draw(st.booleans()):
+        messages.append({"role": "system", "content": [{"type": "text", "text": draw(TEXT)}]})
+    for _ in range(draw(st.integers(1, 3))):
+        messages.append({"role": "user", "content": parts()})
+        if draw(st.booleans()):
+            messages.append({"role": "assistant", "content": [{"type": "text", "text": draw(TEXT)}]})
+    return messages
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@settings(max_examples=150, deadline=None)
+@given(messages=conversation())
+def test_render_conversation_equals_the_released_template(family, messages):
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from tokenswap.families import render_conversation
+
+    fam = FAMILIES[family]
+    ours, learn = render_conversation(fam, messages, fam.default_system_prompt)
+    (theirs,), _ = render_jinja_template(conversations=[messages], chat_template=fam.chat_template)
+    assert ours == theirs
+    turns = [m for m in messages if m["role"] == "assistant"]
+    assert len(learn) == len(turns) and all(ours[hi - len("<|im_end|>"):hi] == "<|im_end|>" for _, hi in learn)
+    assert all(ours[lo - len("<|im_start|>assistant\n"):lo] == "<|im_start|>assistant\n" for lo, _ in learn)
+
+
 # ---------------------------------------------------------------------------- equivalence
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_equivalent_to_the_family_processor(family, family_processor, tiny_store, swap_samples):
