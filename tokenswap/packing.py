@@ -15,8 +15,9 @@ shorter ones are filled with pad tokens that form their own position run (their 
 labels -100), so no real token attends to them.
 
 How packing meets ``per_device_train_batch_size``: the dataloader still hands the collator B
-samples; the collator packs them into as few rows as greedy-in-order allows (a new row starts
-when the next sample does not fit). Samples per optimizer step, and hence the learning-rate
+samples; the collator packs them, in order, into as few rows as greedy-in-order allows (a new
+row starts when the next sample does not fit), then evens those rows out (same count, smallest
+longest row), since the rows of a batch are padded to the longest. Samples per optimizer step, and hence the learning-rate
 schedule and the token-mean loss, are unchanged; only the tensor shape changes. A budget that
 holds the whole batch gives one row and no padding at all; raise B (and the budget) to trade
 more tokens per step for fewer steps.
@@ -115,26 +116,47 @@ class RopeIndex:
         return positions
 
 
-def greedy_pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Split sample indices, in order, into rows of at most ``budget`` tokens.
+def greedy_pack(lengths: Sequence[int], budget: int, balance: bool = True) -> list[list[int]]:
+    """Split sample indices, in order, into as few rows of at most ``budget`` tokens as possible.
 
-    A row closes when the next sample does not fit; the order of samples is never changed, so the
-    result depends only on the lengths (identical on every rank and after a resume).
+    Greedy in order: a row closes when the next sample does not fit, which gives the fewest rows
+    any in-order split can have. With ``balance`` the same number of rows is then filled as evenly
+    as an in-order split allows (the smallest row capacity that still needs no more rows, found by
+    bisection; greedy at a capacity is optimal for contiguous splits), because rows are padded to
+    the longest one. The order of samples never changes and the result depends only on the
+    lengths, so it is identical on every rank and after a resume.
 
-    >>> greedy_pack([3, 4, 2, 5, 1], budget=7)
+    >>> greedy_pack([3, 4, 2, 5, 1], budget=7, balance=False)
     [[0, 1], [2, 3], [4]]
+    >>> greedy_pack([3, 4, 2, 5, 1], budget=7)
+    [[0], [1, 2], [3, 4]]
     """
-    rows: list[list[int]] = []
-    used = budget + 1
     for i, n in enumerate(lengths):
         if n > budget:
             raise ValueError(f"sample {i} has {n} tokens > pack_budget={budget}; cut it first")
-        if used + n > budget:
-            rows.append([])
-            used = 0
-        rows[-1].append(i)
-        used += n
-    return rows
+
+    def split(capacity: int) -> list[list[int]]:
+        rows: list[list[int]] = []
+        used = capacity + 1
+        for i, n in enumerate(lengths):
+            if used + n > capacity:
+                rows.append([])
+                used = 0
+            rows[-1].append(i)
+            used += n
+        return rows
+
+    rows = split(budget)
+    if not balance or len(rows) < 2:
+        return rows
+    lo, hi = max(lengths), budget  # split(hi) has len(rows) rows; find the smallest such capacity
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(split(mid)) <= len(rows):
+            hi = mid
+        else:
+            lo = mid + 1
+    return split(lo)
 
 
 @dataclass

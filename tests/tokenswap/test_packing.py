@@ -37,6 +37,18 @@ def test_greedy_pack_keeps_order_and_budget():
         greedy_pack([11], budget=10)
 
 
+def test_balanced_rows_keep_the_row_count_and_shrink_the_longest():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        lengths = rng.integers(1, 50, size=int(rng.integers(1, 12))).tolist()
+        greedy = greedy_pack(lengths, budget=60, balance=False)
+        balanced = greedy_pack(lengths, budget=60)
+        assert [i for r in balanced for i in r] == list(range(len(lengths)))
+        assert len(balanced) == len(greedy)
+        longest = [max(sum(lengths[i] for i in r) for r in rows) for rows in (greedy, balanced)]
+        assert longest[1] <= longest[0]
+
+
 def test_length_grouped_order_is_a_seeded_permutation_grouping_lengths():
     rng = np.random.default_rng(1)
     lengths = rng.integers(10, 2000, size=400).tolist()
