@@ -404,9 +404,11 @@ def build_tiny_model(
 
 
 def load_qwen2vl(path: str | os.PathLike, dtype=None, attn_implementation: str | None = None):
-    """Load a Qwen2-VL-family checkpoint folder or hub id: ``(model, processor)``.
+    """Load a checkpoint folder or hub id of any supported family: ``(model, processor)``.
 
-    The same call serves the tiny test checkpoints and ``Qwen/Qwen2-VL-7B-Instruct``.
+    The same call serves the tiny test checkpoints and the released ones (``Qwen/Qwen2-VL-7B-Instruct``,
+    ``Qwen/Qwen3-VL-8B-Instruct``, ``Qwen/Qwen3.5-9B``, ...): ``AutoModelForImageTextToText`` picks the
+    class :data:`tokenswap.families.FAMILIES` names.
     """
     import transformers
     from transformers import AutoConfig, AutoProcessor
