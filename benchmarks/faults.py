@@ -678,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
     parser.add_argument("--store-kills", type=int, default=6)
-    parser.add_argument("--train-kills", type=int, default=4)
+    parser.add_argument("--train-kills", type=int, default=6)
     parser.add_argument("--json", default=None, help="also write the trials here")
     args = parser.parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
