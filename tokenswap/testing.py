@@ -21,6 +21,7 @@ __all__ = [
     "QWEN2VL_CHAT_TEMPLATE",
     "QWEN2VL_SPECIAL_TOKENS",
     "TINY_FAMILIES",
+    "TINY_MOE_FAMILIES",
     "build_tiny_model",
     "build_tiny_qwen2vl",
     "build_tiny_store",
@@ -216,14 +217,17 @@ def build_tiny_qwen2vl(
 
 
 TINY_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
-"""Families :func:`build_tiny_model` can build (the MoE variants share these templates and processors)."""
+"""The dense families :func:`build_tiny_model` builds."""
+
+TINY_MOE_FAMILIES = ("qwen3_vl_moe", "qwen3_5_moe")
+"""MoE variants it also builds (4 experts, 2 per token); they share the dense families' templates and processors."""
 
 
 def tiny_config(family: str, tokenizer, vocab_size: int, hidden_size: int = 64, num_layers: int = 2):
     """The family's real model config at toy width: 16-dim heads, two vision blocks of width 32.
 
     Args:
-        family: one of :data:`TINY_FAMILIES`.
+        family: one of :data:`TINY_FAMILIES` or :data:`TINY_MOE_FAMILIES`.
         tokenizer: supplies the special-token ids.
         vocab_size: embedding rows (``len(tokenizer)``, or the released 151,936 with the real vocabulary).
         hidden_size: language model width (multiple of 16).
@@ -262,11 +266,11 @@ def tiny_config(family: str, tokenizer, vocab_size: int, hidden_size: int = 64, 
     if fam.name == "qwen2_5_vl":
         vision.update(intermediate_size=64, out_hidden_size=hidden_size, patch_size=14, window_size=56,
                       fullatt_block_indexes=[1])
-    elif fam.name == "qwen3_vl":
+    elif fam.name in ("qwen3_vl", "qwen3_vl_moe"):
         text.update(head_dim=head_dim, rope_parameters={**rope, "mrope_interleaved": True})
         vision.update(intermediate_size=64, out_hidden_size=hidden_size, patch_size=16, num_position_embeddings=64,
                       deepstack_visual_indexes=[0])
-    elif fam.name == "qwen3_5":
+    elif fam.name in ("qwen3_5", "qwen3_5_moe"):
         text.update(
             head_dim=head_dim,
             rope_parameters={**rope, "mrope_interleaved": True, "partial_rotary_factor": 1.0},
@@ -279,6 +283,10 @@ def tiny_config(family: str, tokenizer, vocab_size: int, hidden_size: int = 64, 
         vision.update(intermediate_size=64, out_hidden_size=hidden_size, patch_size=16, num_position_embeddings=64)
     else:
         raise ValueError(f"no tiny config for family {fam.name!r}; tiny families: {', '.join(TINY_FAMILIES)}")
+    if fam.name.endswith("_moe"):
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+        if fam.name == "qwen3_5_moe":
+            text.update(shared_expert_intermediate_size=32)
     config_cls = getattr(transformers, fam.model_class.replace("ForConditionalGeneration", "Config"))
     return config_cls(
         text_config=text,
@@ -344,7 +352,7 @@ def build_tiny_model(
 
     Args:
         out_dir: destination folder; reused as is if it already holds a tiny checkpoint.
-        family: one of :data:`TINY_FAMILIES`.
+        family: one of :data:`TINY_FAMILIES` or :data:`TINY_MOE_FAMILIES`.
         tokenizer: ``"trained"`` (byte-level BPE trained on ``corpus``, ``vocab_size`` tokens) or ``"qwen"``
             (Qwen2's real vocabulary; the embedding then has the released 151,936 rows, so keep
             ``hidden_size`` small). Qwen3.5 has only ``"trained"``.
@@ -366,8 +374,8 @@ def build_tiny_model(
 
     from tokenswap.families import family_of
 
-    if family not in TINY_FAMILIES:
-        raise ValueError(f"family must be one of {', '.join(TINY_FAMILIES)}, got {family!r}")
+    if family not in TINY_FAMILIES + TINY_MOE_FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(TINY_FAMILIES + TINY_MOE_FAMILIES)}, got {family!r}")
     fam = family_of(family)
     out = Path(out_dir)
     if (out / "tiny_model.json").exists():
@@ -466,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m tokenswap.testing", description=main.__doc__)
     parser.add_argument("out", nargs="?", default=".cache", help="output folder")
-    parser.add_argument("--family", choices=TINY_FAMILIES, help="write DIR/tiny-FAMILY with the family's template")
+    parser.add_argument("--family", choices=TINY_FAMILIES + TINY_MOE_FAMILIES, help="write DIR/tiny-FAMILY with the family's template")
     parser.add_argument("--tokenizer", choices=("trained", "qwen"), default="trained",
                         help="trained: small local BPE; qwen: Qwen2's real vocabulary (needs dashscope)")
     args = parser.parse_args(argv)

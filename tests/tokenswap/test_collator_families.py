@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tokenswap.collator import TokenSwapCollator
 from tokenswap.families import FAMILIES, UnsupportedFamilyError, family_of
 from tokenswap.swap import SwapPolicy
-from tokenswap.testing import TINY_FAMILIES
+from tokenswap.testing import TINY_FAMILIES, TINY_MOE_FAMILIES
 
 # The families whose released checkpoints use Qwen2's vocabulary (Qwen3.5 has its own, unpackaged).
 REAL_TOKENIZER_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -246,11 +246,12 @@ def test_another_family_template_is_rejected(family_processor, tiny_store):
     TokenSwapCollator(qwen3, tiny_store, system_prompt="You are a helpful assistant.")
 
 
-@pytest.mark.parametrize("family", TINY_FAMILIES)
+@pytest.mark.parametrize("family", TINY_FAMILIES + TINY_MOE_FAMILIES)
 def test_batches_run_through_the_family_model(family, tiny_family, family_processor, tiny_store, swap_samples):
     from transformers import AutoModelForImageTextToText
 
     model = AutoModelForImageTextToText.from_pretrained(tiny_family(family))
+    assert type(model).__name__ == FAMILIES[family].model_class
     collator = TokenSwapCollator(family_processor(family), tiny_store, SwapPolicy(swap_prob=1.0))
     batch = collator(swap_samples[:2])
     assert batch["image_grid_thw"].shape[0] > 0
