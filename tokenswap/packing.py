@@ -42,11 +42,13 @@ import torch
 
 __all__ = [
     "PACKABLE_FAMILIES",
+    "VARLEN_SDPA",
     "PackingNotSupportedError",
     "RopeIndex",
     "greedy_pack",
     "length_grouped_order",
     "pack_rows",
+    "register_varlen_sdpa",
     "text_lengths",
 ]
 
@@ -309,3 +311,48 @@ def text_lengths(examples: Sequence[dict], tokens_per_image: int = 256) -> list[
         sum(len(m["content"]) for m in ex["messages"]) // 4 + tokens_per_image * len(ex.get("images") or [])
         for ex in examples
     ]
+
+
+# ---------------------------------------------------------------------------- attention for packed rows
+VARLEN_SDPA = "tokenswap_varlen_sdpa"
+"""``attn_implementation`` name of :func:`register_varlen_sdpa`'s attention."""
+
+
+def _varlen_sdpa(module, query, key, value, attention_mask, position_ids=None, **kwargs):
+    """sdpa per packed sample: each run of text positions (0, 1, 2, ...) attends causally within itself.
+
+    sdpa and eager compute a packed row's full ``T x T`` attention and mask the cross-sample part
+    away; flash-attention 2 skips it (varlen). This does the same with PyTorch's sdpa, one causal
+    call per sample, so packing saves compute where flash-attn is absent (CPU, older GPUs). Batches
+    that are not packed (no text-position row), the vision tower and decoding fall through to sdpa.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    T = query.shape[2]
+    if position_ids is None or position_ids.shape[-1] != T or key.shape[2] != T or T == 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    kwargs.pop("is_causal", None)
+    rows = []
+    for b in range(query.shape[0]):
+        pos = position_ids[b if position_ids.shape[0] > 1 else 0]
+        # A sample starts wherever the text position does not step by +1 (as transformers' packed-mask detection).
+        starts = [0] + (torch.nonzero(torch.diff(pos) != 1).flatten() + 1).tolist() + [T]
+        rows.append(torch.cat([
+            sdpa_attention_forward(module, query[b : b + 1, :, a:e], key[b : b + 1, :, a:e],
+                                   value[b : b + 1, :, a:e], None, is_causal=True, **kwargs)[0]
+            for a, e in zip(starts, starts[1:])
+        ], dim=1))
+    return torch.cat(rows, dim=0), None
+
+
+def register_varlen_sdpa() -> str:
+    """Register :func:`_varlen_sdpa` with transformers; returns the ``attn_implementation`` name to load with.
+
+    The masks are built as for sdpa (used by the batches it passes through to sdpa).
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(VARLEN_SDPA, _varlen_sdpa)
+    AttentionMaskInterface.register(VARLEN_SDPA, sdpa_mask)
+    return VARLEN_SDPA

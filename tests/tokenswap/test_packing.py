@@ -1,8 +1,8 @@
 """Packing: a packed batch computes exactly what its samples compute one at a time.
 
 Tiny random-weight models in float32 on CPU. Per-token losses and parameter gradients of a packed
-batch are compared with the same samples run alone (1e-5), for sdpa and eager; the flash-attention 2
-version of the check is in benchmarks/gpu_check.sh.
+batch are compared with the same samples run alone (1e-5), for sdpa, eager and tokenswap's varlen
+sdpa; the flash-attention 2 version of the check is in benchmarks/gpu_check.sh.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ from tokenswap.packing import (
     greedy_pack,
     length_grouped_order,
     pack_rows,
+    register_varlen_sdpa,
     text_lengths,
 )
 from tokenswap.swap import SwapPolicy
 
+VARLEN = register_varlen_sdpa()
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
@@ -121,11 +123,11 @@ def qwen2vl_models(tiny_qwen2vl):
 
     return {
         attn: AutoModelForImageTextToText.from_pretrained(tiny_qwen2vl, dtype=torch.float32, attn_implementation=attn)
-        for attn in ("sdpa", "eager")
+        for attn in ("sdpa", "eager", VARLEN)
     }
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", VARLEN])
 def test_collator_packed_batch_equals_samples_one_at_a_time(attn, qwen2vl_models, tiny_processor, tiny_store,
                                                             swap_samples):
     model = qwen2vl_models[attn].train()
@@ -248,7 +250,7 @@ def family_models(tmp_path_factory):
     return load
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", VARLEN])
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_every_packable_family_packs_exactly(family, attn, family_models):
     model = family_models(family, attn).train()
