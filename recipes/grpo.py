@@ -37,6 +37,7 @@ from tokenswap.crossmath import REWARDS, get_hop_weighted_reward
 from tokenswap.crossmath.training_data import CrossMathDataConfig, grpo_dataset, load_training_records
 from tokenswap.training import (
     TRAIN_DEFAULTS,
+    TRAINER_OWNED,
     CheckpointCallback,
     ModelConfig,
     RunConfig,
@@ -54,6 +55,7 @@ from tokenswap.training import (
 GRPOTrainConfig = trainer_section(
     GRPOConfig,
     "GRPOTrainConfig",
+    owned={**TRAINER_OWNED, "reward_weights": "set `reward.format_weight` (the accuracy reward weighs 1)"},
     defaults={**TRAIN_DEFAULTS, "learning_rate": 1e-6, "num_generations": 4, "max_completion_length": 6000},
 )
 """Every `GRPOConfig` field (TrainingArguments + rollouts, KL, vLLM, loss type, ...) under `train:`."""
@@ -75,6 +77,7 @@ class RewardConfig:
     def __post_init__(self) -> None:
         if self.format_weight < 0:
             raise ValueError(f"`format_weight` must be >= 0, got {self.format_weight}")
+        get_hop_weighted_reward(self.weighting, self.p, self.alpha)  # rejects weights falling with hop, now
 
 
 @dataclass(kw_only=True)

@@ -40,3 +40,21 @@ def test_post_training_runs_with_the_in_loop_gap_evaluator(family, load_recipe, 
     assert json.loads((out / "swap_stats.json").read_text())["concepts_swapped"] > 0
     before, after = load_file(model_dir / "model.safetensors"), load_file(out / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
+
+
+def test_crossmath_sft_then_grpo_on_qwen3_5(load_recipe, tiny_family, tmp_path):
+    """The CrossMath configs default to Qwen3.5-9B: its tiny twin goes through image-only SFT and then GRPO."""
+    image_sft, grpo = load_recipe("image_sft"), load_recipe("grpo")
+    sft_out = tmp_path / "sft"
+    image_sft.main(load_config(image_sft.ImageSFTConfig, "tiny/image_sft_crossmath.yaml", [
+        f"run.output_dir={sft_out}", f"model.name_or_path={tiny_family('qwen3_5')}", "train.max_steps=2",
+        "eval=null",
+    ]))
+    assert json.loads((sft_out / "config.json").read_text())["model_type"] == "qwen3_5"
+    rl_out = tmp_path / "grpo"
+    grpo.main(load_config(grpo.GRPORecipeConfig, "tiny/grpo_crossmath.yaml", [
+        f"run.output_dir={rl_out}", f"model.name_or_path={sft_out}", "train.max_steps=1",
+    ]))
+    losses = [h["loss"] for h in json.loads((rl_out / "log_history.json").read_text()) if "loss" in h]
+    assert len(losses) == 1 and all(torch.isfinite(torch.tensor(losses)))
+    assert json.loads((rl_out / "adapter_config.json").read_text())["base_model_name_or_path"] == str(sft_out)
