@@ -618,6 +618,7 @@ def section_training(t: Tally, work: Path, rng: random.Random, model: Path, stor
     kinds = ["save", "random"] * n_kills
     kills: list[str] = []
     problem = ""
+    finished = False
     for attempt in range(3 * n_kills):
         if len(kills) >= n_kills:
             break
@@ -651,18 +652,24 @@ def section_training(t: Tally, work: Path, rng: random.Random, model: Path, stor
             kills.append(detail)
             continue
         p.wait()
+        finished = True
         if p.returncode != 0:
             problem = f"attempt {attempt} failed (rc={p.returncode}): {log.read_text()[-400:]}"
-            break
-        break  # finished before the kill
-    if not problem:
+        break  # finished (or failed) before the kill
+    if not problem and not (finished and (out / "log_history.json").exists()):
         resume = ["train.resume_from_checkpoint=latest"] if any(out.glob("checkpoint-*")) else []
         final = run(train_cmd(out, model, store, *resume), 600)
-        problem = f"final resume failed: {final.stderr[-400:]}" if final.returncode else compare_logs(out, ref)
+        problem = f"final resume failed: {final.stderr[-400:]}" if final.returncode else ""
+    problem = problem or compare_logs(out, ref)
     for k in kills:
         t.add("training", f"SIGKILL {k}, resumed with resume_from_checkpoint=latest", not problem, problem)
     if not kills:
         t.add("training", "SIGKILL of training", False, problem or "the run finished before any kill")
+    # A scheduler that relaunches a job which had already finished: the same command must change nothing.
+    if not problem:
+        again = run(train_cmd(out, model, store, "train.resume_from_checkpoint=latest"), 600)
+        problem = f"rc={again.returncode}: {again.stderr[-300:]}" if again.returncode else compare_logs(out, ref)
+        t.add("training", "relaunch of the finished run with resume_from_checkpoint=latest", not problem, problem)
 
 
 # ============================================================================ main
