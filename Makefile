@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	@command -v fc-list >/dev/null && fc-list | grep -qi "DejaVu Sans" && fc-list | grep -qi "Dancing Script" || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-dejavu-core fonts-dancingscript fontconfig >/dev/null) || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-dejavu-core fonts-dancingscript fonts-urw-base35 fontconfig >/dev/null) || \
 	  echo "warning: could not install fonts-dejavu-core; rendered-text images fall back to Pillow's default font"
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip

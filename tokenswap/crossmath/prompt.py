@@ -85,7 +85,8 @@ def build_user_content(
     if modality in ("text", "image+text"):
         if markdown_table is None:
             raise ValueError(f"modality {modality!r} needs markdown_table; pass the record's markdown_table")
-        content.append({"type": "text", "text": "\n" + markdown_table})
+        # The official inference script sends the table exactly as the record holds it.
+        content.append({"type": "text", "text": markdown_table})
     if modality in ("image", "image+text"):
         if image is None:
             raise ValueError(f"modality {modality!r} needs an image; render one or load the record's img_blank")

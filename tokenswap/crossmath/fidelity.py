@@ -1,0 +1,304 @@
+"""How close our puzzles, records and pictures are to the released CrossMath test set.
+
+``tokenswap crossmath fidelity --released PATH`` prints the statistics of the released set and
+of a freshly generated one side by side, the hop solver's agreement with the released
+``markdown_answer_step`` labels, and the renderer's pixel parity with the released PNGs. The
+released set is read from PATH (a checkout of github ``xuyige/CrossMath`` or its ``data``
+folder); nothing of it is shipped here. docs/crossmath_fidelity.md records the facts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from tokenswap.crossmath.grid import find_equations, parse_markdown_table
+from tokenswap.crossmath.metrics import gold_hops
+from tokenswap.crossmath.render import STYLES, StyleName, font_path, render_grid
+from tokenswap.crossmath.solver import solve
+
+__all__ = [
+    "RELEASED_FILES",
+    "PuzzleStats",
+    "fidelity_report",
+    "format_statistics_table",
+    "hop_label_agreement",
+    "pixel_parity",
+    "puzzle_stats",
+    "record_roundtrip",
+    "released_jsonl",
+    "summarize",
+]
+
+RELEASED_FILES: dict[str, str] = {
+    "original": "Original/testset_hr.jsonl",
+    "noborder": "Noborder/testset_noborder.jsonl",
+    "beige": "Beige/testset_hr_beige.jsonl",
+    "altstyle": "Altstyle/testset_altstyle.jsonl",
+}
+"""The released JSONL of each style, relative to the release's ``data`` folder."""
+
+
+def released_jsonl(root: str | os.PathLike, style: StyleName) -> Path:
+    """The released JSONL of ``style`` under ``root`` (a CrossMath checkout or its ``data`` folder).
+
+    Raises:
+        FileNotFoundError: naming the file that was looked for.
+    """
+    root = Path(root)
+    for base in (root, root / "data"):
+        path = base / RELEASED_FILES[style]
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"no {RELEASED_FILES[style]} under {str(root)!r} or its data/ folder; pass a checkout of "
+        "github.com/xuyige/CrossMath (or its data folder)"
+    )
+
+
+@dataclass
+class PuzzleStats:
+    """The structure of one puzzle, as the fidelity table summarises it.
+
+    Attributes:
+        difficulty: the record's label.
+        rows: grid rows.
+        cols: grid columns.
+        equations: number of equations.
+        blanks_per_equation: per equation, how many of its three numbers are blanks.
+        collapsed: equations going from >= 2 unknowns to 0 in one solver round (never in the release).
+        hops: hop of every blank.
+        number_range: the record's ``[lo, hi]``.
+        largest: the largest number in the solved grid.
+    """
+
+    difficulty: str
+    rows: int
+    cols: int
+    equations: int
+    blanks_per_equation: list[int]
+    collapsed: int
+    hops: list[int]
+    number_range: tuple[int, int]
+    largest: int
+
+
+def puzzle_stats(record: dict) -> PuzzleStats:
+    """The :class:`PuzzleStats` of a released-format record (ours or the release's)."""
+    grid = parse_markdown_table(record["markdown_table"])
+    equations = find_equations(grid)
+    solution = solve(grid)
+    blanks = set(solution.blanks)
+    per_eq = [sum(cell in blanks for cell in eq.numbers) for eq in equations]
+    # An equation "collapses" when its last two unknowns are solved in the same round elsewhere, so it
+    # never has exactly one unknown: the released puzzles never do this.
+    collapsed = sum(1 for n, step in zip(per_eq, solution.equation_steps) if n >= 2 and step is None)
+    answer = parse_markdown_table(record["markdown_answer"])
+    values = [int(v) for row in answer for v in row if v.isdigit()]
+    values += [int(v) for row in grid for v in row if v.isdigit()]
+    lo, hi = record["range"]
+    return PuzzleStats(
+        difficulty=record["difficulty"],
+        rows=len(grid),
+        cols=len(grid[0]),
+        equations=len(equations),
+        blanks_per_equation=per_eq,
+        collapsed=collapsed,
+        hops=gold_hops(record),
+        number_range=(int(lo), int(hi)),
+        largest=max(values),
+    )
+
+
+def summarize(stats: list[PuzzleStats]) -> dict[str, dict]:
+    """Per difficulty (and ``all``): the figures the fidelity table shows.
+
+    Returns:
+        ``{difficulty: {"n", "equations_mean", "equations_min", "equations_max", "blanks_mean",
+        "blanks_per_equation": {k: count}, "collapsed", "max_rows", "max_cols", "lo_min", "lo_max",
+        "hi_min", "hi_max", "largest", "hop_share": {hop: fraction}, "max_hop"}}``.
+    """
+    groups: dict[str, list[PuzzleStats]] = {"all": stats}
+    for s in stats:
+        groups.setdefault(s.difficulty, []).append(s)
+    out = {}
+    for name, group in groups.items():
+        hops = Counter(h for s in group for h in s.hops)
+        n_blanks = sum(hops.values())
+        out[name] = {
+            "n": len(group),
+            "equations_mean": float(np.mean([s.equations for s in group])),
+            "equations_min": min(s.equations for s in group),
+            "equations_max": max(s.equations for s in group),
+            "blanks_mean": n_blanks / len(group),
+            "blanks_per_equation": dict(sorted(Counter(k for s in group for k in s.blanks_per_equation).items())),
+            "collapsed": sum(s.collapsed for s in group),
+            "max_rows": max(s.rows for s in group),
+            "max_cols": max(s.cols for s in group),
+            "lo_min": min(s.number_range[0] for s in group),
+            "lo_max": max(s.number_range[0] for s in group),
+            "hi_min": min(s.number_range[1] for s in group),
+            "hi_max": max(s.number_range[1] for s in group),
+            "largest": max(s.largest for s in group),
+            "hop_share": {h: hops[h] / n_blanks for h in sorted(hops)},
+            "max_hop": max(hops),
+        }
+    return out
+
+
+def _hop_row(summary: dict, hops: range) -> str:
+    return " / ".join(f"{100 * summary['hop_share'].get(h, 0.0):.1f}" for h in hops)
+
+
+def format_statistics_table(ours: dict[str, dict], released: dict[str, dict]) -> str:
+    """A markdown table, one row per figure, columns ``released`` and ``ours`` (outputs of :func:`summarize`)."""
+    order = [d for d in ("easy", "medium", "hard") if d in ours or d in released]
+
+    def each(summary: dict, key: str, fmt: str = "{}") -> str:
+        return " / ".join(fmt.format(summary[d][key]) if d in summary else "-" for d in order)
+
+    def cell(summary: dict) -> list[str]:
+        a = summary["all"]
+        bpe = a["blanks_per_equation"]
+        total_eq = sum(bpe.values())
+        return [
+            str(a["n"]),
+            each(summary, "n"),
+            each(summary, "equations_mean", "{:.2f}") + f" ({a['equations_min']}–{a['equations_max']})",
+            each(summary, "blanks_mean", "{:.2f}"),
+            " / ".join(f"{100 * bpe.get(k, 0) / total_eq:.1f}" for k in range(4)),
+            str(a["collapsed"]),
+            f"{a['max_rows']}×{a['max_cols']}",
+            f"{a['lo_min']}–{a['lo_max']}; {a['hi_min']}–{a['hi_max']}; {a['largest']}",
+            _hop_row(a, range(1, 8)) + (f" (+{100 * sum(v for h, v in a['hop_share'].items() if h > 7):.1f} >7)"),
+            " / ".join(f"{100 * summary[d]['hop_share'].get(1, 0.0):.1f}" if d in summary else "-" for d in order),
+            each(summary, "max_hop"),
+        ]
+
+    labels = [
+        "puzzles",
+        f"puzzles ({' / '.join(order)})",
+        f"equations per puzzle, mean ({' / '.join(order)}) (min–max)",
+        f"blanks per puzzle, mean ({' / '.join(order)})",
+        "equations with 0 / 1 / 2 / 3 blanks, %",
+        "equations going from ≥2 unknowns to 0 in one round",
+        "largest grid (rows×cols)",
+        "range low end; high end; largest number",
+        "blanks at hop 1 / 2 / … / 7, %",
+        f"hop-1 share, % ({' / '.join(order)})",
+        f"max hop ({' / '.join(order)})",
+    ]
+    lines = ["| | released | ours |", "|---|---|---|"]
+    for label, r, o in zip(labels, cell(released), cell(ours)):
+        lines.append(f"| {label} | {r} | {o} |")
+    return "\n".join(lines)
+
+
+def hop_label_agreement(records: list[dict]) -> tuple[int, int]:
+    """``(agreeing, total)`` blanks whose solver hop equals the record's ``markdown_answer_step`` label."""
+    agree = total = 0
+    for record in records:
+        solution = solve(parse_markdown_table(record["markdown_table"]))
+        labels = gold_hops(record)
+        total += len(labels)
+        got = [solution.hops.get(cell) for cell in solution.blanks]
+        agree += sum(a == b for a, b in zip(got, labels))
+    return agree, total
+
+
+def record_roundtrip(path: str | os.PathLike, style: StyleName) -> tuple[int, int]:
+    """``(identical, total)``: released JSONL lines that :class:`Puzzle` reads and writes back byte for byte."""
+    from tokenswap.crossmath.generator import Puzzle
+
+    lines = [line for line in Path(path).read_text(encoding="utf-8").split("\n") if line.strip()]
+    same = sum(
+        json.dumps(Puzzle.from_record(json.loads(line)).to_record(style), ensure_ascii=False) == line for line in lines
+    )
+    return same, len(lines)
+
+
+def pixel_parity(records: list[dict], root: str | os.PathLike, style: StyleName, tolerance: int = 8) -> list[float]:
+    """Per record, the share of pixels of our rendering within ``tolerance`` (every channel) of the released PNG.
+
+    Args:
+        records: released records of ``style`` (their ``img_blank`` relative to ``root``).
+        root: the folder the records' ``img_blank`` paths are relative to (the style folder).
+        style: the style to render.
+        tolerance: the largest per-channel difference that still counts as equal.
+
+    Returns:
+        One fraction per record whose PNG exists; 0.0 where the image sizes differ.
+    """
+    out = []
+    for record in records:
+        if not (Path(root) / record["img_blank"]).is_file():
+            continue  # the report shows how many were compared
+        with Image.open(Path(root) / record["img_blank"]) as image:
+            ref = np.asarray(image.convert("RGB"), dtype=np.int16)
+        grid = parse_markdown_table(record["markdown_table"])
+        ours = np.asarray(render_grid(grid, style), dtype=np.int16)
+        out.append(float((np.abs(ref - ours).max(-1) <= tolerance).mean()) if ref.shape == ours.shape else 0.0)
+    return out
+
+
+def fidelity_report(
+    released: str | os.PathLike, n: int = 250, seed: int = 0, pixel_limit: int | None = None, tolerance: int = 8
+) -> str:
+    """The markdown report ``tokenswap crossmath fidelity`` prints.
+
+    Args:
+        released: a checkout of github ``xuyige/CrossMath`` or its ``data`` folder.
+        n: puzzles to generate (``"mixed"`` difficulty, default arguments) for the statistics.
+        seed: the generator seed.
+        pixel_limit: compare only the first N released images per style (None: all 250).
+        tolerance: per-channel difference that still counts as the same pixel.
+
+    Returns:
+        The statistics table (released vs ours), the hop-label agreement and the pixel parity per style.
+
+    Raises:
+        FileNotFoundError: if a released JSONL is missing.
+    """
+    from tokenswap.crossmath.data import load_crossmath
+    from tokenswap.crossmath.generator import generate_puzzles
+
+    by_style = {style: load_crossmath(released_jsonl(released, style)) for style in STYLES}
+    ours = summarize([puzzle_stats(p.to_record()) for p in generate_puzzles(n, seed)])
+    lines = [
+        f"## Statistics: released ({len(by_style['original'])} puzzles) vs ours ({n} puzzles, "
+        f"`generate --difficulty mixed --seed {seed}`)",
+        "",
+        format_statistics_table(ours, summarize([puzzle_stats(r) for r in by_style["original"]])),
+        "",
+        "## Hop solver vs released markdown_answer_step",
+        "",
+    ]
+    for style, records in by_style.items():
+        agree, total = hop_label_agreement(records)
+        lines.append(f"- {STYLES[style].folder}: {agree}/{total} blanks")
+    lines += ["", "## Released records read and written back byte for byte", ""]
+    for style in by_style:
+        same, total = record_roundtrip(released_jsonl(released, style), style)
+        lines.append(f"- {STYLES[style].folder}: {same}/{total} lines")
+    lines += [
+        "",
+        f"## Pixel parity (share of pixels within {tolerance} of the released PNG, every channel)",
+        "",
+        "| style | font | puzzles | mean | min | puzzles >= 0.99 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for style, records in by_style.items():
+        records = records[:pixel_limit]
+        scores = pixel_parity(records, released_jsonl(released, style).parent, style, tolerance)
+        font = font_path(style)
+        lines.append(
+            f"| {STYLES[style].folder} | {font.name if font else 'Pillow default'} | {len(scores)} | "
+            f"{np.mean(scores):.4f} | {min(scores):.4f} | {sum(s >= 0.99 for s in scores)} |"
+        )
+    return "\n".join(lines)
