@@ -1,12 +1,12 @@
-"""``tokenswap crossmath``: generate puzzles, or evaluate a model on them.
+"""``tokenswap crossmath``: generate puzzles, evaluate a model on them, or compare with the release.
 
-Generate 300 puzzles (easy, medium, hard in turn) in all four styles::
+Generate 300 puzzles (the released easy/medium/hard mix) in all four styles::
 
     tokenswap crossmath generate --n 300 --seed 0 --difficulty mixed --out data/crossmath
 
-This writes ``<out>/<Style>/crossmath.jsonl`` in the released record format plus
-``<out>/<Style>/images/<id>_blank.png`` (puzzle) and ``<id>.png`` (solved). Evaluate a model
-greedily in one modality::
+This writes ``<out>/<Style>/crossmath.jsonl`` in the released record format plus the puzzle
+and solved PNGs under the released names (``<Style>/test_images_blank_hr/<id>_blank.png``, ...).
+Evaluate a model greedily in one modality::
 
     tokenswap crossmath eval --model Qwen/Qwen2-VL-7B-Instruct --data data/crossmath/Original \\
         --modality image --max-new-tokens 4096 --out runs/crossmath
@@ -14,6 +14,9 @@ greedily in one modality::
 This writes ``predictions_<modality>.jsonl`` (one line per puzzle), ``metrics_<modality>.json``
 and ``metrics_<modality>.md``. Both commands resume: finished puzzles are skipped, and a rerun
 with different generator flags (or another model, for eval) into the same folder is refused.
+Compare our generator and renderer with a checkout of the released test set::
+
+    tokenswap crossmath fidelity --released path/to/CrossMath --n 250
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import sys
 from pathlib import Path
 
 from tokenswap.crossmath.data import append_jsonl, find_jsonl, load_crossmath, load_image, read_jsonl
-from tokenswap.crossmath.generator import DIFFICULTIES, Puzzle, generate_puzzles
+from tokenswap.crossmath.generator import DEFAULT_COLS, DEFAULT_ROWS, DIFFICULTIES, Puzzle, generate_puzzles
 from tokenswap.crossmath.metrics import (
     aggregate_runs,
     extract_answer,
@@ -36,7 +39,7 @@ from tokenswap.crossmath.metrics import (
     score_run,
 )
 from tokenswap.crossmath.prompt import MODALITIES, build_messages
-from tokenswap.crossmath.render import STYLES, render_grid
+from tokenswap.crossmath.render import STYLES, puzzle_id_from_image, render_grid
 
 __all__ = ["cli_main"]
 
@@ -52,26 +55,58 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate puzzles: JSONL in the released format + PNG per style")
-    gen.add_argument("--n", type=int, required=True, help="number of puzzles")
+    gen.add_argument("--n", type=_positive_int, required=True, help="number of puzzles (>= 1)")
     gen.add_argument("--seed", type=int, default=0, help="collection seed; puzzle i depends only on (seed, i)")
     gen.add_argument("--difficulty", choices=[*DIFFICULTIES, "mixed"], default="mixed")
     gen.add_argument("--out", required=True, help="output folder; one subfolder per style")
     gen.add_argument("--styles", nargs="+", choices=sorted(STYLES), default=list(STYLES))
-    gen.add_argument("--rows", type=int, default=13, help="canvas rows (odd); puzzles are cropped to their cells")
-    gen.add_argument("--cols", type=int, default=13, help="canvas columns (odd)")
-    gen.add_argument("--n-equations", type=int, default=None, help="equations per puzzle (default: 6-12)")
-    gen.add_argument("--range", type=int, nargs=2, default=(1, 100), metavar=("LO", "HI"), help="number range")
+    gen.add_argument(
+        "--rows", type=int, default=DEFAULT_ROWS, help="canvas rows (odd); puzzles are cropped to their cells"
+    )
+    gen.add_argument("--cols", type=int, default=DEFAULT_COLS, help="canvas columns (odd)")
+    gen.add_argument(
+        "--n-equations", type=_positive_int, default=None, help="equations per puzzle (default: the released 5-15)"
+    )
+    gen.add_argument(
+        "--range",
+        type=int,
+        nargs=2,
+        default=None,
+        metavar=("LO", "HI"),
+        help="number range (default: LO in 1-5, HI in 51-249 per puzzle, as released)",
+    )
+    gen.add_argument(
+        "--max-hop", type=_positive_int, default=None, help="deepest hop per puzzle (default: released distribution)"
+    )
     gen.add_argument("--operators", default="+-*/", help="operator set, e.g. +-*/ or +-")
 
     ev = sub.add_parser("eval", help="greedy evaluation of a model in one modality")
     ev.add_argument("--model", required=True, help="model folder or hub id (Qwen2-VL family)")
     ev.add_argument("--data", required=True, help="a CrossMath JSONL or its style folder")
     ev.add_argument("--modality", choices=MODALITIES, required=True)
-    ev.add_argument("--n", type=int, default=None, help="evaluate the first N puzzles (default: all)")
+    ev.add_argument("--n", type=_positive_int, default=None, help="evaluate the first N puzzles (default: all)")
     ev.add_argument("--max-new-tokens", type=int, default=4096)
     ev.add_argument("--batch-size", type=int, default=8)
     ev.add_argument("--out", required=True, help="output folder for predictions and metrics")
+
+    fid = sub.add_parser("fidelity", help="statistics and pixel parity against the released test set")
+    fid.add_argument("--released", required=True, help="a checkout of github.com/xuyige/CrossMath or its data folder")
+    fid.add_argument("--n", type=_positive_int, default=250, help="puzzles to generate for the comparison")
+    fid.add_argument("--seed", type=int, default=0, help="generator seed")
+    fid.add_argument(
+        "--pixel-limit", type=_positive_int, default=None, help="compare only the first N images per style"
+    )
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _write_image(image, path: Path) -> None:
@@ -92,9 +127,22 @@ def _generate(args: argparse.Namespace) -> int:
         "rows": args.rows,
         "cols": args.cols,
         "n_equations": args.n_equations,
-        "range": list(args.range),
+        "range": list(args.range) if args.range is not None else None,
         "operators": args.operators,
+        "max_hop": args.max_hop,
     }
+    kwargs = dict(
+        rows=args.rows,
+        cols=args.cols,
+        n_equations=args.n_equations,
+        number_range=tuple(args.range) if args.range is not None else None,
+        operators=args.operators,
+        max_hop=args.max_hop,
+    )
+    try:  # bad flags fail here, before anything is written
+        generate_puzzles(1, args.seed, args.difficulty, **kwargs)
+    except ValueError as err:
+        raise _RefusedError(str(err)) from None
     out.mkdir(parents=True, exist_ok=True)
     params_path = out / "generate_params.json"
     if params_path.exists() and json.loads(params_path.read_text()) != params:
@@ -105,17 +153,9 @@ def _generate(args: argparse.Namespace) -> int:
     params_path.write_text(json.dumps(params) + "\n")
     done: dict[str, set[str]] = {}
     for style in args.styles:
-        folder = out / STYLES[style].folder
-        (folder / "images").mkdir(parents=True, exist_ok=True)
-        jsonl = folder / JSONL_NAME
-        done[style] = {r["id"] for r in read_jsonl(jsonl, repair=True)} if jsonl.exists() else set()
-    kwargs = dict(
-        rows=args.rows,
-        cols=args.cols,
-        n_equations=args.n_equations,
-        number_range=tuple(args.range),
-        operators=args.operators,
-    )
+        jsonl = out / STYLES[style].folder / JSONL_NAME
+        records = read_jsonl(jsonl, repair=True) if jsonl.exists() else []
+        done[style] = {puzzle_id_from_image(r["img_blank"]) for r in records}
     written = 0
     for i in tqdm(range(args.n), desc="crossmath generate", unit="puzzle"):
         puzzle_id = f"crossmath_{args.seed}_{i:06d}"
@@ -123,15 +163,27 @@ def _generate(args: argparse.Namespace) -> int:
         if not missing:
             continue
         puzzle: Puzzle = generate_puzzles(1, args.seed, args.difficulty, start=i, **kwargs)[0]
-        record = puzzle.to_record()
         answers = dict(zip(puzzle.blanks, puzzle.answer))
         for style in missing:
             folder = out / STYLES[style].folder
-            _write_image(render_grid(puzzle.grid, style), folder / record["img_blank"])
-            _write_image(render_grid(puzzle.grid, style, answers=answers), folder / record["img"])
+            record = puzzle.to_record(style)
+            for key, image in (("img_blank", render_grid(puzzle.grid, style)), ("img", None)):
+                path = folder / record[key]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                _write_image(image or render_grid(puzzle.grid, style, answers=answers), path)
             append_jsonl(folder / JSONL_NAME, record)
         written += 1
     print(f"wrote {written} puzzles ({args.n - written} already present) to {out} in styles {args.styles}")
+    return 0
+
+
+def _fidelity(args: argparse.Namespace) -> int:
+    from tokenswap.crossmath.fidelity import fidelity_report
+
+    try:
+        print(fidelity_report(args.released, n=args.n, seed=args.seed, pixel_limit=args.pixel_limit))
+    except FileNotFoundError as err:
+        raise _RefusedError(str(err)) from None
     return 0
 
 
@@ -230,7 +282,7 @@ def cli_main(argv: list[str]) -> int:
     """
     args = _parser().parse_args(argv)
     try:
-        return _generate(args) if args.command == "generate" else _evaluate(args)
+        return {"generate": _generate, "eval": _evaluate, "fidelity": _fidelity}[args.command](args)
     except _RefusedError as err:
         print(f"tokenswap crossmath {args.command}: {err}", file=sys.stderr)
         return 2

@@ -2,8 +2,8 @@
 
 The released test set is one JSONL per style folder (``Original/testset_hr.jsonl``, ...), each
 record's ``img_blank`` relative to that folder; blank lines occur and are skipped. Our
-generator writes the same layout (``<out>/<Style>/crossmath.jsonl`` + ``images/``), so one
-loader serves both.
+generator writes the same layout (``<out>/<Style>/crossmath.jsonl`` + the PNGs under the released
+folder and file names), so one loader serves both, and a puzzle has one id in every style.
 """
 
 from __future__ import annotations
@@ -14,20 +14,62 @@ from pathlib import Path
 
 from PIL import Image
 
-from tokenswap.crossmath.grid import parse_markdown_table
+from tokenswap.crossmath.grid import BLANK, apply_operator, parse_markdown_table
 from tokenswap.crossmath.metrics import gold_answer, gold_hops
 from tokenswap.crossmath.prompt import Modality, build_user_content
-from tokenswap.crossmath.solver import chain_of_thought
+from tokenswap.crossmath.render import puzzle_id_from_image
+from tokenswap.crossmath.solver import chain_of_thought, solve
 
 __all__ = [
+    "InconsistentPuzzleError",
     "append_jsonl",
     "find_jsonl",
     "load_crossmath",
     "load_image",
+    "puzzle_problem",
     "read_jsonl",
     "reward_columns",
     "sft_messages",
 ]
+
+
+class InconsistentPuzzleError(ValueError):
+    """A record whose printed puzzle contradicts its answers, so no correct chain of thought exists for it."""
+
+
+def puzzle_problem(record: dict) -> str | None:
+    """Why a record cannot be a training target, or ``None`` if its puzzle and answers agree.
+
+    Seven released puzzles print ``+`` where the answers need ``÷`` (``math_puzzle_0013``, ``0090``,
+    ``0096``, ``0174``, ``0178``, ``0187``, ``0240``): their equations, filled with the gold answers,
+    are false, and the hop solver either finds other numbers or none.
+
+    Args:
+        record: a CrossMath record (``markdown_table`` and ``markdown_answer``).
+
+    Returns:
+        A one-line reason, or ``None``.
+    """
+    try:
+        grid = parse_markdown_table(record["markdown_table"])
+        gold = gold_answer(record)
+        solution = solve(grid)
+    except (KeyError, ValueError) as err:
+        return f"unreadable puzzle: {err}"
+    if len(gold) != len(solution.blanks):
+        return f"{len(solution.blanks)} blanks but {len(gold)} answers in markdown_answer"
+    filled = dict(zip(solution.blanks, gold))
+    for equation in solution.equations:
+        a, b, c = (filled.get(cell, grid[cell[0]][cell[1]]) for cell in equation.numbers)
+        if BLANK in (a, b, c) or not all(v.isdigit() for v in (a, b, c)):
+            return f"{equation.render({})} has a non-numeric answer"
+        if apply_operator(int(a), equation.op, int(b)) != int(c):
+            return f"the printed equation {a} {equation.op} {b} = {c} is false with the gold answers"
+    if not solution.solved:
+        return f"the hop solver cannot determine blanks {solution.unsolved}"
+    if [str(v) for v in solution.answers()] != gold:
+        return "the hop solver's answers differ from markdown_answer"
+    return None
 
 
 def find_jsonl(path: str | os.PathLike) -> Path:
@@ -95,8 +137,10 @@ def load_crossmath(path: str | os.PathLike) -> list[dict]:
         path: a JSONL file, or a style folder holding exactly one.
 
     Returns:
-        The records, each with two fields added when absent: ``id`` (the ``img_blank`` file stem
-        without ``_blank``) and ``image_path`` (``img_blank`` resolved against the JSONL's folder).
+        The records, each with two fields added when absent: ``id`` (the ``img_blank`` file name
+        without its style suffix, so ``math_puzzle_0001_blank_hr_beige.png`` and
+        ``math_puzzle_0001_blank.png`` are both ``math_puzzle_0001``) and ``image_path`` (``img_blank``
+        resolved against the JSONL's folder).
 
     Raises:
         KeyError: if a record lacks ``markdown_table``, ``markdown_answer`` or ``markdown_answer_step``.
@@ -108,7 +152,7 @@ def load_crossmath(path: str | os.PathLike) -> list[dict]:
             if key not in record:
                 raise KeyError(f"record {index} of {file} has no {key!r}; is this a CrossMath JSONL?")
         if "img_blank" in record:
-            record.setdefault("id", Path(record["img_blank"]).stem.removesuffix("_blank"))
+            record.setdefault("id", puzzle_id_from_image(record["img_blank"]))
             record.setdefault("image_path", str(file.parent / record["img_blank"]))
         else:
             record.setdefault("id", f"{file.stem}_{index:06d}")
@@ -142,8 +186,12 @@ def sft_messages(record: dict, modality: Modality = "image", image: Image.Image 
         ``[{"role": "user", ...}, {"role": "assistant", "content": [{"type": "text", "text": cot}]}]``.
 
     Raises:
-        ValueError: if the hop solver cannot determine every blank of the record.
+        InconsistentPuzzleError: if the printed puzzle contradicts the record's answers (see
+            :func:`puzzle_problem`); skip such records.
     """
+    problem = puzzle_problem(record)
+    if problem is not None:
+        raise InconsistentPuzzleError(f"record {record.get('id', '?')!r}: {problem}; skip it as a training target")
     if image is None and modality != "text":
         image = load_image(record)
     cot = chain_of_thought(parse_markdown_table(record["markdown_table"]))

@@ -1,17 +1,23 @@
-"""Our own CrossMath puzzle generator (the released puzzles are non-commercial; none are used here).
+"""Our own CrossMath puzzle generator, shaped like the released test set (docs/crossmath_fidelity.md).
 
 A puzzle grows from one random equation: each new equation crosses an existing number cell at
 a right angle, on the odd-sized lattice (numbers at even/even, operators where one index is
 odd), so crossings share only number cells. Values are drawn in ``[lo, hi]`` so that every
-equation holds exactly (exact division, no negatives). Blanks are then chosen to hit the
-requested difficulty, and a puzzle is accepted only if the hop solver determines every blank
-to its true value:
+equation holds exactly (exact division, no negatives). Blanks are then chosen by a small local
+search for the structure the released puzzles have:
 
-* ``easy``: every blank is solved in hop 1;
-* ``medium``: fewer blanks than equations, max hop in ``[2, 5]``;
-* ``hard``: as many blanks as equations (one per equation), max hop at least 3.
+* every equation has 1 or 2 blanks (easy: exactly 1), and every equation has exactly one
+  unknown in some solver round (none goes from >= 2 unknowns to 0 in one round), so every
+  blank is solved through a one-unknown equation and ``solving_steps`` lists every equation;
+* ``easy``: blanks = equations - k, k drawn from the released 1-6, so every blank is hop 1;
+* ``medium``: blanks = equations - k, k in 1-3, deepest hop drawn from the released 1-5;
+* ``hard``: as many blanks as equations, deepest hop drawn from the released 2-7.
 
-Everything is drawn from ``random.Random(seed)``, so a seed always gives the same puzzle.
+Defaults draw, per puzzle, 5-15 equations on a canvas of up to 17x21 cells, a number range
+with low end 1-5 and high end 51-249, and operators with the released frequencies; every one of
+these can be fixed for curriculum use (``n_equations``, ``number_range``, ``operators``,
+``rows``/``cols``, ``max_hop``). Everything is drawn from ``random.Random(seed)``, so a seed always
+gives the same puzzle.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from tokenswap.crossmath.grid import (
     parse_markdown_table,
     solve_for,
 )
+from tokenswap.crossmath.render import StyleName, image_names, puzzle_id_from_image
 from tokenswap.crossmath.solver import HopSolution, solve
 
 __all__ = [
@@ -40,6 +47,7 @@ __all__ = [
     "classify_difficulty",
     "generate_puzzle",
     "generate_puzzles",
+    "mixed_difficulty",
     "puzzle_seed",
 ]
 
@@ -49,19 +57,56 @@ _MAX_TRIES = 400
 
 
 def classify_difficulty(n_blanks: int, n_equations: int, max_hop: int) -> Difficulty:
-    """The difficulty label of a solvable puzzle.
+    """A structural difficulty label for a solvable puzzle.
 
-    ``easy`` if every blank is hop 1; ``hard`` if there are as many blanks as equations and the
-    deepest hop is at least 3, or the deepest hop exceeds 5; ``medium`` otherwise.
+    ``hard`` if there are as many blanks as equations (and some hop beyond 1); else ``easy`` if every
+    blank is hop 1; else ``medium``. The released labels come from the source website, so they
+    follow this except for 8 released ``medium`` puzzles whose blanks are all hop 1.
 
-    >>> classify_difficulty(7, 10, 1), classify_difficulty(8, 10, 4), classify_difficulty(10, 10, 6)
+    >>> classify_difficulty(7, 10, 1), classify_difficulty(8, 10, 4), classify_difficulty(10, 10, 2)
     ('easy', 'medium', 'hard')
     """
+    if n_blanks >= n_equations and max_hop >= 2:
+        return "hard"
     if max_hop <= 1:
         return "easy"
-    if max_hop > 5 or (n_blanks >= n_equations and max_hop >= 3):
-        return "hard"
     return "medium"
+
+
+# Released per-difficulty shapes (250 puzzles, docs/crossmath_fidelity.md), as {value: puzzles}.
+# "equations - blanks" is how many blanks sit on a crossing (easy) or are shared (medium).
+_RELEASED_SHORTFALL: dict[str, dict[int, int]] = {
+    "easy": {1: 7, 2: 19, 3: 18, 4: 22, 5: 20, 6: 4},
+    "medium": {1: 33, 2: 36, 3: 16},
+    "hard": {0: 75},
+}
+_RELEASED_EQUATIONS: dict[str, dict[int, int]] = {
+    "easy": {5: 7, 6: 11, 7: 5, 8: 9, 9: 2, 10: 6, 11: 10, 12: 6, 13: 14, 14: 9, 15: 11},
+    "medium": {5: 7, 6: 10, 7: 10, 8: 5, 9: 9, 10: 9, 11: 6, 12: 7, 13: 7, 14: 8, 15: 7},
+    "hard": {5: 3, 6: 8, 7: 6, 8: 7, 9: 3, 10: 10, 11: 4, 12: 5, 13: 9, 14: 11, 15: 9},
+}
+_RELEASED_MAX_HOP: dict[str, dict[int, int]] = {
+    "easy": {1: 90},
+    "medium": {1: 8, 2: 38, 3: 34, 4: 2, 5: 3},
+    "hard": {2: 2, 3: 30, 4: 12, 5: 23, 6: 4, 7: 4},
+}
+# Share of equations with two blanks (the rest have one): 0/941, 183/834, 413/798.
+_RELEASED_DOUBLE_SHARE = {"easy": 0.0, "medium": 0.22, "hard": 0.52}
+# Share of blanks solved in round 1: 941/941, 523/681, 385/798.
+_RELEASED_FIRST_HOP_SHARE = {"easy": 1.0, "medium": 0.83, "hard": 0.52}
+# Operator cells in the release: + 966, - 891, × 426, ÷ 290.
+_OPERATOR_WEIGHTS = {"+": 966, "-": 891, "×": 426, "÷": 290}
+DEFAULT_ROWS, DEFAULT_COLS = 17, 21
+"""The largest released grid: default canvas, cropped to the used cells."""
+DEFAULT_EQUATIONS = (5, 15)
+"""Released equations per puzzle; drawn from the released counts of the difficulty."""
+DEFAULT_LOW_END, DEFAULT_HIGH_END = (1, 5), (51, 249)
+"""Released ``range``: low end drawn in 1-5, high end in 51-249."""
+
+
+def _draw(rng: random.Random, table: dict[int, int]) -> int:
+    values = list(table)
+    return rng.choices(values, weights=[table[v] for v in values])[0]
 
 
 @dataclass
@@ -125,23 +170,24 @@ class Puzzle:
     def _answer_table(self, fill: dict[Cell, str]) -> str:
         return format_markdown_table([[fill.get((r, c), "") for c in range(self.cols)] for r in range(self.rows)])
 
-    def to_record(self) -> dict:
-        """The released CrossMath record format (plus ``id`` and ``seed``).
+    def to_record(self, style: StyleName = "original") -> dict:
+        """The released CrossMath record of this puzzle in ``style``, byte for byte in the released layout.
 
-        Image paths are relative to the style folder: ``images/<id>_blank.png`` (puzzle) and
-        ``images/<id>.png`` (solved).
+        Same keys in the same order as the released JSONL (Beige adds ``img_noborder`` and
+        ``img_blank_noborder``), ``solutions`` and ``solving_steps`` spelt ``23+10=33`` with every
+        equation in them, image paths named as released so that the id (the file name without its
+        style suffix) is the same in every style. ``json.dumps(record, ensure_ascii=False)`` is the line.
         """
         solution = self.solution
         full = solve(self.solution_grid)
         answer = dict(zip(self.blanks, self.answer))
         step = {cell: f"step{hop}" for cell, hop in zip(self.blanks, self.hops)}
-        across = [eq.render(full.values) for eq in full.equations if eq.direction == "across"]
-        down = [eq.render(full.values) for eq in full.equations if eq.direction == "down"]
-        return {
-            "id": self.id,
-            "seed": self.seed,
-            "img": f"images/{self.id}.png",
-            "img_blank": f"images/{self.id}_blank.png",
+        across = [eq.render(full.values, sep="") for eq in full.equations if eq.direction == "across"]
+        down = [eq.render(full.values, sep="") for eq in full.equations if eq.direction == "down"]
+        img, img_blank = image_names(self.id, style)
+        record = {
+            "img": img,
+            "img_blank": img_blank,
             "problems": len(solution.equations),
             "operators": operators_ascii(self.operators),
             "difficulty": self.difficulty,
@@ -152,14 +198,20 @@ class Puzzle:
             "solutions": "Across\n" + "\n".join(across) + "\n\nDown\n" + "\n".join(down),
             "solving_steps": solution.solving_steps(),
         }
+        if style == "beige":
+            record["img_noborder"] = f"images_noborder/{self.id}.png"
+            record["img_blank_noborder"] = f"images_blank_noborder/{self.id}_blank.png"
+        return record
 
     @classmethod
     def from_record(cls, record: dict) -> Puzzle:
         """Rebuild a puzzle from a released-format record (ours or the released data).
 
+        The id is the record's ``id`` (the loader adds it) or else the one in ``img_blank``'s file name.
+
         Raises:
             KeyError: if ``markdown_table``, ``markdown_answer``, ``range``, ``difficulty`` or ``operators``
-                is missing (``id`` and ``seed`` are optional: the released data has neither).
+                is missing.
             ValueError: if the answer table's shape differs from the puzzle's.
         """
         grid = parse_markdown_table(record["markdown_table"])
@@ -179,7 +231,7 @@ class Puzzle:
             difficulty=record["difficulty"],
             number_range=(int(lo), int(hi)),
             operators=normalize_operators(record["operators"]),
-            id=str(record.get("id", "")),
+            id=str(record.get("id") or (puzzle_id_from_image(record["img_blank"]) if "img_blank" in record else "")),
             seed=record.get("seed"),
         )
 
@@ -239,6 +291,16 @@ def _complete(op: str, fixed: list[int | None], lo: int, hi: int, rng: random.Ra
     return rng.choice(pool) if pool else None
 
 
+def _operator_order(rng: random.Random, ops: str) -> list[str]:
+    """The operators to try, in a random order weighted by their released frequency."""
+    left, order = list(ops), []
+    while left:
+        op = rng.choices(left, weights=[_OPERATOR_WEIGHTS[o] for o in left])[0]
+        order.append(op)
+        left.remove(op)
+    return order
+
+
 def _layout(
     rng: random.Random, rows: int, cols: int, n_equations: int, lo: int, hi: int, ops: str
 ) -> tuple[dict[Cell, int], list[_Placed]] | None:
@@ -261,7 +323,7 @@ def _layout(
         cells = _cells(direction, line, start)
         nums = (cells[0], cells[2], cells[4])
         fixed = [numbers.get(cell) for cell in nums]
-        for op in rng.sample(ops, len(ops)):
+        for op in _operator_order(rng, ops):
             values = _complete(op, fixed, lo, hi, rng)
             if values is None:
                 continue
@@ -294,57 +356,85 @@ def _layout(
 # Blank selection (structural: hops depend only on which cells are known)
 
 
-def _hops(equations: list[tuple[int, int, int]], blanks: set[int]) -> dict[int, int] | None:
-    unknown = set(blanks)
-    hops: dict[int, int] = {}
-    k = 0
+def _rounds(masks: list[int], blanks: int) -> tuple[list[int], int, int]:
+    """Structural hop solver on bit masks (cell ``i`` is bit ``i``; an equation is the mask of its three cells).
+
+    Returns ``(blanks solved per round, unsolved blanks mask, equations that never had one unknown)``.
+    Values are unique whenever the numbers are >= 1, so which cells are known decides everything.
+    """
+    unknown = blanks
+    per_round: list[int] = []
+    stepped = 0
     while unknown:
-        k += 1
-        new = set()
-        for eq in equations:
-            missing = [x for x in eq if x in unknown]
-            if len(missing) == 1:
-                new.add(missing[0])
+        new = 0
+        for i, mask in enumerate(masks):
+            missing = mask & unknown
+            if missing and not missing & (missing - 1):  # exactly one unknown
+                new |= missing
+                stepped |= 1 << i
         if not new:
-            return None
-        for x in new:
-            hops[x] = k
-        unknown -= new
-    return hops
+            break
+        per_round.append(new.bit_count())
+        unknown &= ~new
+    # An equation with a blank but never exactly one unknown lost its last two unknowns in one round.
+    collapsed = sum(1 for i, mask in enumerate(masks) if not stepped >> i & 1 and mask & blanks)
+    return per_round, unknown, collapsed
+
+
+@dataclass(frozen=True)
+class _Target:
+    n_blanks: int
+    max_hop: int
+    per_equation: tuple[int, ...]  # allowed blanks per equation
+    doubles: int  # equations with two blanks
+    first_hop: int  # blanks solved in round 1
+
+
+_SOFT_SLACK = 2
+"""How far the two statistical aims (equations with two blanks, hop-1 blanks) may be missed per puzzle."""
+
+
+def _penalty(masks: list[int], blanks: int, target: _Target) -> tuple[int, int]:
+    """``(hard, soft)``: hard counts broken rules (must reach 0), soft how far the statistical aims are missed."""
+    per_round, unknown, collapsed = _rounds(masks, blanks)
+    per_eq = [(mask & blanks).bit_count() for mask in masks]
+    zero, two, three = per_eq.count(0), per_eq.count(2), per_eq.count(3)
+    shape = zero + three + (two + three if target.per_equation == (1,) else 0)
+    hard = shape + unknown.bit_count() + collapsed + abs(blanks.bit_count() - target.n_blanks)
+    hard += abs(len(per_round) - target.max_hop)
+    soft = abs(two - target.doubles) + abs((per_round[0] if per_round else 0) - target.first_hop)
+    return hard, soft
 
 
 def _choose_blanks(
-    rng: random.Random, equations: list[tuple[int, int, int]], n_cells: int, difficulty: Difficulty
+    rng: random.Random, equations: list[tuple[int, int, int]], n_cells: int, target: _Target, steps: int = 300
 ) -> set[int] | None:
-    n_eq = len(equations)
-    if difficulty == "easy":
-        target = rng.randint(max(1, (n_eq + 1) // 2), n_eq)
-    elif difficulty == "medium":
-        target = rng.randint(min(max(2, (3 * n_eq + 4) // 5), n_eq), max(2, n_eq - 1))
-    else:
-        target = n_eq
-    blanks: set[int] = set()
-    while len(blanks) < target:
-        # Hard always deepens the chain; medium does half the time; otherwise any valid blank will do.
-        deepen = difficulty == "hard" or (difficulty == "medium" and rng.random() < 0.5)
-        scored = []
-        for x in rng.sample(range(n_cells), n_cells):
-            if x in blanks:
-                continue
-            hops = _hops(equations, blanks | {x})
-            if hops is None:
-                continue
-            deepest = max(hops.values())
-            if (difficulty == "easy" and deepest > 1) or (difficulty == "medium" and deepest > 5):
-                continue
-            scored.append((deepest, sum(hops.values()), x))
-            if not deepen:
-                break  # candidates are visited in random order, so the first valid one is a random pick
-        if not scored:
+    """Local search for a blank set with the target's shape and depth (None if none found in ``steps`` moves)."""
+    masks = [(1 << a) | (1 << b) | (1 << c) for a, b, c in equations]
+    cells = list(range(n_cells))
+    blanks = 0
+    for x in rng.sample(cells, min(target.n_blanks, n_cells)):
+        blanks |= 1 << x
+    hard, soft = _penalty(masks, blanks, target)
+    for _ in range(steps):
+        if hard == 0 and soft <= _SOFT_SLACK:
             break
-        scored.sort(key=lambda item: item[:2], reverse=True)
-        blanks.add(rng.choice(scored[: max(1, min(3, len(scored) // 4))])[2])
-    return blanks if blanks else None
+        inside = [x for x in cells if blanks >> x & 1]
+        outside = [x for x in cells if not blanks >> x & 1]
+        trial = blanks
+        if (rng.random() < 0.7 or len(inside) == target.n_blanks) and inside and outside:
+            trial ^= (1 << rng.choice(inside)) | (1 << rng.choice(outside))
+        elif len(inside) < target.n_blanks and outside:
+            trial |= 1 << rng.choice(outside)
+        elif inside:
+            trial &= ~(1 << rng.choice(inside))
+        new_hard, new_soft = _penalty(masks, trial, target)
+        # Sideways moves keep the search moving on plateaus; rare uphill moves get it out of dead ends.
+        if 4 * new_hard + new_soft <= 4 * hard + soft or rng.random() < 0.02:
+            blanks, hard, soft = trial, new_hard, new_soft
+    if hard or soft > _SOFT_SLACK:
+        return None
+    return {x for x in cells if blanks >> x & 1}
 
 
 def _crop(grid: list[list[str]]) -> list[list[str]]:
@@ -353,33 +443,67 @@ def _crop(grid: list[list[str]]) -> list[list[str]]:
     return [row[used_cols[0] : used_cols[-1] + 1] for row in grid[used_rows[0] : used_rows[-1] + 1]]
 
 
-def _validate_args(difficulty: str, rows: int, cols: int, n_equations: int | None, lo: int, hi: int) -> None:
+def _validate_args(
+    difficulty: str,
+    rows: int,
+    cols: int,
+    n_equations: int | None,
+    number_range: tuple[int, int] | None,
+    max_hop: int | None,
+) -> None:
     errors = []
     if difficulty not in DIFFICULTIES:
         errors.append(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
     for name, value in (("rows", rows), ("cols", cols)):
         if value < 5 or value % 2 == 0:
             errors.append(f"{name} must be odd and >= 5 (equations are 5 cells on an odd lattice), got {value}")
-    if lo < 1:
-        errors.append(f"number_range lo must be >= 1 (0 makes × and ÷ blanks ambiguous), got {lo}")
-    if hi <= lo + 1:
-        errors.append(f"number_range must have hi > lo + 1, got ({lo}, {hi})")
-    min_eq = {"easy": 1, "medium": 2, "hard": 3}.get(difficulty, 1)
+    if number_range is not None:
+        lo, hi = number_range
+        if lo < 1:
+            errors.append(f"number_range lo must be >= 1 (0 makes × and ÷ blanks ambiguous), got {lo}")
+        if hi <= lo + 1:
+            errors.append(f"number_range must have hi > lo + 1, got ({lo}, {hi})")
+    min_eq = {"easy": 1, "medium": 2, "hard": 2}.get(difficulty, 1)
     if n_equations is not None and n_equations < min_eq:
         errors.append(f"n_equations must be >= {min_eq} for {difficulty!r} puzzles, got {n_equations}")
+    if max_hop is not None:
+        lowest = {"easy": 1, "medium": 1, "hard": 2}.get(difficulty, 1)
+        if max_hop < lowest or (difficulty == "easy" and max_hop != 1):
+            errors.append(
+                f"max_hop must be {'1' if difficulty == 'easy' else f'>= {lowest}'} for {difficulty!r} puzzles, "
+                f"got {max_hop}"
+            )
+        elif n_equations is not None and max_hop > n_equations:
+            errors.append(f"max_hop {max_hop} needs at least as many equations, got n_equations={n_equations}")
     if errors:
         raise ValueError("; ".join(errors))
+
+
+def _target(rng: random.Random, difficulty: Difficulty, n_eq: int, max_hop: int | None) -> _Target:
+    shortfall = min(_draw(rng, _RELEASED_SHORTFALL[difficulty]), n_eq // 2)
+    n_blanks = n_eq - shortfall
+    depth = max_hop if max_hop is not None else _draw(rng, _RELEASED_MAX_HOP[difficulty])
+    # Aims, not draws: a random aim is often unreachable on a given layout, and the slack adds the spread.
+    doubles = round(n_eq * _RELEASED_DOUBLE_SHARE[difficulty])
+    return _Target(
+        n_blanks=n_blanks,
+        max_hop=min(depth, n_blanks),
+        per_equation=(1,) if difficulty == "easy" else (1, 2),
+        doubles=doubles,
+        first_hop=round(n_blanks * _RELEASED_FIRST_HOP_SHARE[difficulty]),
+    )
 
 
 def generate_puzzle(
     seed: int,
     difficulty: Difficulty = "medium",
-    rows: int = 13,
-    cols: int = 13,
+    rows: int = DEFAULT_ROWS,
+    cols: int = DEFAULT_COLS,
     n_equations: int | None = None,
-    number_range: tuple[int, int] = (1, 100),
+    number_range: tuple[int, int] | None = None,
     operators: str = "+-*/",
     puzzle_id: str | None = None,
+    max_hop: int | None = None,
 ) -> Puzzle:
     """Generate one valid puzzle of the requested difficulty.
 
@@ -388,10 +512,13 @@ def generate_puzzle(
         difficulty: ``easy``, ``medium`` or ``hard`` (see the module docstring).
         rows: canvas height (odd, >= 5); the puzzle is cropped to its used cells.
         cols: canvas width (odd, >= 5).
-        n_equations: number of equations; ``None`` draws one in ``[6, 12]``.
-        number_range: ``(lo, hi)``, ``lo >= 1``; every operand and result lies in it.
+        n_equations: number of equations; ``None`` draws one in 5-15 with the released frequencies.
+        number_range: ``(lo, hi)``, ``lo >= 1``; every operand and result lies in it. ``None`` draws
+            ``lo`` in 1-5 and ``hi`` in 51-249 per puzzle, as released.
         operators: the operator set, e.g. ``"+-*/"`` or ``"+-"`` (``× ÷ x`` also accepted).
         puzzle_id: the puzzle's ``id``; defaults to ``crossmath_<seed>``.
+        max_hop: the deepest hop (easy: 1; hard: >= 2); ``None`` draws it from the released
+            distribution of the difficulty. Larger values give deeper chains for a curriculum.
 
     Returns:
         A :class:`Puzzle` whose every equation holds and whose every blank the hop solver determines.
@@ -400,19 +527,26 @@ def generate_puzzle(
         ValueError: on invalid arguments (the message names the argument and the fix).
         RuntimeError: if no puzzle fits after many tries (the canvas is too small for ``n_equations``).
     """
-    lo, hi = number_range
-    _validate_args(difficulty, rows, cols, n_equations, lo, hi)
+    _validate_args(difficulty, rows, cols, n_equations, number_range, max_hop)
     ops = normalize_operators(operators)
     rng = random.Random(seed)
-    for _ in range(_MAX_TRIES):
-        n_eq = n_equations if n_equations is not None else rng.randint(6, 12)
+    # Drawn once, so that puzzles that are harder to build are not under-represented.
+    n_eq = n_equations if n_equations is not None else _draw(rng, _RELEASED_EQUATIONS[difficulty])
+    lo, hi = (
+        number_range if number_range is not None else (rng.randint(*DEFAULT_LOW_END), rng.randint(*DEFAULT_HIGH_END))
+    )
+    for attempt in range(_MAX_TRIES):
+        # A target is kept over several layouts (redrawing it at every failure would favour the easy
+        # shapes), but redrawn now and then: some shapes cannot be built on some equation counts.
+        if attempt % 5 == 0:
+            target = _target(rng, difficulty, n_eq, max_hop)
         layout = _layout(rng, rows, cols, n_eq, lo, hi, ops)
         if layout is None:
             continue
         numbers, placed = layout
         index = {cell: i for i, cell in enumerate(numbers)}
         equations = [tuple(index[cell] for cell in eq.numbers) for eq in placed]
-        blanks = _choose_blanks(rng, equations, len(numbers), difficulty)
+        blanks = _choose_blanks(rng, equations, len(numbers), target)
         if blanks is None:
             continue
         cells = list(numbers)
@@ -436,15 +570,38 @@ def generate_puzzle(
             seed=seed,
         )
         solution = puzzle.solution
+        # The structural search promised these; the real solver on the real numbers must agree.
         if not solution.solved or [str(v) for v in solution.answers()] != puzzle.answer:
             continue
-        if classify_difficulty(len(blanks), len(placed), solution.max_hop) != difficulty:
+        if any(step is None for step in solution.equation_steps):
             continue
         return puzzle
     raise RuntimeError(
         f"no {difficulty} puzzle with {n_equations} equations fits a {rows}x{cols} canvas after {_MAX_TRIES} "
         f"tries (seed {seed}); use a larger rows/cols or fewer n_equations"
     )
+
+
+def _mixed_pattern(counts: tuple[int, ...]) -> tuple[Difficulty, ...]:
+    # Each slot goes to the difficulty furthest behind its share, so any run of indices is well mixed.
+    total, taken, pattern = sum(counts), [0] * len(counts), []
+    for i in range(total):
+        k = max(range(len(counts)), key=lambda d: (counts[d] * (i + 1) / total - taken[d], -d))
+        taken[k] += 1
+        pattern.append(DIFFICULTIES[k])
+    return tuple(pattern)
+
+
+_MIXED = _mixed_pattern((18, 17, 15))  # the released 90 : 85 : 75, per 50 puzzles
+
+
+def mixed_difficulty(index: int) -> Difficulty:
+    """The difficulty of puzzle ``index`` of a ``"mixed"`` collection: every 50 puzzles hold 18 easy, 17 medium, 15 hard.
+
+    >>> [mixed_difficulty(i) for i in range(6)]
+    ['easy', 'medium', 'hard', 'easy', 'medium', 'hard']
+    """
+    return _MIXED[index % len(_MIXED)]
 
 
 def generate_puzzles(
@@ -459,7 +616,8 @@ def generate_puzzles(
     Args:
         n: number of puzzles.
         seed: collection seed; puzzle ``i`` uses :func:`puzzle_seed` ``(seed, i)``.
-        difficulty: one difficulty for all, or ``"mixed"`` to cycle easy, medium, hard by index.
+        difficulty: one difficulty for all, or ``"mixed"``: the released 90 : 85 : 75 mix of easy,
+            medium and hard, interleaved by index (:func:`mixed_difficulty`).
         start: index of the first puzzle (to continue a collection).
         **kwargs: passed on to :func:`generate_puzzle` (``rows``, ``cols``, ``n_equations``, ...).
 
@@ -469,7 +627,7 @@ def generate_puzzles(
     return [
         generate_puzzle(
             puzzle_seed(seed, i),
-            difficulty=DIFFICULTIES[i % 3] if difficulty == "mixed" else difficulty,
+            difficulty=mixed_difficulty(i) if difficulty == "mixed" else difficulty,
             puzzle_id=f"crossmath_{seed}_{i:06d}",
             **kwargs,
         )

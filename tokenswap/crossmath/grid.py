@@ -139,11 +139,14 @@ class Equation:
         """The ``a``, ``b`` and ``c`` cells."""
         return self.cells[0], self.cells[2], self.cells[4]
 
-    def render(self, values: dict[Cell, int | None]) -> str:
-        """``"a op b = c"`` with the given values, ``?`` where a value is missing."""
+    def render(self, values: dict[Cell, int | None], sep: str = " ") -> str:
+        """``"a op b = c"`` with the given values, ``?`` where a value is missing.
+
+        ``sep=""`` gives the released ``solutions``/``solving_steps`` spelling, ``"23+10=33"``.
+        """
         a, b, c = (values.get(cell) for cell in self.numbers)
         show = ["?" if v is None else str(v) for v in (a, b, c)]
-        return f"{show[0]} {self.op} {show[1]} = {show[2]}"
+        return sep.join((show[0], self.op, show[1], "=", show[2]))
 
 
 def parse_markdown_table(text: str) -> list[list[str]]:

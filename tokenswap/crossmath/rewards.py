@@ -27,6 +27,7 @@ __all__ = [
     "hop_weighted_reward",
     "hop_weights",
     "micro_accuracy_reward",
+    "validate_hop_weighting",
 ]
 
 Weighting = Literal["linear", "power", "affine", "uniform"]
@@ -50,6 +51,34 @@ def _gold(answer: str | Sequence[str]) -> list[str]:
     return answer.split() if isinstance(answer, str) else [str(a) for a in answer]
 
 
+def validate_hop_weighting(weighting: str, p: float = 1.0, alpha: float = 1.0) -> None:
+    """Reject weightings that do not grow with hop (the point of the reward is that deeper blanks count more).
+
+    Args:
+        weighting: ``linear``, ``power``, ``affine`` or ``uniform``.
+        p: exponent of ``power``: must be finite and >= 0 (p < 0 gives weights that fall with hop).
+        alpha: slope of ``affine``: must be finite and >= 0 (alpha < 0 falls with hop, and alpha = -1
+            gives hop-2 blanks weight 0 and a 0/0 reward on puzzles with only hop-2 blanks).
+
+    Raises:
+        ValueError: naming the field (``reward.weighting``, ``reward.p`` or ``reward.alpha``) and the fix.
+
+    >>> validate_hop_weighting("affine", alpha=-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: reward.alpha must be >= 0 for the affine weighting (w = 1 + alpha*(hop-1) must not fall with hop), got -1
+    """
+    if weighting not in ("linear", "power", "affine", "uniform"):
+        raise ValueError(f"reward.weighting must be one of linear, power, affine, uniform; got {weighting!r}")
+    if weighting == "power" and not (math.isfinite(p) and p >= 0):
+        raise ValueError(f"reward.p must be >= 0 for the power weighting (w = hop**p must not fall with hop), got {p}")
+    if weighting == "affine" and not (math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(
+            "reward.alpha must be >= 0 for the affine weighting (w = 1 + alpha*(hop-1) must not fall with hop), "
+            f"got {alpha}"
+        )
+
+
 def hop_weights(
     hops: Sequence[int], weighting: Weighting = "linear", p: float = 1.0, alpha: float = 1.0
 ) -> list[float]:
@@ -66,11 +95,13 @@ def hop_weights(
         One weight per position.
 
     Raises:
-        ValueError: on an unknown weighting or a hop below 1.
+        ValueError: on an unknown weighting, a weighting that falls with hop (see
+            :func:`validate_hop_weighting`) or a hop below 1.
 
     >>> hop_weights([1, 2, 4]), hop_weights([1, 2, 4], "power", p=2), hop_weights([1, 3], "affine", alpha=0.5)
     ([1.0, 2.0, 4.0], [1.0, 4.0, 16.0], [1.0, 2.0])
     """
+    validate_hop_weighting(weighting, p, alpha)
     if any(h < 1 for h in hops):
         raise ValueError(f"answer_hops must all be >= 1, got {list(hops)}")
     if weighting == "linear":
@@ -99,13 +130,13 @@ def get_hop_weighted_reward(
         without ``<answer>``, ``None`` where ``answer`` is ``None``.
 
     Raises:
-        ValueError: on an unknown weighting (at once, not at the first call).
+        ValueError: on an unknown weighting or one that falls with hop (at once, not at the first call).
 
     >>> reward = get_hop_weighted_reward("power", p=2)
     >>> reward(["<answer>5 9</answer>"], answer=[["5", "7"]], answer_hops=[[1, 2]])
     [0.2]
     """
-    hop_weights([1], weighting, p, alpha)  # fail on a bad weighting when the reward is built
+    validate_hop_weighting(weighting, p, alpha)  # fail when the reward (or its config) is built
 
     def reward(completions: list, answer: list, answer_hops: list, **kwargs) -> list[float | None]:
         out: list[float | None] = []

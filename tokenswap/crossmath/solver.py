@@ -74,11 +74,16 @@ class HopSolution:
         return [self.values[cell] for cell in self.blanks]
 
     def solving_steps(self) -> dict[str, list[str]]:
-        """``{"step1": ["12 + 5 = 17", ...], ...}``: completed equations grouped by their step."""
+        """``{"step1": ["12+5=17", ...], ...}``: completed equations grouped by their step, in the released spelling.
+
+        Within a step, across equations come first, then down ones, each in row-major order of their
+        first cell. An equation that never had exactly one unknown (no blank, or its last two unknowns
+        were solved elsewhere in one round) has no step and is left out; generated puzzles have none.
+        """
         steps: dict[str, list[str]] = {}
         for equation, step in zip(self.equations, self.equation_steps):
             if step is not None:
-                steps.setdefault(f"step{step}", []).append(equation.render(self.values))
+                steps.setdefault(f"step{step}", []).append(equation.render(self.values, sep=""))
         return dict(sorted(steps.items(), key=lambda item: int(item[0][4:])))
 
 

@@ -12,13 +12,14 @@ Both formats put the same user turn in front of the model as ``tokenswap crossma
 from __future__ import annotations
 
 import json
+import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from tokenswap.crossmath.data import load_crossmath, reward_columns
-from tokenswap.crossmath.generator import DIFFICULTIES, generate_puzzles
+from tokenswap.crossmath.data import InconsistentPuzzleError, load_crossmath, puzzle_problem, reward_columns
+from tokenswap.crossmath.generator import DEFAULT_COLS, DEFAULT_ROWS, DIFFICULTIES, generate_puzzles
 from tokenswap.crossmath.grid import parse_markdown_table
 from tokenswap.crossmath.prompt import build_instruction
 from tokenswap.crossmath.render import STYLES, StyleName, render_grid
@@ -30,10 +31,13 @@ __all__ = [
     "grpo_dataset",
     "load_training_records",
     "sft_example",
+    "sft_examples",
+    "split_consistent",
     "write_puzzles",
 ]
 
 JSONL_NAME = "crossmath.jsonl"
+logger = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
@@ -51,21 +55,29 @@ class CrossMathDataConfig:
     """Generator seed; puzzle i depends only on (seed, i). Held-out data needs another seed."""
     difficulty: Literal["easy", "medium", "hard", "mixed"] = "mixed"
     """Generated difficulty; mixed cycles easy, medium, hard."""
-    rows: int = 13
-    """Generator canvas rows (odd); puzzles are cropped to their cells."""
-    cols: int = 13
-    """Generator canvas columns (odd)."""
+    rows: int = DEFAULT_ROWS
+    """Generator canvas rows (odd); puzzles are cropped to their cells. 17: the largest released grid."""
+    cols: int = DEFAULT_COLS
+    """Generator canvas columns (odd). 21: the largest released grid."""
     n_equations: int | None = None
-    """Equations per generated puzzle (None: 6-12)."""
-    number_range: list[int] = field(default_factory=lambda: [1, 100])
-    """[lo, hi] of every generated operand and result."""
+    """Equations per generated puzzle (None: drawn in the released 5-15)."""
+    number_range: list[int] | None = None
+    """[lo, hi] of every generated operand and result (None: lo in 1-5 and hi in 51-249 per puzzle, as released)."""
+    max_hop: int | None = None
+    """Deepest hop of every generated puzzle, for a curriculum (None: the released distribution per difficulty)."""
 
     def __post_init__(self) -> None:
         problems = []
         if self.difficulty != "mixed" and self.difficulty not in DIFFICULTIES:
             problems.append(f"`difficulty` must be one of {[*DIFFICULTIES, 'mixed']}, got {self.difficulty!r}")
-        if len(self.number_range) != 2 or not 1 <= self.number_range[0] <= self.number_range[1]:
-            problems.append(f"`number_range` must be [lo, hi] with 1 <= lo <= hi, got {self.number_range}")
+        if self.number_range is not None and (
+            len(self.number_range) != 2 or not 1 <= self.number_range[0] < self.number_range[1] - 1
+        ):
+            problems.append(
+                f"`number_range` must be [lo, hi] with 1 <= lo and hi > lo + 1, or null, got {self.number_range}"
+            )
+        if self.max_hop is not None and self.max_hop < 1:
+            problems.append(f"`max_hop` must be >= 1 or null, got {self.max_hop}")
         if self.path is None and self.n < 1:
             problems.append(f"`n` must be >= 1 when `path` is unset (puzzles are generated), got {self.n}")
         if self.limit is not None and self.limit < 1:
@@ -75,7 +87,7 @@ class CrossMathDataConfig:
 
 
 def write_puzzles(puzzles: list, folder: str | os.PathLike, style: StyleName) -> Path:
-    """Write puzzles in the released layout: ``<folder>/crossmath.jsonl`` + ``<folder>/images/<id>_blank.png``.
+    """Write puzzles in the released layout: ``<folder>/crossmath.jsonl`` + the puzzle PNGs named as released.
 
     A folder that already holds exactly these records is left as it is, so a rerun (or the other
     ranks, after the main process wrote it) costs no rendering.
@@ -90,13 +102,13 @@ def write_puzzles(puzzles: list, folder: str | os.PathLike, style: StyleName) ->
     """
     folder = Path(folder)
     jsonl = folder / JSONL_NAME
-    records = [p.to_record() for p in puzzles]
+    records = [p.to_record(style) for p in puzzles]
     lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     if jsonl.exists() and jsonl.read_text(encoding="utf-8") == lines:
         if all((folder / r["img_blank"]).exists() for r in records):
             return jsonl
-    (folder / "images").mkdir(parents=True, exist_ok=True)
     for puzzle, record in zip(puzzles, records):
+        (folder / record["img_blank"]).parent.mkdir(parents=True, exist_ok=True)
         # Write then rename, so a killed job never leaves a truncated PNG behind.
         tmp = folder / (record["img_blank"] + ".tmp.png")
         render_grid(puzzle.grid, style).save(tmp)
@@ -126,7 +138,8 @@ def crossmath_source(cfg: CrossMathDataConfig, generate_dir: str | os.PathLike) 
             rows=cfg.rows,
             cols=cfg.cols,
             n_equations=cfg.n_equations,
-            number_range=tuple(cfg.number_range),
+            number_range=tuple(cfg.number_range) if cfg.number_range is not None else None,
+            max_hop=cfg.max_hop,
         )
         return write_puzzles(puzzles, Path(generate_dir) / folder, cfg.style)
     source = Path(cfg.path)
@@ -144,19 +157,48 @@ def load_training_records(cfg: CrossMathDataConfig, generate_dir: str | os.PathL
         generate_dir: where generated puzzles are written (a ``<Style>`` subfolder is made).
 
     Returns:
-        Released-format records (the first ``cfg.limit``) with ``id`` and an absolute ``image_path``.
+        Released-format records (of the first ``cfg.limit``, those whose puzzle agrees with its answers;
+        the others are counted in a warning) with ``id`` and an absolute ``image_path``.
 
     Raises:
         FileNotFoundError: if ``cfg.path`` does not exist or holds no JSONL.
         KeyError: if a record has no ``img_blank`` (image-only training needs the puzzle image).
     """
     source = crossmath_source(cfg, generate_dir)
-    records = load_crossmath(source)[: cfg.limit]
+    records, skipped = split_consistent(load_crossmath(source)[: cfg.limit])
+    if skipped:
+        logger.warning(
+            "skipped %d of %d CrossMath records of %s whose printed puzzle contradicts their answers: %s",
+            len(skipped),
+            len(records) + len(skipped),
+            source,
+            "; ".join(f"{record_id}: {reason}" for record_id, reason in skipped),
+        )
     for record in records:
         if "image_path" not in record:
             raise KeyError(f"record {record['id']!r} of {source} has no img_blank; image-only training needs one")
         record["image_path"] = str(Path(record["image_path"]).resolve())
     return records
+
+
+def split_consistent(records: list[dict]) -> tuple[list[dict], list[tuple[str, str]]]:
+    """``(usable records, [(id, reason), ...] for the skipped ones)``: drops records whose printed
+    puzzle contradicts their answers (the released ÷-bug puzzles), which no chain of thought can solve.
+    """
+    usable, skipped = [], []
+    for record in records:
+        problem = puzzle_problem(record)
+        if problem is None:
+            usable.append(record)
+        else:
+            skipped.append((str(record.get("id", "?")), problem))
+    return usable, skipped
+
+
+def sft_examples(records: list[dict]) -> tuple[list[dict], list[tuple[str, str]]]:
+    """``(examples, skipped)``: :func:`sft_example` of every usable record, and ``(id, reason)`` of the rest."""
+    usable, skipped = split_consistent(records)
+    return [sft_example(record) for record in usable], skipped
 
 
 def sft_example(record: dict) -> dict:
@@ -173,8 +215,12 @@ def sft_example(record: dict) -> dict:
         ``{"id", "messages": [user, assistant], "images": [image_path]}``.
 
     Raises:
-        ValueError: if the hop solver cannot determine every blank of the record.
+        InconsistentPuzzleError: if the printed puzzle contradicts the record's answers; use
+            :func:`sft_examples` to skip and count such records.
     """
+    problem = puzzle_problem(record)
+    if problem is not None:
+        raise InconsistentPuzzleError(f"record {record.get('id', '?')!r}: {problem}; skip it as a training target")
     return {
         "id": record["id"],
         "messages": [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -22,68 +23,96 @@ from tokenswap.crossmath import (
     solve,
 )
 from tokenswap.crossmath.cli import cli_main
-from tokenswap.crossmath.data import find_jsonl, read_jsonl
-from tokenswap.crossmath.render import render_grid
+from tokenswap.crossmath.data import InconsistentPuzzleError, find_jsonl, puzzle_problem, read_jsonl
+from tokenswap.crossmath.render import puzzle_id_from_image
+from tokenswap.crossmath.training_data import (
+    CrossMathDataConfig,
+    load_training_records,
+    sft_example,
+    sft_examples,
+    split_consistent,
+)
 
-# A record in the exact released schema, written by hand (none of the released puzzles are used).
-# It uses the `x` glyph for × as one released puzzle does.
-RELEASED_STYLE_RECORD = {
-    "img": "images/math_puzzle_0001.png",
-    "img_blank": "images_blank/math_puzzle_0001_blank.png",
-    "problems": 3,
-    "operators": "+-*/",
-    "difficulty": "medium",
-    "range": [1, 50],
-    "markdown_table": "| 4 | x | ? | = | 12 |\n|   |   | + |   | ÷ |\n|   |   | 2 |   | ? |\n"
-    "|   |   | = |   | = |\n|   |   | ? |   | 6 |",
-    "markdown_answer": "|   |   | 3 |   |   |\n|   |   |   |   |   |\n|   |   |   |   | 2 |\n"
-    "|   |   |   |   |   |\n|   |   | 5 |   |   |",
-    "markdown_answer_step": "|   |   | step1 |   |   |\n|   |   |   |   |   |\n|   |   |   |   | step1 |\n"
-    "|   |   |   |   |   |\n|   |   | step2 |   |   |",
-    "solutions": "Across\n4 × 3 = 12\n\nDown\n3 + 2 = 5\n12 ÷ 2 = 6",
-    "solving_steps": {"step1": ["4 × 3 = 12", "12 ÷ 2 = 6"], "step2": ["3 + 2 = 5"]},
+# Three released records (math_puzzle_0104 easy, 0072 hard, 0187 one of the ÷-bug puzzles) in all four
+# styles, with the released file and folder names and the PNGs of the first two: see fixtures/README.md.
+RELEASE = Path(__file__).parent / "fixtures" / "crossmath_release"
+RELEASED_FILES = {
+    "original": "Original/testset_hr.jsonl",
+    "noborder": "Noborder/testset_noborder.jsonl",
+    "beige": "Beige/testset_hr_beige.jsonl",
+    "altstyle": "Altstyle/testset_altstyle.jsonl",
 }
+IDS = ["math_puzzle_0104", "math_puzzle_0072", "math_puzzle_0187"]
 
 
-@pytest.fixture
-def released_style_folder(tmp_path):
-    folder = tmp_path / "Altstyle"
-    (folder / "images_blank").mkdir(parents=True)
-    second = dict(RELEASED_STYLE_RECORD, img_blank="images_blank/math_puzzle_0002_blank.png")
-    with open(folder / "testset_altstyle.jsonl", "w", encoding="utf-8") as f:
-        f.write("\n")  # the released Altstyle file starts with an empty line
-        for record in (RELEASED_STYLE_RECORD, second):
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-            grid = parse_markdown_table(record["markdown_table"])
-            render_grid(grid, "altstyle").save(folder / record["img_blank"])
-    return folder
+@pytest.mark.parametrize("style", sorted(RELEASED_FILES))
+def test_loader_gives_one_id_per_puzzle_in_every_style(style):
+    path = RELEASE / RELEASED_FILES[style]
+    records = load_crossmath(path.parent)
+    assert [r["id"] for r in records] == IDS
+    assert [r["id"] for r in load_crossmath(path)] == IDS
+    assert Path(records[0]["img_blank"]).name.startswith("math_puzzle_0104_blank")
+    for record in records[:2]:
+        grid = parse_markdown_table(record["markdown_table"])
+        assert load_image(record).size == (55 * len(grid[0]), 55 * len(grid))
+    # Our solver reproduces the released hop labels and answers of the consistent puzzles.
+    for record in records[:2]:
+        puzzle = Puzzle.from_record(record)
+        assert puzzle.id == record["id"]
+        assert solve(puzzle.grid).answer_hops() == gold_hops(record)
+        assert puzzle.answer == gold_answer(record)
+        assert reward_columns(record) == {"answer": gold_answer(record), "answer_hops": gold_hops(record)}
 
 
-def test_loader_reads_the_released_format(released_style_folder):
-    records = load_crossmath(released_style_folder)
-    assert [r["id"] for r in records] == ["math_puzzle_0001", "math_puzzle_0002"]
-    assert load_crossmath(released_style_folder / "testset_altstyle.jsonl")[0]["id"] == "math_puzzle_0001"
-    record = records[0]
-    assert load_image(record).size == (5 * 55, 5 * 55)
-    assert gold_answer(record) == ["3", "2", "5"] and gold_hops(record) == [1, 1, 2]
-    assert reward_columns(record) == {"answer": ["3", "2", "5"], "answer_hops": [1, 1, 2]}
-    # Our solver reproduces the record's hops and steps, reading the `x` glyph as ×.
-    puzzle = Puzzle.from_record(record)
-    solution = solve(puzzle.grid)
-    assert solution.answer_hops() == gold_hops(record)
-    assert solution.solving_steps() == record["solving_steps"]
-    assert puzzle.answer == ["3", "2", "5"]
-    messages = sft_messages(record, modality="image")
+@pytest.mark.parametrize("style", sorted(RELEASED_FILES))
+def test_records_rebuild_byte_for_byte(style):
+    """A released record read back and written by us is the same JSONL line (field set, order, spelling)."""
+    lines = [line for line in (RELEASE / RELEASED_FILES[style]).read_text(encoding="utf-8").split("\n") if line]
+    assert len(lines) == 3
+    for line in lines[:2]:
+        record = json.loads(line)
+        assert json.dumps(Puzzle.from_record(record).to_record(style), ensure_ascii=False) == line
+    # The ÷-bug puzzle prints `154 + 11 = 14`: its released solutions follow the hidden ÷, ours the print.
+    assert json.loads(lines[2])["solving_steps"] != Puzzle.from_record(json.loads(lines[2])).to_record(style)[
+        "solving_steps"
+    ]
+
+
+def test_inconsistent_released_puzzles_are_skipped_and_counted():
+    records = load_crossmath(RELEASE / "Original")
+    assert puzzle_problem(records[0]) is None and puzzle_problem(records[1]) is None
+    assert "154 + 11 = 14 is false" in puzzle_problem(records[2])
+    usable, skipped = split_consistent(records)
+    assert [r["id"] for r in usable] == IDS[:2]
+    assert skipped == [("math_puzzle_0187", puzzle_problem(records[2]))]
+    examples, skipped_examples = sft_examples(records)
+    assert [e["id"] for e in examples] == IDS[:2] and skipped_examples == skipped
+    for example, record in zip(examples, usable):
+        assert extract_answer(example["messages"][1]["content"]) == gold_answer(record)
+    with pytest.raises(InconsistentPuzzleError, match="math_puzzle_0187.*skip it"):
+        sft_example(records[2])
+    with pytest.raises(InconsistentPuzzleError, match="math_puzzle_0187"):
+        sft_messages(records[2], modality="text")
+    messages = sft_messages(records[0], modality="image")
     assert [p["type"] for p in messages[0]["content"]] == ["text", "image"]
-    assert extract_answer(messages[1]["content"][0]["text"]) == ["3", "2", "5"]
+    assert extract_answer(messages[1]["content"][0]["text"]) == gold_answer(records[0])
 
 
-def test_loader_errors_say_what_to_pass(tmp_path, released_style_folder):
+def test_training_records_skip_inconsistent_puzzles_with_a_warning(caplog):
+    cfg = CrossMathDataConfig(path=str(RELEASE / "Beige"))
+    with caplog.at_level("WARNING", logger="tokenswap.crossmath.training_data"):
+        records = load_training_records(cfg, "unused")
+    assert [r["id"] for r in records] == IDS[:2]
+    assert "skipped 1 of 3" in caplog.text and "math_puzzle_0187" in caplog.text
+
+
+def test_loader_errors_say_what_to_pass(tmp_path):
     with pytest.raises(FileNotFoundError, match="no \\*.jsonl"):
         find_jsonl(tmp_path)
-    (released_style_folder / "other.jsonl").write_text("")
+    (tmp_path / "a.jsonl").write_text("")
+    (tmp_path / "b.jsonl").write_text("")
     with pytest.raises(ValueError, match="several JSONL files"):
-        find_jsonl(released_style_folder)
+        find_jsonl(tmp_path)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"markdown_table": "| 1 |"}) + "\n")
     with pytest.raises(KeyError, match="markdown_answer"):
@@ -95,20 +124,21 @@ def test_generate_end_to_end_and_resume(tmp_path, capsys):
     argv = ["generate", "--n", "4", "--seed", "3", "--out", str(out), "--styles", "original", "altstyle"]
     assert tokenswap_main(["crossmath", *argv]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["Altstyle", "Original", "generate_params.json"]
-    expected = [p.to_record() for p in generate_puzzles(4, seed=3, difficulty="mixed")]
-    for folder in ("Original", "Altstyle"):
+    puzzles = generate_puzzles(4, seed=3, difficulty="mixed")
+    ids = [f"crossmath_3_{i:06d}" for i in range(4)]
+    for style, folder in (("original", "Original"), ("altstyle", "Altstyle")):
+        # The JSONL is exactly what the release would hold: no extra keys, released image names.
+        lines = (out / folder / "crossmath.jsonl").read_text(encoding="utf-8").splitlines()
+        assert lines == [json.dumps(p.to_record(style), ensure_ascii=False) for p in puzzles]
         records = load_crossmath(out / folder)
-        assert [{k: v for k, v in r.items() if k != "image_path"} for r in records] == expected
-        for record in records:
-            rows = len(parse_markdown_table(record["markdown_table"]))
-            cols = len(parse_markdown_table(record["markdown_table"])[0])
+        assert [r["id"] for r in records] == ids  # one id per puzzle, whatever the style's file suffix
+        for record, puzzle in zip(records, puzzles):
             with Image.open(record["image_path"]) as image:
-                assert image.size == (55 * cols, 55 * rows)
+                assert image.size == (55 * puzzle.cols, 55 * puzzle.rows)
             assert (out / folder / record["img"]).exists()
-    assert Image.open(out / "Altstyle" / expected[0]["img_blank"]).getpixel((0, 0)) in {
-        (253, 245, 230),  # background
-        (92, 64, 51),  # border
-    }
+    assert load_crossmath(out / "Altstyle")[0]["img_blank"].endswith("crossmath_3_000000_blank_altstyle.png")
+    with Image.open(out / "Altstyle" / load_crossmath(out / "Altstyle")[0]["img_blank"]) as image:
+        assert image.getpixel((0, 0)) in {(253, 245, 230), (92, 64, 51)}  # background or border
 
     # Kill mid-write: the last record of one style is half written; the rerun repairs and completes it.
     jsonl = out / "Original" / "crossmath.jsonl"
@@ -116,21 +146,38 @@ def test_generate_end_to_end_and_resume(tmp_path, capsys):
     jsonl.write_text("".join(lines[:3]) + lines[3][:40], encoding="utf-8")
     before_alt = (out / "Altstyle" / "crossmath.jsonl").read_bytes()
     assert cli_main([*argv[:2], "6", *argv[3:]]) == 0
-    for folder in ("Original", "Altstyle"):
-        records = read_jsonl(out / folder / "crossmath.jsonl")
-        assert [r["id"] for r in records] == [f"crossmath_3_{i:06d}" for i in range(6)]
-        assert records[:4] == expected
-    assert (out / "Altstyle" / "crossmath.jsonl").read_bytes().startswith(before_alt)  # nothing redone
+    expected = [json.dumps(p.to_record("original"), ensure_ascii=False) for p in generate_puzzles(6, seed=3)]
+    assert jsonl.read_text(encoding="utf-8").splitlines() == expected
+    alt = out / "Altstyle" / "crossmath.jsonl"
+    assert [puzzle_id_from_image(r["img_blank"]) for r in read_jsonl(alt)] == [f"crossmath_3_{i:06d}" for i in range(6)]
+    assert alt.read_bytes().startswith(before_alt)  # nothing redone
 
     # A complete last line whose newline was lost is redone rather than glued to the next record.
-    alt = out / "Altstyle" / "crossmath.jsonl"
     alt.write_bytes(alt.read_bytes()[:-1])
     assert cli_main([*argv[:2], "6", *argv[3:]]) == 0
-    assert [r["id"] for r in read_jsonl(alt)] == [f"crossmath_3_{i:06d}" for i in range(6)]
+    assert [r["id"] for r in load_crossmath(alt)] == [f"crossmath_3_{i:06d}" for i in range(6)]
 
     # Other generator flags into the same folder would mix two collections: refused.
     assert cli_main([*argv, "--difficulty", "hard"]) == 2
     assert "resume with the same flags" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [["--n", "-5"], ["--n", "0"], ["--n", "many"], ["--n-equations", "0"]])
+def test_generate_rejects_non_positive_counts(tmp_path, capsys, bad):
+    argv = ["crossmath", "generate", "--n", "2", "--out", str(tmp_path / "gen"), *bad]
+    with pytest.raises(SystemExit) as exit_info:
+        tokenswap_main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {bad[0]}" in err and (">= 1" in err)
+    assert not (tmp_path / "gen").exists()
+
+
+def test_generate_rejects_bad_generator_flags_before_writing(tmp_path, capsys):
+    out = tmp_path / "gen"
+    assert cli_main(["generate", "--n", "2", "--out", str(out), "--rows", "8"]) == 2
+    assert "rows must be odd" in capsys.readouterr().err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("modality", ["text", "image", "image+text"])

@@ -86,10 +86,10 @@ def test_multi_hop_chain_gets_hops_one_to_four():
     # Equation steps: across row 0 in round 1, column 2 in round 2, row 4 in round 3, column 4 in round 4.
     assert solution.equation_steps == [1, 3, 2, 4]
     assert solution.solving_steps() == {
-        "step1": ["3 + 5 = 8"],
-        "step2": ["5 × 2 = 10"],
-        "step3": ["10 - 6 = 4"],
-        "step4": ["6 + 1 = 7"],
+        "step1": ["3+5=8"],
+        "step2": ["5×2=10"],
+        "step3": ["10-6=4"],
+        "step4": ["6+1=7"],
     }
 
 
@@ -121,7 +121,7 @@ def test_equations_sharing_a_blank_share_a_step_and_deadlock_is_unsolved():
     solution = solve(shared)
     assert solution.answer_hops() == [1]
     assert solution.equation_steps == [1, 1]
-    assert solution.solving_steps() == {"step1": ["2 + 3 = 5", "5 - 1 = 4"]}
+    assert solution.solving_steps() == {"step1": ["2+3=5", "5-1=4"]}
 
     stuck = grid_of("? + ? = 5")
     solution = solve(stuck)

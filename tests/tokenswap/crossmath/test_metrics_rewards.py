@@ -18,12 +18,14 @@ from tokenswap.crossmath import (
     gold_answer,
     gold_hops,
     hop_weighted_reward,
+    hop_weights,
     khop_accuracy,
     macro_accuracy,
     micro_accuracy,
     micro_accuracy_reward,
     score_run,
 )
+from tokenswap.crossmath.rewards import validate_hop_weighting
 
 GOLD = ["12", "5", "30", "7"]
 HOPS = [1, 2, 3, 5]
@@ -143,3 +145,53 @@ def test_solver_chain_of_thought_earns_full_reward():
     cot = chain_of_thought(puzzle.grid)
     assert hop_weighted_reward([cot], answer=[puzzle.answer], answer_hops=[puzzle.hops]) == [1.0]
     assert format_reward([cot], answer=[puzzle.answer]) == [1.0]
+
+
+@pytest.mark.parametrize(
+    "weighting, p, alpha, field",
+    [
+        ("power", -1.0, 1.0, "reward.p"),
+        ("power", float("nan"), 1.0, "reward.p"),
+        ("affine", 1.0, -1.0, "reward.alpha"),
+    ],
+)
+def test_weightings_that_fall_with_hop_are_rejected_when_built(weighting, p, alpha, field):
+    with pytest.raises(ValueError, match=f"{field} must be >= 0"):
+        validate_hop_weighting(weighting, p, alpha)
+    with pytest.raises(ValueError, match=f"{field} must be >= 0"):
+        get_hop_weighted_reward(weighting, p=p, alpha=alpha)
+    # Never a ZeroDivisionError at reward time: alpha = -1 would weigh hop-2 blanks 0.
+    with pytest.raises(ValueError, match=field):
+        hop_weights([2, 2], weighting, p, alpha)
+
+
+def test_flat_and_growing_weightings_stay_allowed():
+    for weighting, p, alpha in (
+        ("power", 0.0, 1.0),
+        ("affine", 1.0, 0.0),
+        ("uniform", -3.0, -3.0),
+        ("linear", -1, -1),
+    ):
+        validate_hop_weighting(weighting, p, alpha)
+    assert get_hop_weighted_reward("affine", alpha=0.0)(
+        ["<answer>1 2</answer>"], answer=[["1", "3"]], answer_hops=[[2, 2]]
+    ) == [0.5]
+    with pytest.raises(ValueError, match="reward.weighting must be one of"):
+        validate_hop_weighting("cubic")
+
+
+def test_grpo_recipe_config_rejects_falling_weights_at_config_time():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).parents[3] / "recipes" / "grpo.py"
+    spec = importlib.util.spec_from_file_location("recipe_grpo_crossmath_weights", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve string annotations through sys.modules
+    spec.loader.exec_module(module)
+    with pytest.raises(ValueError, match="reward.alpha must be >= 0"):
+        module.RewardConfig(weighting="affine", alpha=-1.0)
+    with pytest.raises(ValueError, match="reward.p must be >= 0"):
+        module.RewardConfig(weighting="power", p=-2.0)
+    assert module.RewardConfig(weighting="affine", alpha=0.5).alpha == 0.5
