@@ -21,10 +21,10 @@ from pathlib import Path
 
 from tokenswap.crossmath import DIFFICULTIES, generate_puzzle, render_grid
 
-# (label, rows, cols, n_equations); None draws 6-12 equations per puzzle, the default.
+# (label, rows, cols, n_equations); None draws 5-15 equations per puzzle as released, the default.
 SIZES = [
     ("9x9, 5 eq", 9, 9, 5),
-    ("13x13, 6-12 eq (default)", 13, 13, None),
+    ("17x21, 5-15 eq (default)", 17, 21, None),
     ("17x21, 14 eq", 17, 21, 14),
 ]
 

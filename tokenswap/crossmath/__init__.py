@@ -8,10 +8,12 @@ metrics and the hop-weighted GRPO reward.
 """
 
 from tokenswap.crossmath.data import (
+    InconsistentPuzzleError,
     append_jsonl,
     find_jsonl,
     load_crossmath,
     load_image,
+    puzzle_problem,
     read_jsonl,
     reward_columns,
     sft_messages,
@@ -23,6 +25,7 @@ from tokenswap.crossmath.generator import (
     classify_difficulty,
     generate_puzzle,
     generate_puzzles,
+    mixed_difficulty,
     puzzle_seed,
 )
 from tokenswap.crossmath.grid import (
@@ -49,7 +52,7 @@ from tokenswap.crossmath.metrics import (
     score_run,
 )
 from tokenswap.crossmath.prompt import MODALITIES, Modality, build_instruction, build_messages, build_user_content
-from tokenswap.crossmath.render import CELL_PX, STYLES, render_grid
+from tokenswap.crossmath.render import CELL_PX, STYLES, image_names, puzzle_id_from_image, render_grid
 from tokenswap.crossmath.rewards import (
     REWARDS,
     format_reward,
@@ -57,6 +60,7 @@ from tokenswap.crossmath.rewards import (
     hop_weighted_reward,
     hop_weights,
     micro_accuracy_reward,
+    validate_hop_weighting,
 )
 from tokenswap.crossmath.solver import HopSolution, chain_of_thought, solve
 from tokenswap.crossmath.training_data import (
@@ -65,6 +69,8 @@ from tokenswap.crossmath.training_data import (
     grpo_dataset,
     load_training_records,
     sft_example,
+    sft_examples,
+    split_consistent,
     write_puzzles,
 )
 
@@ -81,6 +87,7 @@ __all__ = [
     "Difficulty",
     "Equation",
     "HopSolution",
+    "InconsistentPuzzleError",
     "Modality",
     "Puzzle",
     "aggregate_runs",
@@ -107,6 +114,7 @@ __all__ = [
     "grpo_dataset",
     "hop_weighted_reward",
     "hop_weights",
+    "image_names",
     "khop_accuracy",
     "load_crossmath",
     "load_image",
@@ -114,15 +122,21 @@ __all__ = [
     "macro_accuracy",
     "micro_accuracy",
     "micro_accuracy_reward",
+    "mixed_difficulty",
     "normalize_glyph",
     "parse_markdown_table",
+    "puzzle_id_from_image",
+    "puzzle_problem",
     "puzzle_seed",
     "read_jsonl",
     "render_grid",
     "reward_columns",
     "score_run",
     "sft_example",
+    "sft_examples",
     "sft_messages",
     "solve",
+    "split_consistent",
+    "validate_hop_weighting",
     "write_puzzles",
 ]

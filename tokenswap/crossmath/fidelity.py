@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from tokenswap.crossmath.grid import find_equations, parse_markdown_table
+from tokenswap.crossmath.grid import OPERATORS, find_equations, parse_markdown_table
 from tokenswap.crossmath.metrics import gold_hops
 from tokenswap.crossmath.render import STYLES, StyleName, font_path, render_grid
 from tokenswap.crossmath.solver import solve
@@ -76,6 +76,7 @@ class PuzzleStats:
         hops: hop of every blank.
         number_range: the record's ``[lo, hi]``.
         largest: the largest number in the solved grid.
+        operators: operator cells by glyph.
     """
 
     difficulty: str
@@ -87,6 +88,7 @@ class PuzzleStats:
     hops: list[int]
     number_range: tuple[int, int]
     largest: int
+    operators: dict[str, int]
 
 
 def puzzle_stats(record: dict) -> PuzzleStats:
@@ -113,6 +115,7 @@ def puzzle_stats(record: dict) -> PuzzleStats:
         hops=gold_hops(record),
         number_range=(int(lo), int(hi)),
         largest=max(values),
+        operators=dict(Counter(eq.op for eq in equations)),
     )
 
 
@@ -122,7 +125,7 @@ def summarize(stats: list[PuzzleStats]) -> dict[str, dict]:
     Returns:
         ``{difficulty: {"n", "equations_mean", "equations_min", "equations_max", "blanks_mean",
         "blanks_per_equation": {k: count}, "collapsed", "max_rows", "max_cols", "lo_min", "lo_max",
-        "hi_min", "hi_max", "largest", "hop_share": {hop: fraction}, "max_hop"}}``.
+        "hi_min", "hi_max", "largest", "hop_share": {hop: fraction}, "max_hop", "operator_share": {op: fraction}}}``.
     """
     groups: dict[str, list[PuzzleStats]] = {"all": stats}
     for s in stats:
@@ -147,6 +150,9 @@ def summarize(stats: list[PuzzleStats]) -> dict[str, dict]:
             "hi_max": max(s.number_range[1] for s in group),
             "largest": max(s.largest for s in group),
             "hop_share": {h: hops[h] / n_blanks for h in sorted(hops)},
+            "operator_share": {
+                op: sum(s.operators.get(op, 0) for s in group) / sum(s.equations for s in group) for op in OPERATORS
+            },
             "max_hop": max(hops),
         }
     return out
@@ -179,6 +185,7 @@ def format_statistics_table(ours: dict[str, dict], released: dict[str, dict]) ->
             _hop_row(a, range(1, 8)) + (f" (+{100 * sum(v for h, v in a['hop_share'].items() if h > 7):.1f} >7)"),
             " / ".join(f"{100 * summary[d]['hop_share'].get(1, 0.0):.1f}" if d in summary else "-" for d in order),
             each(summary, "max_hop"),
+            " / ".join(f"{100 * a['operator_share'][op]:.1f}" for op in OPERATORS),
         ]
 
     labels = [
@@ -193,6 +200,7 @@ def format_statistics_table(ours: dict[str, dict], released: dict[str, dict]) ->
         "blanks at hop 1 / 2 / … / 7, %",
         f"hop-1 share, % ({' / '.join(order)})",
         f"max hop ({' / '.join(order)})",
+        "operators + / - / × / ÷, %",
     ]
     lines = ["| | released | ours |", "|---|---|---|"]
     for label, r, o in zip(labels, cell(released), cell(ours)):

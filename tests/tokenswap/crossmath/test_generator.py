@@ -146,6 +146,9 @@ def test_default_statistics_match_the_release(default_collection):
     assert stats["all"]["lo_min"] == 1 and stats["all"]["lo_max"] == 5
     assert stats["all"]["hi_min"] <= 60 and stats["all"]["hi_max"] >= 240
     assert stats["all"]["max_rows"] >= 15 and stats["all"]["max_cols"] >= 17
+    released_operators = {"+": 37.5, "-": 34.6, "×": 16.6, "÷": 11.3}
+    for op, released in released_operators.items():
+        assert abs(100 * stats["all"]["operator_share"][op] - released) <= 3.0, stats["all"]["operator_share"]
 
 
 def test_generator_is_configurable_away_from_the_release():
