@@ -13,14 +13,15 @@ Data:
   tokens, as LLaVA-style native images. The achieved quantiles are printed.
 
 Padding is measured over every batch of the data set: padded = batches of 4 right-padded to
-their longest sample (``max_length`` 4096); packed = batches of 8 packed into rows of at most
-4096 tokens (``collator.pack_budget``: greedy in order, rows evened out). Padding = padded
-token slots / all token slots (``collator.stats``).
+their longest sample (``max_length`` 4096); packed = the same batches of 4 packed into rows of at
+most 16384 tokens (``collator.pack_budget``, the config default; samples still cut at 4096), i.e.
+one row per batch. Padding = padded token slots / all token slots (``collator.stats``).
 
-Throughput: a small Qwen2-VL-architecture model built from config (hidden 128, MLP 768,
-2 layers, one 128-dim attention head as the real models have, the tiny vision tower), float32,
+Throughput: a small Qwen2-VL-architecture model built from config (hidden 256, MLP 1536 as the
+real models' 6x, 2 layers, four 64-dim query heads over two KV heads, the tiny vision tower with its
+blocks frozen and the merger trained, as the recipes default), float32,
 AdamW, on CPU. The first ``--samples`` long-tailed samples are trained on twice, once
-padded (batches of 4) and once packed (batches of 8): optimizer steps alternate between the two
+padded and once packed, in the same batches of 4: optimizer steps alternate between the two arms
 so the shared CPU's slow moments hit both; each arm's non-pad tokens / its summed step time
 (forward + backward + optimizer, batches collated outside the clock) is its tokens/s. Attention:
 ``tokenswap.packing.register_varlen_sdpa`` in both arms, i.e. plain sdpa for the padded batches
@@ -56,7 +57,8 @@ from tokenswap.packing import register_varlen_sdpa  # noqa: E402
 
 MAX_LENGTH = 4096
 PADDED_BATCH = 4
-PACKED_BATCH = 8
+PACKED_BATCH = 4
+PACK_BUDGET = 16384  # the CollatorConfig default: a batch of 4 fits one row
 IMAGE_SIDE = 448  # 32x32 patches of 14 px = 16x16 merged = 256 tokens
 WORDS = (
     "the model answers each question with care and explains why a result holds in practice while noting what "
@@ -78,12 +80,12 @@ def build_model_dir(out: Path) -> Path:
     ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN2VL_SPECIAL_TOKENS}
     config = Qwen2VLConfig(
         text_config=dict(
-            vocab_size=len(tok), hidden_size=128, intermediate_size=768, num_hidden_layers=2, num_attention_heads=1,
-            num_key_value_heads=1, head_dim=128, max_position_embeddings=32768, tie_word_embeddings=True,
-            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]},
+            vocab_size=len(tok), hidden_size=256, intermediate_size=1536, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=64, max_position_embeddings=32768, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]},
             bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
         ),
-        vision_config=dict(depth=2, embed_dim=32, hidden_size=128, num_heads=2, mlp_ratio=2, patch_size=14,
+        vision_config=dict(depth=2, embed_dim=32, hidden_size=256, num_heads=2, mlp_ratio=2, patch_size=14,
                            spatial_merge_size=2, temporal_patch_size=2, in_channels=3),
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
@@ -154,7 +156,7 @@ def main() -> None:
 
     def collator(packed: bool) -> TokenSwapCollator:
         return TokenSwapCollator(processor, None, arm="text", max_length=MAX_LENGTH,
-                                 pack_budget=MAX_LENGTH if packed else None)
+                                 pack_budget=PACK_BUDGET if packed else None)
 
     # ------------------------------------------------------------------ padding
     with open(fixture_path(), encoding="utf-8") as f:
@@ -168,7 +170,7 @@ def main() -> None:
         }
         print(f"{name:<12} {len(data)} samples: padding {100 * padding[name]['padded']:.1f}% (batches of "
               f"{PADDED_BATCH}) -> {100 * padding[name]['packed']:.1f}% packed (batches of {PACKED_BATCH}, rows "
-              f"<= {MAX_LENGTH} tokens)", flush=True)
+              f"<= {PACK_BUDGET} tokens)", flush=True)
     probe = collator(False)
     lengths = [int(probe([ex])["attention_mask"].sum()) for ex in long_tailed]
     resp = [len(processor.tokenizer(ex["messages"][1]["content"], add_special_tokens=False)["input_ids"])
@@ -193,7 +195,11 @@ def main() -> None:
     models = {arm: AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32,
                                                                attn_implementation=varlen).train()
               for arm in ("padded", "packed")}
-    optimizers = {arm: torch.optim.AdamW(m.parameters(), lr=1e-4) for arm, m in models.items()}
+    for m in models.values():  # the recipes' default (model.freeze_vision_tower): ViT blocks frozen, merger trained
+        for name, p in m.model.visual.named_parameters():
+            p.requires_grad_(name.startswith("merger."))
+    optimizers = {arm: torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-4)
+                  for arm, m in models.items()}
     tokens = {"padded": sum(int(b["attention_mask"].sum()) for b in padded_batches), "packed": 0}
     # Packed rows carry no attention mask: their real tokens are the labels' rows minus the fill.
     tokens["packed"] = tokens["padded"]
@@ -220,7 +226,7 @@ def main() -> None:
         "padding": padding,
         "long_tailed_shape": shape,
         "throughput": {"non_pad_tokens": tokens, "step_s": times, "tokens_per_s": rate, "packed_over_padded": ratio},
-        "setup": {"max_length": MAX_LENGTH, "pack_budget": MAX_LENGTH, "padded_batch": PADDED_BATCH,
+        "setup": {"max_length": MAX_LENGTH, "pack_budget": PACK_BUDGET, "padded_batch": PADDED_BATCH,
                   "packed_batch": PACKED_BATCH, "train_samples": len(data), "threads": args.threads,
                   "attn_implementation": "tokenswap_varlen_sdpa (padded: plain sdpa)"},
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__},

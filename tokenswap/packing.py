@@ -337,22 +337,31 @@ def _varlen_sdpa(module, query, key, value, attention_mask, position_ids=None, *
         pos = position_ids[b if position_ids.shape[0] > 1 else 0]
         # A sample starts wherever the text position does not step by +1 (as transformers' packed-mask detection).
         starts = [0] + (torch.nonzero(torch.diff(pos) != 1).flatten() + 1).tolist() + [T]
-        rows.append(torch.cat([
-            sdpa_attention_forward(module, query[b : b + 1, :, a:e], key[b : b + 1, :, a:e],
-                                   value[b : b + 1, :, a:e], None, is_causal=True, **kwargs)[0]
-            for a, e in zip(starts, starts[1:])
-        ], dim=1))
+        lengths = [e - a for a, e in zip(starts, starts[1:])]
+        # split, not slicing: its backward concatenates the gradients instead of zero-filling a full
+        # tensor per sample.
+        parts = zip(*(x[b : b + 1].split(lengths, dim=2) for x in (query, key, value)))
+        rows.append(torch.cat([sdpa_attention_forward(module, q, k, v, None, is_causal=True, **kwargs)[0]
+                               for q, k, v in parts], dim=1))
     return torch.cat(rows, dim=0), None
 
 
 def register_varlen_sdpa() -> str:
     """Register :func:`_varlen_sdpa` with transformers; returns the ``attn_implementation`` name to load with.
 
-    The masks are built as for sdpa (used by the batches it passes through to sdpa).
+    Masks: as sdpa's when the batch has a padding mask (padded batches pass through to sdpa); none
+    at all without one (packed rows: each sample is causal on its own, and building the ``T x T``
+    packed mask costs more than the attention it would mask).
     """
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(VARLEN_SDPA, _varlen_sdpa)
-    AttentionMaskInterface.register(VARLEN_SDPA, sdpa_mask)
+    AttentionMaskInterface.register(VARLEN_SDPA, _varlen_mask)
     return VARLEN_SDPA
+
+
+def _varlen_mask(*, attention_mask=None, **kwargs):
+    from transformers.masking_utils import sdpa_mask
+
+    return None if attention_mask is None else sdpa_mask(attention_mask=attention_mask, **kwargs)
