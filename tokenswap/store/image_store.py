@@ -90,7 +90,10 @@ class StoreImage:
             # Size and aspect are checked before decoding: a store is data, and may hold a bomb.
             return load_image(self.load_bytes(), what=what)
         except BadImageError as e:
-            raise CorruptImageError(f"{e}; rebuild that concept or delete its shard row") from None
+            raise CorruptImageError(
+                f"{e}; the stored image does not decode into a usable image: rebuild that concept or delete its "
+                "shard row"
+            ) from None
 
 
 class ImageStore:
