@@ -621,17 +621,41 @@ def generate_puzzles(
         difficulty: one difficulty for all, or ``"mixed"``: the released 90 : 85 : 75 mix of easy,
             medium and hard, interleaved by index (:func:`mixed_difficulty`).
         start: index of the first puzzle (to continue a collection).
-        **kwargs: passed on to :func:`generate_puzzle` (``rows``, ``cols``, ``n_equations``, ...).
+        **kwargs: passed on to :func:`generate_puzzle` (``rows``, ``cols``, ``n_equations``, ...). Without
+            ``n_equations``, counts are spread evenly over the released distribution of each difficulty.
 
     Returns:
         The puzzles, with ids ``crossmath_<seed>_<index:06d>``.
     """
-    return [
-        generate_puzzle(
-            puzzle_seed(seed, i),
-            difficulty=mixed_difficulty(i) if difficulty == "mixed" else difficulty,
-            puzzle_id=f"crossmath_{seed}_{i:06d}",
-            **kwargs,
+    puzzles = []
+    for i in range(start, start + n):
+        level = mixed_difficulty(i) if difficulty == "mixed" else difficulty
+        args = dict(kwargs)
+        if args.get("n_equations") is None:
+            # Equation counts spread evenly over the released distribution, so that even a small collection
+            # has the released mean (independent draws stray by ~0.35 equations per 90 puzzles).
+            rank = _rank_in_difficulty(i) if difficulty == "mixed" else i
+            args["n_equations"] = _spread_equations(seed, level, rank)
+        puzzles.append(
+            generate_puzzle(puzzle_seed(seed, i), difficulty=level, puzzle_id=f"crossmath_{seed}_{i:06d}", **args)
         )
-        for i in range(start, start + n)
-    ]
+    return puzzles
+
+
+def _rank_in_difficulty(index: int) -> int:
+    """How many puzzles of the same difficulty come before ``index`` in a mixed collection."""
+    level = mixed_difficulty(index)
+    cycle, offset = divmod(index, len(_MIXED))
+    return cycle * _MIXED.count(level) + _MIXED[:offset].count(level)
+
+
+def _spread_equations(seed: int, difficulty: Difficulty, rank: int) -> int:
+    """The equation count of the ``rank``-th puzzle of a difficulty: a golden-ratio sequence through the released CDF."""
+    table = _RELEASED_EQUATIONS[difficulty]
+    u = (rank * 0.6180339887498949 + puzzle_seed(seed, -1) / 2**64) % 1.0
+    total, acc = sum(table.values()), 0
+    for value, count in table.items():
+        acc += count
+        if u < acc / total:
+            return value
+    return max(table)
