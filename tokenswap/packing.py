@@ -46,6 +46,7 @@ __all__ = [
     "PackingNotSupportedError",
     "RopeIndex",
     "greedy_pack",
+    "group_by_length",
     "length_grouped_order",
     "pack_rows",
     "register_varlen_sdpa",
@@ -311,6 +312,23 @@ def text_lengths(examples: Sequence[dict], tokens_per_image: int = 256) -> list[
         sum(len(m["content"]) for m in ex["messages"]) // 4 + tokens_per_image * len(ex.get("images") or [])
         for ex in examples
     ]
+
+
+def group_by_length(dataset, batch_size: int, seed: int, megabatch: int = 50):
+    """``dataset`` (a ``datasets.Dataset`` of samples) reordered by :func:`length_grouped_order`.
+
+    The lengths are :func:`text_lengths` (the text arm's), so both arms of a pair, given the same
+    mixture, ``batch_size`` and ``seed``, get the same order: paired runs stay paired.
+
+    Args:
+        dataset: samples with ``messages`` (and optional ``images``), in their mixture order.
+        batch_size: ``per_device_train_batch_size`` (the batches that are padded together).
+        seed: the order seed (the recipes use ``data.seed``).
+        megabatch: batches per sorted window.
+    """
+    columns = [c for c in ("messages", "images") if c in dataset.column_names]
+    lengths = text_lengths(list(dataset.select_columns(columns)))
+    return dataset.select(length_grouped_order(lengths, batch_size, seed, megabatch))
 
 
 # ---------------------------------------------------------------------------- attention for packed rows

@@ -189,6 +189,9 @@ class CollatorConfig:
     pixel_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """dtype of pixel_values and of the pixel cache; set it to model.dtype (bfloat16 halves the cache and the
     copies, and a bfloat16 vision tower computes bit-identical outputs)."""
+    group_by_length: bool = False
+    """Reorder the mixture so each micro-batch holds samples of similar length (less padding without packing):
+    seeded by data.seed, from the text arm's lengths, so both arms of a pair keep the same order."""
 
     def __post_init__(self) -> None:
         problems = _ranges(

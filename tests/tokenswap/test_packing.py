@@ -66,6 +66,18 @@ def test_length_grouped_order_is_a_seeded_permutation_grouping_lengths():
     assert padding(order) < 0.05 < padding(list(range(400)))
 
 
+def test_group_by_length_reorders_a_dataset_the_same_way_for_both_arms(swap_samples):
+    from datasets import Dataset
+
+    from tokenswap.packing import group_by_length
+
+    a = group_by_length(Dataset.from_list(swap_samples), batch_size=2, seed=3)
+    b = group_by_length(Dataset.from_list(swap_samples), batch_size=2, seed=3)
+    assert a["id"] == b["id"] and sorted(a["id"]) == sorted(s["id"] for s in swap_samples)
+    lengths = text_lengths(list(a))
+    assert lengths == sorted(lengths, reverse=True)  # one mega-batch here: fully sorted, longest first
+
+
 def test_text_lengths_are_the_same_for_both_arms(swap_samples):
     # Lengths come from the raw text (the text arm), so both arms get the same grouped order.
     assert text_lengths(swap_samples) == text_lengths([dict(s) for s in swap_samples])
