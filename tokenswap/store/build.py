@@ -23,6 +23,15 @@ where it stopped, redoes nothing already committed and never leaves a half-writt
 Ranks synchronise through ``done`` marker files, so nothing here needs a process group; when
 ranks come from the launcher's RANK and WORLD_SIZE (``accelerate launch``, ``torchrun``).
 
+Before anything is written, the inputs are checked (local paths exist, the data yields a first
+row, the lexicon has a vocabulary), so a typo never ties a folder to wrong settings. Each rank
+then holds an exclusive ``flock`` on ``.build-lock-rRRR`` for the whole build: a second build on
+the folder fails at once naming the holder's PID and host, and a killed build leaves no stale lock
+(the kernel drops it). ``state/plan.json`` records every setting that decides what lands where
+(data, sharding, extractor, sources and their settings, judge); a resume with any of them changed
+is refused, listing each difference. Images a source cannot use (bombs, slivers, broken files) are
+rejected by name, counted in ``report.json`` (``images_rejected``) and the build goes on.
+
 Output folder::
 
     store/      the image store (tokenswap.store.ImageStore)
