@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One-GPU smoke benchmark of post-training: text arm, tokenswap arm, and tokenswap under DeepSpeed ZeRO-3.
+# One-GPU smoke benchmark of post-training: text arm, tokenswap arm (padded and packed), tokenswap under DeepSpeed
+# ZeRO-3; packing equivalence under flash-attention 2; tokens/s per GPU and MFU, padded vs packed, 2B-shaped model.
 #
 #   bash benchmarks/gpu_check.sh                 # on a machine with one CUDA GPU (a few minutes)
 #   bash benchmarks/gpu_check.sh --dry-run       # anywhere: validate the configs + overrides, print the commands
@@ -11,7 +12,11 @@
 # installed), on tests/assets/{llava_tiny.json,swap_tiny.jsonl}. Prints samples/s (log_history.json
 # `train_samples_per_second`, which includes the first steps' warm-up) and peak memory: torch's
 # max_memory_allocated of rank 0 (benchmarks/peak_memory.py wraps the recipe) and the device-wide
-# maximum of `nvidia-smi --query-gpu=memory.used` sampled every 200 ms. Exits non-zero if any run fails.
+# maximum of `nvidia-smi --query-gpu=memory.used` sampled every 200 ms.
+# Then (PACK, issue 11): tests/tokenswap/test_packing.py -m gpu (packed batch == samples one at a time with
+# flash_attention_2 in bf16, every packable family) and benchmarks/gpu_packing.py (a Qwen2-VL-2B-shaped model
+# from config, bf16 + flash-attn 2: non-pad tokens/s per GPU, images/s, padding, TFLOP/s and MFU, padded vs packed
+# batches of the long-tailed benchmark data). Exits non-zero if any step fails.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -46,6 +51,7 @@ fi
 RUNS=(
   "text|--config_file configs/accelerate/single_gpu.yaml|tiny/post_text.yaml|"
   "tokenswap|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$OUT/store"
+  "tokenswap_packed|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$OUT/store collator.packing=true collator.pixel_dtype=bfloat16"
   "tokenswap_zero3|--config_file configs/accelerate/zero3.yaml --num_processes 1|tiny/post_tokenswap.yaml|image_store=$OUT/store train.deepspeed=configs/deepspeed/zero3.json"
 )
 
@@ -71,12 +77,17 @@ PY
 done
 echo "gpu_check: configs and overrides of ${#RUNS[@]} runs are valid"
 
+PACKING_TEST=("$PYTHON" -m pytest -q -m gpu tests/tokenswap/test_packing.py)
+PACKING_BENCH=("$PYTHON" benchmarks/gpu_packing.py --steps "${PACK_STEPS:-12}" --out "$OUT/gpu_packing.json")
+
 if [ "$DRY_RUN" = 1 ]; then
   for spec in "${RUNS[@]}"; do
     IFS='|' read -r name launch yaml extra <<< "$spec"
     echo "PEAK_MEMORY_JSON=$OUT/runs/$name.mem.json accelerate launch $launch benchmarks/peak_memory.py" \
       "recipes/post_train.py --config $yaml $(overrides "$name" "$extra")"
   done
+  echo "${PACKING_TEST[*]}"
+  echo "${PACKING_BENCH[*]}"
   exit 0
 fi
 
@@ -142,5 +153,24 @@ for spec in "${RUNS[@]}"; do
     printf '%-18s %12s %16s %18s %20s\n' "$name" "$sps" "$alloc" "$smi" "$loss"
   fi
 done
+
+# ---------------------------------------------------------------------------- packing (flash-attention 2) + MFU
+echo "gpu_check: packing equivalence with flash_attention_2: ${PACKING_TEST[*]}"
+"${PACKING_TEST[@]}" || { echo "gpu_check: packing equivalence under flash_attention_2 FAILED" >&2; status=1; }
+echo "gpu_check: tokens/s per GPU and MFU, padded vs packed: ${PACKING_BENCH[*]}"
+timeout 1200 "${PACKING_BENCH[@]}" || { echo "gpu_check: benchmarks/gpu_packing.py FAILED" >&2; status=1; }
+for spec in "${RUNS[@]}"; do  # the recipe's own perf/* log lines (ThroughputCallback), last logging step
+  IFS='|' read -r name _ <<< "$spec"
+  [ -f "$OUT/runs/$name/log_history.json" ] && "$PYTHON" - "$OUT/runs/$name/log_history.json" "$name" <<'PY'
+import json, sys
+perf = [h for h in json.load(open(sys.argv[1])) if "perf/tokens_per_s" in h]
+if perf:
+    h = perf[-1]
+    mfu = f"{100 * h['perf/mfu']:.1f}%" if "perf/mfu" in h else "n/a"
+    print(f"{sys.argv[2]:<18} perf: {h['perf/tokens_per_s']:.0f} tokens/s, padding {100 * h['perf/padding']:.1f}%, "
+          f"{h.get('perf/tflops', float('nan')):.1f} TFLOP/s, MFU {mfu} (last logging step)")
+PY
+done
+
 [ "$status" = 0 ] && echo "gpu_check: all runs passed ($STEPS steps each, outputs in $OUT/runs)"
 exit "$status"

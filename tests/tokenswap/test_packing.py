@@ -339,3 +339,42 @@ def test_a_held_batch_is_never_overwritten_and_a_released_buffer_is_reused(tiny_
     first = collator(swap_samples[:2])["pixel_values"].untyped_storage().data_ptr()
     again = collator(swap_samples[:2])["pixel_values"].untyped_storage().data_ptr()
     assert first == again  # the previous batch was dropped, so its buffer is reused
+
+
+# ---------------------------------------------------------------------------- flash-attention 2 (run by benchmarks/gpu_check.sh)
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_flash_attention_2_packs_like_one_at_a_time(family, tmp_path_factory):
+    """bf16 on CUDA: the packed batch (flash-attn varlen from the text-position row) matches the samples alone."""
+    pytest.importorskip("flash_attn")
+    from transformers import AutoModelForImageTextToText
+
+    from tokenswap.testing import build_tiny_model
+
+    path = build_tiny_model(tmp_path_factory.getbasetemp() / f"fa2-{family}", family=family)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.bfloat16,
+                                                        attn_implementation="flash_attention_2").cuda().train()
+    config = model.config
+    rng = np.random.default_rng(0)
+    samples = [family_sample(config, rng, n, text) for n, text in ((1, 20), (0, 33), (2, 9), (1, 40))]
+    rope = RopeIndex(family, config.vision_config.spatial_merge_size)
+    packed, plan = pack_rows([s[0] for s in samples], [s[1] for s in samples], [s[2] for s in samples],
+                             budget=sum(len(s[0]) for s in samples), rope_index=rope, pad_id=0,
+                             image_pad_id=config.image_token_id)
+    packed["pixel_values"] = torch.cat([s[3] for s in samples if s[2]]).to(torch.bfloat16)
+    packed["image_grid_thw"] = torch.tensor([g for s in samples for g in s[2]])
+    packed = {k: v.cuda() if torch.is_tensor(v) else v for k, v in packed.items()}
+    logits = model(**{k: v for k, v in packed.items() if k != "labels"}).logits[0].float()
+    pos = 0
+    for ids, labels, grids, pixels in samples:
+        one = {"input_ids": torch.from_numpy(ids)[None].cuda(),
+               "mm_token_type_ids": torch.from_numpy((ids == config.image_token_id).astype(np.int64))[None].cuda()}
+        if grids:
+            one["pixel_values"] = pixels.to(torch.bfloat16).cuda()
+            one["image_grid_thw"] = torch.tensor(grids).cuda()
+        alone = model(**one).logits[0].float()
+        n = len(ids)
+        lab = torch.from_numpy(labels).cuda()
+        torch.testing.assert_close(per_token_losses(logits[pos : pos + n], lab), per_token_losses(alone, lab),
+                                   rtol=2e-2, atol=2e-2)
+        pos += n

@@ -1,0 +1,163 @@
+"""Tokens/s per GPU and MFU, padded vs packed, for a Qwen2-VL-2B-shaped model built from config.
+
+    python benchmarks/gpu_packing.py                  # one CUDA GPU, bf16, flash-attention 2 (run by gpu_check.sh)
+    python benchmarks/gpu_packing.py --shape tiny --device cpu --attn tokenswap_varlen_sdpa --steps 2   # smoke test
+
+The model has Qwen2-VL-2B's shapes (hidden 1536, 28 layers, 12 query / 2 KV heads of 128, MLP
+8960, a 32-block 1280-wide vision tower) with random weights and a small trained tokenizer (so
+the embedding is smaller than the real 151k vocabulary: the FLOP count uses this model's own
+parameters). Vision blocks frozen, merger trained (the recipes' default). Data: the long-tailed
+Magpie-like conversations of ``benchmarks/packing.py`` (response tokens p5/p50/p95 200/630/2000,
+0-3 images of 258 tokens), batches of 4, ``max_length`` 4096; packed = the same batches in one
+row each (``pack_budget`` 16384). Steps alternate between the arms; the first two of each are
+warm-up. MFU uses :mod:`tokenswap.throughput`'s formula and peak table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).parent))
+from packing import WORDS, long_tailed_samples  # noqa: E402
+
+from tokenswap.collator import TokenSwapCollator  # noqa: E402
+from tokenswap.packing import register_varlen_sdpa  # noqa: E402
+from tokenswap.throughput import model_flop_counts, peak_tflops_of, window_flops  # noqa: E402
+
+SHAPES = {
+    "2b": dict(hidden=1536, layers=28, heads=12, kv=2, mlp=8960, vit_depth=32, vit_dim=1280, vit_heads=16),
+    "tiny": dict(hidden=128, layers=2, heads=2, kv=1, mlp=256, vit_depth=1, vit_dim=32, vit_heads=2),
+}
+
+
+def build(out: Path, shape: dict) -> Path:
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    from tokenswap.testing import QWEN2VL_CHAT_TEMPLATE, QWEN2VL_SPECIAL_TOKENS, train_tokenizer
+
+    tok = train_tokenizer([" ".join(WORDS)] * 4, vocab_size=1024)
+    pixels = dict(min_pixels=56 * 56, max_pixels=448 * 448)
+    processor = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**pixels), tokenizer=tok,
+                                 video_processor=Qwen2VLVideoProcessor(**pixels), chat_template=QWEN2VL_CHAT_TEMPLATE)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN2VL_SPECIAL_TOKENS}
+    head_dim = shape["hidden"] // shape["heads"]
+    half = head_dim // 2
+    config = Qwen2VLConfig(
+        text_config=dict(
+            vocab_size=len(tok), hidden_size=shape["hidden"], intermediate_size=shape["mlp"],
+            num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+            num_key_value_heads=shape["kv"], max_position_embeddings=32768, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                             "mrope_section": [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]},
+            bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
+        ),
+        vision_config=dict(depth=shape["vit_depth"], embed_dim=shape["vit_dim"], hidden_size=shape["hidden"],
+                           num_heads=shape["vit_heads"], mlp_ratio=4, patch_size=14, spatial_merge_size=2,
+                           temporal_patch_size=2, in_channels=3),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    Qwen2VLForConditionalGeneration._from_config(config, dtype=torch.float32).save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="2b")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--attn", default="flash_attention_2")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--steps", type=int, default=12, help="timed steps per arm (after 2 warm-up steps each)")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="default: the table by GPU name")
+    parser.add_argument("--out", default=None, help="JSON results file")
+    args = parser.parse_args()
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    if args.attn == "tokenswap_varlen_sdpa":
+        register_varlen_sdpa()
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-packing-"))
+    model_dir = build(tmp / "model", SHAPES[args.shape])
+    processor = AutoProcessor.from_pretrained(model_dir)
+    rng = np.random.default_rng(1)
+    paths = []
+    for k in range(8):
+        p = tmp / f"image{k}.png"
+        Image.fromarray(rng.integers(0, 256, (448, 448, 3), dtype=np.uint8)).save(p)
+        paths.append(str(p))
+    n = 4 * (args.steps + 2)
+    samples = long_tailed_samples(n, processor.tokenizer, paths)
+    dtype = getattr(torch, args.dtype)
+    pixel_dtype = args.dtype if args.dtype in ("bfloat16", "float16", "float32") else "float32"
+    arms = {
+        "padded": TokenSwapCollator(processor, None, arm="text", max_length=4096, pixel_dtype=pixel_dtype),
+        "packed": TokenSwapCollator(processor, None, arm="text", max_length=4096, pack_budget=16384,
+                                    pixel_dtype=pixel_dtype),
+    }
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype, attn_implementation=args.attn)
+    model.to(args.device).train()
+    for name, p in model.model.visual.named_parameters():
+        p.requires_grad_(name.startswith("merger."))
+    model.gradient_checkpointing_enable()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+    counts = model_flop_counts(model)
+    peak = args.peak_tflops
+    if peak is None and args.device.startswith("cuda"):
+        peak = peak_tflops_of(torch.cuda.get_device_name())
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+
+    results = {arm: {"s": 0.0, "tokens": 0, "slots": 0, "flops": 0.0, "images": 0} for arm in arms}
+    for step in range(args.steps + 2):
+        batch_samples = samples[4 * step : 4 * step + 4]
+        for arm, collator in arms.items():
+            before = dict(collator.stats)
+            batch = collator(batch_samples)
+            batch = {k: v.to(args.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            sync()
+            t0 = time.perf_counter()
+            model(**batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sync()
+            dt = time.perf_counter() - t0
+            if step < 2:
+                continue
+            d = {k: collator.stats[k] - before.get(k, 0) for k in ("tokens", "token_slots", "images",
+                                                                   "image_patches", "token_sq", "patch_sq")}
+            r = results[arm]
+            r["s"] += dt
+            r["tokens"] += d["tokens"]
+            r["slots"] += d["token_slots"]
+            r["images"] += d["images"]
+            r["flops"] += window_flops(counts, d["tokens"], d["token_sq"], d["image_patches"], d["patch_sq"])
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
+    print(f"gpu_packing: {args.shape} shape, {args.attn}, {args.dtype}, {device}, {args.steps} timed steps per arm")
+    print(f"{'arm':<8}{'tokens/s/GPU':>14}{'images/s':>10}{'padding':>9}{'TFLOP/s':>9}{'MFU':>8}")
+    for arm, r in results.items():
+        tflops = r["flops"] / r["s"] / 1e12
+        r.update(tokens_per_s=r["tokens"] / r["s"], images_per_s=r["images"] / r["s"],
+                 padding=1 - r["tokens"] / r["slots"], tflops=tflops, mfu=None if peak is None else tflops / peak)
+        mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        print(f"{arm:<8}{r['tokens_per_s']:>14.0f}{r['images_per_s']:>10.1f}{100 * r['padding']:>8.1f}%"
+              f"{tflops:>9.1f}{mfu:>8}")
+    ratio = results["packed"]["tokens_per_s"] / results["padded"]["tokens_per_s"]
+    print(f"gpu_packing: non-pad tokens/s packed/padded {ratio:.2f}x")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"device": device, "shape": args.shape, "attn": args.attn,
+                                              "peak_tflops": peak, "arms": results, "ratio": ratio}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
