@@ -779,8 +779,10 @@ class SwapStatsCallback(TrainerCallback):
 
     Logged (cumulative over the run, this process): ``swap/images_per_sample``,
     ``swap/swapped_per_sample``, ``swap/text_by_policy``, ``swap/text_missing_image``,
-    ``swap/text_corrupt_image``, ``swap/truncated_samples``, ``swap/dummy_images``. Must run
-    before the reporting callbacks; :func:`install_first` puts it there.
+    ``swap/text_corrupt_image``, ``swap/truncated_samples``, ``swap/dummy_images``, and what cuts
+    and packing did: ``swap/tokens_truncated``, ``swap/images_dropped_truncation`` (image blocks cut
+    whole at ``max_length``/``pack_budget``), ``swap/packed_rows``. Must run before the reporting
+    callbacks; :func:`install_first` puts it there.
     """
 
     def __init__(self, collator: TokenSwapCollator):
@@ -800,8 +802,14 @@ class SwapStatsCallback(TrainerCallback):
                 "swap/text_corrupt_image": s["concepts_text_corrupt_image"],
                 "swap/truncated_samples": s["samples_truncated"],
                 "swap/dummy_images": s["dummy_images"],
+                "swap/tokens_truncated": s["tokens_truncated"],
+                "swap/images_dropped_truncation": s["images_dropped_truncation"],
+                "swap/packed_rows": s["packed_rows"],
             }
         )
+        # Trainer.log stored a copy of `logs` in log_history before calling on_log: keep log_history.json complete.
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1].update({k: v for k, v in logs.items() if k.startswith("swap/")})
 
 
 def install_first(trainer, callback: TrainerCallback) -> None:
