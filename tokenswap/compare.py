@@ -31,7 +31,8 @@ from tokenswap.eval.stats import mean_ci
 __all__ = ["RunRecord", "compare_runs", "load_run", "make_wandb_report", "mean_ci", "paired_difference",
            "read_trainer_run", "read_wandb_offline", "seed_of"]
 
-DEFAULT_METRICS = ("loss", "gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/rel", "gap/retention")
+DEFAULT_METRICS = ("loss", "gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/rel", "gap/retention",
+                   "perf/tokens_per_s", "perf/padding", "perf/mfu")
 ARM_ORDER = ("baseline", "text", "tokenswap")
 
 
