@@ -161,8 +161,8 @@ class ThroughputCallback(TrainerCallback):
         self._last = (now, stats)
         dt = now - t0
         d = {k: stats[k] - before[k] for k in self._KEYS}
-        if dt <= 0 or d["token_slots"] <= 0:
-            return
+        if dt <= 0 or d["token_slots"] <= 0 or min(d.values()) < 0:
+            return  # nothing collated yet, or the stats were rewound (a resume restored them): next window
         perf = {
             "perf/tokens_per_s": d["tokens"] / dt,
             "perf/images_per_s": d["images"] / dt,
