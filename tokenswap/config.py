@@ -75,6 +75,9 @@ def _coerce(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
+        real = [a for a in args if a is not type(None)]
+        if len(real) == 1 and dataclasses.is_dataclass(real[0]) and isinstance(value, dict):
+            return _coerce(value, real[0], key, problems)  # an optional section: report its own field checks
         for arg in args:
             if arg is type(None):
                 continue

@@ -154,6 +154,8 @@ class LLMConfig:
             problems.append(f"`timeout` must be a finite number of seconds > 0, got {self.timeout}")
         if self.max_retries < 0:
             problems.append(f"`max_retries` must be >= 0, got {self.max_retries}")
+        if self.backend == "openai" and not self.base_url.startswith(("http://", "https://")):
+            problems.append(f"`base_url` must be an http(s) URL such as http://localhost:8000/v1, got {self.base_url!r}")
         if problems:
             raise ValueError("; ".join(problems))
 
