@@ -144,3 +144,19 @@ def test_store_writer_refuses_hostile_bytes_and_reading_a_planted_one_is_a_clear
     (image,) = ImageStore(tmp_path / "store").get("cat")
     with pytest.raises(CorruptImageError, match="decompression bomb"):
         image.load()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["sources=[retrieval]", "retrieval.clip_path=c", "retrieval.corpus=d", "retrieval.top_k=-1"],
+         "retrieval: `top_k` must be >= 1, got -1"),
+        (["extractor.kind=llm", "extractor.llm.model=m", "extractor.llm.base_url=localhost:8000"],
+         "extractor.llm: `base_url` must be an http(s) URL"),
+        (["extractor.kind=llm", "extractor.llm.model=m", "extractor.llm.timeout=.nan"], "`timeout` must be a finite"),
+    ],
+    ids=["retrieval-top-k", "llm-base-url", "llm-timeout-nan"],
+)
+def test_optional_sections_report_their_own_field_problems(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(StoreBuildConfig, "store_embedded.yaml", ["output_dir=/tmp/unused", *overrides])
