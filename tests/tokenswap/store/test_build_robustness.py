@@ -153,9 +153,9 @@ def test_store_writer_refuses_hostile_bytes_and_reading_a_planted_one_is_a_clear
          "retrieval: `top_k` must be >= 1, got -1"),
         (["extractor.kind=llm", "extractor.llm.model=m", "extractor.llm.base_url=localhost:8000"],
          "extractor.llm: `base_url` must be an http(s) URL"),
-        (["extractor.kind=llm", "extractor.llm.model=m", "extractor.llm.timeout=.nan"], "`timeout` must be a finite"),
+        (["extractor.kind=llm", "extractor.llm.model=m", "extractor.llm.timeout=-1"], "`timeout` must be a finite number of seconds > 0, got -1"),
     ],
-    ids=["retrieval-top-k", "llm-base-url", "llm-timeout-nan"],
+    ids=["retrieval-top-k", "llm-base-url", "llm-timeout-negative"],
 )
 def test_optional_sections_report_their_own_field_problems(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
