@@ -64,8 +64,9 @@ class Style:
         border_px: outline width of one box (shared borders are ``2 * border_px - 1``).
         text: glyph colour.
         fonts: font file names, first one found wins.
-        glyphs: per glyph (``"digit"`` for every digit), ``(font size px, baseline below the cell top px,
-            horizontal shift px)``; fitted to the released PNGs with the first font of ``fonts``.
+        glyphs: per glyph (``"digit"`` for numbers, ``"digit<n>"`` for ``n``-digit numbers where they differ),
+            ``(font size px, baseline below the cell top px, horizontal shift px)``; fitted to the released
+            PNGs with the first font of ``fonts``.
         folder: the released data's folder name for this style.
         suffix: the released puzzle image is ``test_images_blank<tag>/<id>_blank<suffix>.png`` and the
             solved one ``test_images<tag>/<id><suffix>.png``, ``tag`` being ``_hr`` for Original, else ``suffix``.
@@ -98,6 +99,7 @@ _SANS_GLYPHS = {
 }
 _SERIF_GLYPHS = {
     "digit": (27, 36, 0.5),
+    "digit3": (27, 36, -0.5),  # three-digit numbers sit half a pixel left of the others
     "-": (28, 33, 0.0),
     "+": (29, 36, -1.0),
     "=": (23, 32, 0.0),
@@ -221,7 +223,10 @@ def render_grid(
                 if answers is None or (r, c) not in answers:
                     continue
                 text, color = str(answers[(r, c)]), answer_color
-            size, baseline, shift = spec.glyphs["digit" if text.isdigit() else text]
+            key = (
+                text if not text.isdigit() else f"digit{len(text)}" if f"digit{len(text)}" in spec.glyphs else "digit"
+            )
+            size, baseline, shift = spec.glyphs[key]
             font = _font(style, size)
             draw.text((x0 + CELL_PX / 2 + shift, y0 + baseline), text, fill=color, font=font, anchor="ms")
     return image
