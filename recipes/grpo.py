@@ -49,6 +49,7 @@ from tokenswap.training import (
     peft_lora_config,
     print0,
     resolve_checkpoint,
+    train,
     trainer_section,
 )
 
@@ -148,7 +149,7 @@ def main(cfg: GRPORecipeConfig) -> None:
     )
     resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
     trainer.add_callback(CheckpointCallback.resuming(None, resume))
-    trainer.train(resume_from_checkpoint=resume)
+    train(trainer, resume)
 
     # ------------------------------------------------------------------ save
     # With LoRA this is the adapter (adapter_config.json names the starting model); without, the full model.

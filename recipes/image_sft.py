@@ -52,6 +52,7 @@ from tokenswap.training import (
     load_model_and_processor,
     print0,
     resolve_checkpoint,
+    train,
 )
 
 
@@ -126,7 +127,7 @@ def main(cfg: ImageSFTConfig) -> None:
         processing_class=processor,
         callbacks=[CheckpointCallback.resuming(resumable, resume)],
     )
-    trainer.train(resume_from_checkpoint=resume)
+    train(trainer, resume)
 
     # ------------------------------------------------------------------ save
     if cfg.model.lora is None or not cfg.merge_lora:

@@ -50,6 +50,7 @@ from tokenswap.training import (
     load_model_and_processor,
     print0,
     resolve_checkpoint,
+    train,
 )
 
 
@@ -124,7 +125,7 @@ def main(cfg: PostTrainConfig) -> None:
     gap_callback = build_gap_callback(cfg.gap_eval, processor, trainer)
     if gap_callback is not None:
         trainer.add_callback(gap_callback)
-    trainer.train(resume_from_checkpoint=resume)
+    train(trainer, resume)
 
     # ------------------------------------------------------------------ save
     trainer.save_model(cfg.run.output_dir)

@@ -46,6 +46,7 @@ from tokenswap.training import (
     load_model_and_processor,
     print0,
     resolve_checkpoint,
+    train,
 )
 
 
@@ -119,7 +120,7 @@ def main(cfg: PretrainConfig) -> None:
     gap_callback = build_gap_callback(cfg.gap_eval, processor, trainer)
     if gap_callback is not None:
         trainer.add_callback(gap_callback)
-    trainer.train(resume_from_checkpoint=resume)
+    train(trainer, resume)
 
     # ------------------------------------------------------------------ save
     trainer.save_model(cfg.run.output_dir)

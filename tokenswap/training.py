@@ -53,6 +53,7 @@ __all__ = [
     "print0",
     "resolve_attn_implementation",
     "resolve_checkpoint",
+    "train",
 ]
 
 logger = logging.getLogger(__name__)
@@ -503,14 +504,34 @@ def resolve_checkpoint(output_dir: str, resume: str | None) -> str | None:
     return None
 
 
+def train(trainer, resume: str | None) -> None:
+    """``trainer.train(resume_from_checkpoint=resume)``, except from a checkpoint that already reached ``max_steps``.
+
+    transformers 5.24 checks ``max_steps`` only after a step, so resuming from the final checkpoint (a run killed
+    after its last save, relaunched) would train one step past the end. That checkpoint's weights and state are
+    loaded instead, and the recipe goes on to save as if the run had just finished.
+    """
+    if resume is not None and trainer.args.max_steps > 0:
+        from transformers import TrainerState
+
+        state = TrainerState.load_from_json(os.path.join(resume, "trainer_state.json"))
+        if state.global_step >= trainer.args.max_steps:
+            print0(f"[tokenswap] {resume} is at step {state.global_step} >= max_steps: nothing left to train")
+            trainer._load_from_checkpoint(resume)
+            trainer.state = state
+            return
+    trainer.train(resume_from_checkpoint=resume)
+
+
 class ResumableCollator:
     """A collator whose side effects can be checkpointed exactly: the sample-id log and the stats.
 
     The data loader runs ahead of the optimizer (it prefetches the next batch), so at a checkpoint the
     collator has done more calls than the Trainer consumed. This wrapper remembers, for each of its recent
     calls, the log size and the stats after it; :class:`CheckpointCallback` stores the entry of the last
-    consumed batch in the checkpoint and :meth:`restore` rewinds to it on resume, so a resumed run's
-    ``sample_ids.rank*.txt`` and ``swap_stats.json`` equal an uninterrupted run's. With
+    consumed batch in the checkpoint and :meth:`restore` rewinds to it on resume (and at the end of training), so
+    ``sample_ids.rank*.txt`` and ``swap_stats.json`` hold exactly the batches that trained, and a resumed run's
+    equal an uninterrupted run's. With
     ``dataloader_num_workers > 0`` collation happens in worker processes and only the log is rewound.
     """
 
@@ -581,6 +602,11 @@ class CheckpointCallback(TrainerCallback):
 
     def on_substep_end(self, args, state, control, **kwargs):
         self.consumed += 1
+
+    def on_train_end(self, args, state, control, **kwargs):
+        # The loader collated batches that were never trained (prefetch); the log and stats keep what trained.
+        if self.collator is not None and self.collator.state_at(self.consumed) is not None:
+            self.collator.restore(self.collator.state_at(self.consumed))
 
     def on_step_end(self, args, state, control, **kwargs):
         self.consumed += 1

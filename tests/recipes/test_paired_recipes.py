@@ -126,6 +126,21 @@ def test_resume_after_a_kill_during_a_save(post, tiny_qwen2vl, tiny_store, tmp_p
     assert (partial / COMPLETE_MARKER).is_file()  # written again by the resumed run
 
 
+def test_relaunching_a_finished_run_trains_no_further(post, tiny_qwen2vl, tiny_store, tmp_path):
+    """transformers checks max_steps only after a step: resuming from the final checkpoint must not add one."""
+    out = tmp_path / "done"
+    cfg = load_config(post.PostTrainConfig, "tiny/post_tokenswap.yaml", post_overrides(out, tiny_qwen2vl, tiny_store.root))
+    post.main(cfg)
+    before = load_file(out / "model.safetensors")
+    ids_before, trace = (out / "sample_ids.rank0.txt").read_text(), losses(out)
+    post.main(load_config(post.PostTrainConfig, "tiny/post_tokenswap.yaml", post_overrides(
+        out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest")))
+    assert losses(out) == trace and not (out / "checkpoint-5").exists()
+    after = load_file(out / "model.safetensors")
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert (out / "sample_ids.rank0.txt").read_text() == ids_before
+
+
 def test_trainer_options_pass_through_to_a_real_run(post, tiny_qwen2vl, tiny_store, tmp_path):
     out = tmp_path / "opts"
     cfg = load_config(post.PostTrainConfig, "tiny/post_text.yaml", post_overrides(
