@@ -408,6 +408,40 @@ def _penalty(masks: list[int], blanks: int, target: _Target) -> tuple[int, int]:
     return hard, soft
 
 
+def _one_per_equation(
+    rng: random.Random, equations: list[tuple[int, int, int]], n_cells: int, n_blanks: int
+) -> list[int]:
+    """A start for easy puzzles: one blank per equation, ``len(equations) - n_blanks`` of them on crossings.
+
+    Crossing cells whose two equations are both still blank-free are taken first, then every equation
+    left gets a cell of its own. The local search repairs whatever this greedy pass cannot reach.
+    """
+    owners: list[list[int]] = [[] for _ in range(n_cells)]
+    for i, eq in enumerate(equations):
+        for x in eq:
+            owners[x].append(i)
+    covered = [False] * len(equations)
+    chosen: list[int] = []
+    crossings = [x for x in range(n_cells) if len(owners[x]) == 2]
+    rng.shuffle(crossings)
+    for x in crossings:
+        if len(chosen) == len(equations) - n_blanks:
+            break
+        if not any(covered[i] for i in owners[x]):
+            chosen.append(x)
+            for i in owners[x]:
+                covered[i] = True
+    for i, eq in enumerate(equations):
+        if covered[i]:
+            continue
+        own = [x for x in eq if all(not covered[j] or j == i for j in owners[x]) and len(owners[x]) == 1]
+        pick = rng.choice(own) if own else rng.choice(eq)
+        chosen.append(pick)
+        for j in owners[pick]:
+            covered[j] = True
+    return chosen
+
+
 def _choose_blanks(
     rng: random.Random, equations: list[tuple[int, int, int]], n_cells: int, target: _Target, steps: int = 300
 ) -> set[int] | None:
@@ -415,8 +449,13 @@ def _choose_blanks(
     masks = [(1 << a) | (1 << b) | (1 << c) for a, b, c in equations]
     cells = list(range(n_cells))
     blanks = 0
-    for x in rng.sample(cells, min(target.n_blanks, n_cells)):
+    start = _one_per_equation(rng, equations, n_cells, target.n_blanks) if target.per_equation == (1,) else None
+    for x in start if start is not None else rng.sample(cells, min(target.n_blanks, n_cells)):
         blanks |= 1 << x
+    if start is not None and all((mask & blanks).bit_count() == 1 for mask in masks):
+        # One blank per equation already; on dense layouts no other blank count is possible.
+        if abs(len(start) - target.n_blanks) <= 1:
+            return set(start)
     hard, soft = _penalty(masks, blanks, target)
     for _ in range(steps):
         if hard == 0 and soft <= _SOFT_SLACK:
