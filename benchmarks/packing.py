@@ -1,6 +1,6 @@
 """Padding and CPU training throughput, padded vs packed batches, side by side in one run.
 
-    python benchmarks/packing.py [--samples 64] [--steps 8] [--threads 2]
+    python benchmarks/packing.py [--samples 32] [--padding-samples 512] [--threads 2]
 
 Data:
 
@@ -137,7 +137,7 @@ def train_step(model, optimizer, batch: dict) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--samples", type=int, default=64, help="long-tailed samples trained on in each arm")
+    parser.add_argument("--samples", type=int, default=32, help="long-tailed samples trained on in each arm")
     parser.add_argument("--padding-samples", type=int, default=512, help="long-tailed samples for the padding figure")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "packing.json"))
