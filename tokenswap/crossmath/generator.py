@@ -92,8 +92,11 @@ _RELEASED_MAX_HOP: dict[str, dict[int, int]] = {
 }
 # Share of equations with two blanks (the rest have one): 0/941, 183/834, 413/798.
 _RELEASED_DOUBLE_SHARE = {"easy": 0.0, "medium": 0.22, "hard": 0.52}
-# Share of blanks solved in round 1: 941/941, 523/681, 385/798.
+# Per-puzzle aims for the blanks solved in rounds 1 and 2. Released shares: round 1 941/941, 523/681,
+# 385/798; round 2 0, 108/681, 189/798. The aims are calibrated so that 250 default puzzles land on the
+# released shares (the search stops within a slack, and deep targets pull blanks out of rounds 1-2).
 _RELEASED_FIRST_HOP_SHARE = {"easy": 1.0, "medium": 0.83, "hard": 0.52}
+_RELEASED_SECOND_HOP_SHARE = {"easy": 0.0, "medium": 0.12, "hard": 0.19}
 # Operator cells in the release: + 966, - 891, × 426, ÷ 290. × and ÷ fit a range less often (exact
 # division, products in range), so their try-first weights are raised until the placed operators come out
 # at the released shares (~37 / 35 / 17 / 11 %).
@@ -390,6 +393,7 @@ class _Target:
     per_equation: tuple[int, ...]  # allowed blanks per equation
     doubles: int  # equations with two blanks
     first_hop: int  # blanks solved in round 1
+    second_hop: int | None  # blanks solved in round 2 (None: no aim)
 
 
 _SOFT_SLACK = 2
@@ -405,6 +409,8 @@ def _penalty(masks: list[int], blanks: int, target: _Target) -> tuple[int, int]:
     hard = shape + unknown.bit_count() + collapsed + abs(blanks.bit_count() - target.n_blanks)
     hard += abs(len(per_round) - target.max_hop)
     soft = abs(two - target.doubles) + abs((per_round[0] if per_round else 0) - target.first_hop)
+    if target.second_hop is not None:
+        soft += abs((per_round[1] if len(per_round) > 1 else 0) - target.second_hop)
     return hard, soft
 
 
@@ -526,12 +532,26 @@ def _target(rng: random.Random, difficulty: Difficulty, n_eq: int, max_hop: int 
     depth = max_hop if max_hop is not None else _draw(rng, _RELEASED_MAX_HOP[difficulty])
     # Aims, not draws: a random aim is often unreachable on a given layout, and the slack adds the spread.
     doubles = round(n_eq * _RELEASED_DOUBLE_SHARE[difficulty])
+    depth = min(depth, n_blanks)
+    first = round(n_blanks * _RELEASED_FIRST_HOP_SHARE[difficulty])
+    second = round(n_blanks * _RELEASED_SECOND_HOP_SHARE[difficulty])
+    if depth == 1:
+        first, second = n_blanks, 0
+    elif depth > max(_RELEASED_MAX_HOP[difficulty], default=1):
+        # Deeper than released (a curriculum): only the hop-1 aim, with room for a long chain.
+        first, second = max(1, min(first, n_blanks - depth + 1)), None
+    else:
+        # Every round up to the deepest solves at least one blank: keep the aims reachable.
+        room = n_blanks - (depth - 2)
+        second = max(1, min(second, room - 1))
+        first = max(1, min(first, room - second))
     return _Target(
         n_blanks=n_blanks,
-        max_hop=min(depth, n_blanks),
+        max_hop=depth,
         per_equation=(1,) if difficulty == "easy" else (1, 2),
         doubles=doubles,
-        first_hop=round(n_blanks * _RELEASED_FIRST_HOP_SHARE[difficulty]),
+        first_hop=first,
+        second_hop=second,
     )
 
 
