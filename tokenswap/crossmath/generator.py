@@ -13,8 +13,10 @@ search for the structure the released puzzles have:
 * ``medium``: blanks = equations - k, k in 1-3, deepest hop drawn from the released 1-5;
 * ``hard``: as many blanks as equations, deepest hop drawn from the released 2-7.
 
-Defaults draw, per puzzle, 5-15 equations on a canvas of up to 17x21 cells, a number range
-with low end 1-5 and high end 51-249, and operators with the released frequencies; every one of
+The local search also aims at the released shares of two-blank equations and of blanks solved
+in rounds 1 and 2. Defaults draw, per puzzle, 5-15 equations with the released frequencies (spread
+evenly over a collection by :func:`generate_puzzles`) on a canvas of up to 17x21 cells, a number
+range with low end 1-5 and high end 51-249, and operators at the released shares; every one of
 these can be fixed for curriculum use (``n_equations``, ``number_range``, ``operators``,
 ``rows``/``cols``, ``max_hop``). Everything is drawn from ``random.Random(seed)``, so a seed always
 gives the same puzzle.
