@@ -300,6 +300,36 @@ def test_packing_an_unsupported_family_names_it(family):
         RopeIndex(family, 2)
 
 
+def test_collator_refuses_packing_for_qwen3_5(tmp_path_factory):
+    from transformers import AutoProcessor
+
+    from tokenswap.testing import build_tiny_model
+
+    processor = AutoProcessor.from_pretrained(build_tiny_model(tmp_path_factory.getbasetemp() / "tiny-qwen3_5",
+                                                               family="qwen3_5"))
+    TokenSwapCollator(processor, None)  # unpacked is fine
+    with pytest.raises(PackingNotSupportedError, match="'qwen3_5'.*collator.packing=false"):
+        TokenSwapCollator(processor, None, pack_budget=4096)
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_collator_packs_other_families_exactly(family, family_models, tmp_path_factory, tiny_store, swap_samples):
+    from transformers import AutoProcessor
+
+    model = family_models(family, "sdpa").train()
+    processor = AutoProcessor.from_pretrained(tmp_path_factory.getbasetemp() / f"tiny-{family}")
+    policy = SwapPolicy(swap_prob=1.0)
+    examples = swap_samples[:5]
+    singles = [TokenSwapCollator(processor, tiny_store, policy)([ex]) for ex in examples]
+    singles = [{k: v for k, v in s.items() if k != "attention_mask"} for s in singles]
+    lengths = [s["input_ids"].shape[1] for s in singles]
+    budget = max(lengths) + min(lengths)
+    packed = TokenSwapCollator(processor, tiny_store, policy, pack_budget=budget)(examples)
+    plan = greedy_pack(lengths, budget)
+    assert len(plan) > 1 and any(len(r) > 1 for r in plan)
+    check_packed_equals_alone(model, packed, singles, plan)
+
+
 # ---------------------------------------------------------------------------- pixel dtype and buffers
 def test_bfloat16_pixels_give_bit_identical_outputs_on_a_bfloat16_model(tiny_qwen2vl, tiny_processor, tiny_store,
                                                                          swap_samples):
