@@ -51,6 +51,7 @@ __all__ = [
     "pack_rows",
     "register_varlen_sdpa",
     "text_lengths",
+    "use_varlen_sdpa",
 ]
 
 PACKABLE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
@@ -383,3 +384,16 @@ def _varlen_mask(*, attention_mask=None, **kwargs):
     from transformers.masking_utils import sdpa_mask
 
     return None if attention_mask is None else sdpa_mask(attention_mask=attention_mask, **kwargs)
+
+
+def use_varlen_sdpa(model) -> str:
+    """Switch a model running sdpa to :func:`register_varlen_sdpa`'s attention (for packed batches); others stay.
+
+    flash-attention 2 already attends per sample in a packed row; eager is left for debugging.
+
+    Returns:
+        The attention implementation the model now uses.
+    """
+    if model.config._attn_implementation == "sdpa":
+        model.set_attn_implementation(register_varlen_sdpa())
+    return model.config._attn_implementation

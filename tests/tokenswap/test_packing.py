@@ -167,6 +167,24 @@ def test_collator_packed_batch_equals_samples_one_at_a_time(attn, qwen2vl_models
     check_packed_equals_alone(model, packed, singles, plan)
 
 
+def test_use_varlen_sdpa_switches_an_sdpa_model_and_keeps_its_outputs(tiny_qwen2vl, tiny_processor, tiny_store,
+                                                                     swap_samples):
+    from transformers import AutoModelForImageTextToText
+
+    from tokenswap.packing import use_varlen_sdpa
+
+    model = AutoModelForImageTextToText.from_pretrained(tiny_qwen2vl, dtype=torch.float32,
+                                                        attn_implementation="sdpa").eval()
+    batch = TokenSwapCollator(tiny_processor, tiny_store, SwapPolicy(swap_prob=1.0), pack_budget=4096)(swap_samples[:4])
+    with torch.no_grad():
+        before = model(**batch).logits
+        assert use_varlen_sdpa(model) == VARLEN
+        after = model(**batch).logits
+    torch.testing.assert_close(after, before, **TOL)
+    eager = AutoModelForImageTextToText.from_pretrained(tiny_qwen2vl, attn_implementation="eager")
+    assert use_varlen_sdpa(eager) == "eager"
+
+
 def test_a_sample_never_depends_on_its_neighbours(qwen2vl_models, tiny_processor, tiny_store, swap_samples):
     model = qwen2vl_models["sdpa"].eval()
     collator = TokenSwapCollator(tiny_processor, tiny_store, SwapPolicy(swap_prob=1.0), pack_budget=4096)
