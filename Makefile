@@ -10,9 +10,10 @@ STAMP := $(VENV)/.installed
 .PHONY: setup demo test slow_test quality bench clean
 
 $(STAMP): pyproject.toml
-	@command -v fc-list >/dev/null && fc-list | grep -qi "DejaVu Sans" && fc-list | grep -qi "Dancing Script" || \
+	@command -v fc-list >/dev/null && fc-list | grep -qi "DejaVu Sans" && fc-list | grep -qi "Dancing Script" && \
+	  fc-list | grep -qi "Nimbus Sans" || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-dejavu-core fonts-dancingscript fonts-urw-base35 fontconfig >/dev/null) || \
-	  echo "warning: could not install fonts-dejavu-core; rendered-text images fall back to Pillow's default font"
+	  echo "warning: could not install the fonts; rendered text and CrossMath puzzles fall back to other fonts"
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH_PIN)
