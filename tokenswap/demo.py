@@ -51,22 +51,26 @@ CANDIDATES = [
     "bread", "cookie", "crab", "owl", "butterfly", "snowman", "basketball",
 ]  # fmt: skip
 
-# attribute -> (values in fixed option order, question phrasings, statement phrasings)
+# attribute -> (values in fixed option order, question phrasings, statement phrasings). Question
+# phrasing 0 trains; 1-3 are held out. Phrasing 2 was "The {c} comes from which zone?" etc. and then
+# "From which zone is the {c}?" etc.: the pre-trained model answered those as text at or below chance
+# (0.36/0.19, 0.44/0.39 on groups B/A) while phrasings 1 and 3 scored 0.67-0.75, so the text-knowledge
+# validity check measured the phrasing, not the facts. docs/demo_report.md has the record.
 ATTRIBUTES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "zone": (
         ["north", "south", "east", "west"],
-        ["Which zone is the {c} from?", "In which zone does the {c} live?", "The {c} comes from which zone?",
+        ["Which zone is the {c} from?", "In which zone does the {c} live?", "What zone is the {c} from?",
          "Name the zone of the {c}."],
         ["The {c} is from the {v} zone.", "The {v} zone is where the {c} lives.", "People find the {c} in the {v} zone."],
     ),
     "owner": (
         ["Ana", "Ben", "Cai", "Dee"],
-        ["Who owns the {c}?", "Whose is the {c}?", "The {c} belongs to whom?", "Name the owner of the {c}."],
+        ["Who owns the {c}?", "Whose is the {c}?", "Who is the owner of the {c}?", "Name the owner of the {c}."],
         ["The {c} belongs to {v}.", "{v} owns the {c}.", "The owner of the {c} is {v}."],
     ),
     "number": (
         ["two", "five", "seven", "nine"],
-        ["What number goes with the {c}?", "Which number belongs to the {c}?", "The {c} has which number?",
+        ["What number goes with the {c}?", "Which number belongs to the {c}?", "What is the number of the {c}?",
          "Name the number of the {c}."],
         ["The number of the {c} is {v}.", "The {c} goes with the number {v}.", "{v} is the number of the {c}."],
     ),
