@@ -28,6 +28,8 @@ from tokenswap.config import config_to_dict, parse_config
 from tokenswap.data.llava import load_llava
 from tokenswap.data.mixture import paired_mixture
 from tokenswap.data.schema import load_samples
+from tokenswap.packing import group_by_length, use_varlen_sdpa
+from tokenswap.throughput import ThroughputCallback, ThroughputConfig
 from tokenswap.training import (
     CheckpointCallback,
     CollatorConfig,
@@ -72,6 +74,8 @@ class PostTrainConfig:
     gap_eval: GapEvalConfig = field(default_factory=GapEvalConfig)
     """In-loop modality-gap evaluation."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    throughput: ThroughputConfig = field(default_factory=ThroughputConfig)
+    """perf/* log keys: tokens/s, images/s, padding, TFLOP/s, MFU (peak_tflops overrides the GPU table)."""
     """Run naming: {pair}-{arm} in group {pair}."""
 
     def __post_init__(self) -> None:
@@ -100,11 +104,15 @@ def main(cfg: PostTrainConfig) -> None:
     )
     swap = load_samples(cfg.data.swap_dataset, cfg.data.swap_limit) if cfg.data.swap_dataset else None
     train_dataset = paired_mixture(cfg.run.arm, base, swap, seed=cfg.data.seed)
+    if cfg.collator.group_by_length:  # text-arm lengths and data.seed: the arms of a pair keep one order
+        train_dataset = group_by_length(train_dataset, args.per_device_train_batch_size, cfg.data.seed)
     print0(f"[post_train] {cfg.run.pair}-{cfg.run.arm}: {len(train_dataset)} samples")
 
     # ------------------------------------------------------------------ model (after TrainingArguments: ZeRO-3 init)
     resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
     model, processor = load_model_and_processor(cfg.model, resume_from=resume, seed=cfg.run.seed)
+    if cfg.collator.packing:
+        use_varlen_sdpa(model)  # sdpa would compute each packed row's whole T x T attention
     store = build_image_store(cfg.image_store) if cfg.run.arm == "tokenswap" else None
     collator = build_collator(
         cfg.collator, processor, store, cfg.run.arm, learn="assistant", image_root=cfg.data.llava_image_root
@@ -122,6 +130,8 @@ def main(cfg: PostTrainConfig) -> None:
         callbacks=[EpochCallback(collator), CheckpointCallback.resuming(resumable, resume)],
     )
     install_first(trainer, SwapStatsCallback(collator))
+    if cfg.throughput.enabled:
+        install_first(trainer, ThroughputCallback(collator, cfg.throughput.peak_tflops))
     gap_callback = build_gap_callback(cfg.gap_eval, processor, trainer)
     if gap_callback is not None:
         trainer.add_callback(gap_callback)

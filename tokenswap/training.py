@@ -786,6 +786,8 @@ def build_collator(
         max_images_per_sample=cfg.max_images_per_sample,
         max_chars_per_sample=cfg.max_chars_per_sample,
         max_image_pixels=cfg.max_image_pixels,
+        pack_budget=cfg.pack_budget if cfg.packing else None,
+        pixel_dtype=cfg.pixel_dtype,
     )
 
 
