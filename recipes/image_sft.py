@@ -37,6 +37,8 @@ from tokenswap.crossmath.training_data import (
     load_training_records,
     sft_example,
 )
+from tokenswap.packing import use_varlen_sdpa
+from tokenswap.throughput import ThroughputCallback, ThroughputConfig
 from tokenswap.training import (
     CheckpointCallback,
     CollatorConfig,
@@ -49,6 +51,7 @@ from tokenswap.training import (
     build_training_arguments,
     finish_wandb,
     init_wandb,
+    install_first,
     load_model_and_processor,
     print0,
     resolve_checkpoint,
@@ -85,6 +88,8 @@ class ImageSFTConfig:
     """Held-out CrossMath metrics in image modality after training (rank 0); None skips it."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """Run naming: {pair}-{arm} in group {pair}."""
+    throughput: ThroughputConfig = field(default_factory=ThroughputConfig)
+    """perf/* log keys: tokens/s, images/s, padding, TFLOP/s, MFU (peak_tflops overrides the GPU table)."""
 
     def __post_init__(self) -> None:
         if self.run.arm != "text":
@@ -114,6 +119,8 @@ def main(cfg: ImageSFTConfig) -> None:
     # ------------------------------------------------------------------ model (after TrainingArguments: ZeRO-3 init)
     resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
     model, processor = load_model_and_processor(cfg.model, resume_from=resume, seed=cfg.run.seed)
+    if cfg.collator.packing:
+        use_varlen_sdpa(model)  # sdpa would compute each packed row's whole T x T attention
     collator = build_collator(cfg.collator, processor, None, cfg.run.arm, learn="assistant")
     collator.log_ids_to = os.path.join(cfg.run.output_dir, f"sample_ids.rank{rank}.txt")
     resumable = ResumableCollator(collator)
@@ -127,6 +134,8 @@ def main(cfg: ImageSFTConfig) -> None:
         processing_class=processor,
         callbacks=[CheckpointCallback.resuming(resumable, resume)],
     )
+    if cfg.throughput.enabled:
+        install_first(trainer, ThroughputCallback(collator, cfg.throughput.peak_tflops))
     train(trainer, resume)
 
     # ------------------------------------------------------------------ save
