@@ -220,7 +220,8 @@ TRAINER_OWNED: dict[str, str] = {
 
 PAIRED_OWNED: dict[str, str] = {
     **TRAINER_OWNED,
-    "train_sampling_strategy": "the arms of a pair share the order fixed by `data.seed` (sequential over it)",
+    "train_sampling_strategy": "the arms of a pair share the order fixed by `data.seed` (sequential over it); "
+    "for length grouping set `collator.group_by_length: true` (paired-safe)",
 }
 
 TRAIN_DEFAULTS: dict[str, Any] = {
