@@ -111,7 +111,7 @@ def model_flop_counts(model) -> dict[str, float]:
     full = sum(t != "linear_attention" for t in layer_types)
     out["llm_attn"] = float(full * tc.num_attention_heads * head_dim)
     # Qwen2-VL's vision config calls the ViT width embed_dim (its hidden_size is the LLM's width).
-    vit_width = vc.embed_dim if vc.model_type == "qwen2_vl" else vc.hidden_size
+    vit_width = vc.embed_dim if vc.model_type == "qwen2_vl_vision" else vc.hidden_size
     out["vit_attn"] = float(vc.depth * vit_width)
     return out
 

@@ -50,6 +50,7 @@ def test_flop_counts_follow_what_is_trained(tiny_model):
     assert all_trained["n_vit"] == pytest.approx(blocks + merger / vc.spatial_merge_size**2)
     assert all_trained["vit_blocks_trained"] == 1.0
     assert all_trained["llm_attn"] == tc.num_hidden_layers * tc.hidden_size
+    assert all_trained["vit_attn"] == vc.depth * vc.embed_dim  # Qwen2-VL's ViT width (hidden_size is the LLM's)
 
     for name, p in visual.named_parameters():  # the recipes' default: ViT blocks frozen, merger trained
         p.requires_grad_(name.startswith("merger."))
