@@ -27,7 +27,8 @@ Model FLOPs of one window (the PaLM appendix-B convention: matmuls only, the cau
   ``merge²`` patches) + ``4·N_vit_trainable`` backward. The backward term assumes the trained part
   sits on top of the tower (the default: blocks frozen, merger trained), so activation gradients
   stop where the trained part starts. Vision attention: ``4·L_v·d_v·Σ P_j²`` over images of
-  ``P_j`` patches forward, times 3 when the blocks are trained.
+  ``P_j`` patches forward, times 3 when the blocks are trained (Qwen2.5-VL's windowed blocks are
+  counted as full attention: an upper bound for that term).
 
 Frozen parts therefore count only their forward (and, for the language model, the activation
 gradients that must pass through it). The time is the wall time between log lines, so it
