@@ -281,7 +281,7 @@ def family_models(tmp_path_factory):
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager", VARLEN])
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def test_every_packable_family_packs_exactly(family, attn, family_models):
     model = family_models(family, attn).train()
     config = model.config
