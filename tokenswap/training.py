@@ -17,13 +17,14 @@ import os
 import sys
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from transformers import TrainerCallback, TrainingArguments
 
 from tokenswap.collator import TokenSwapCollator
-from tokenswap.store.image_store import ImageStore
+from tokenswap.store.image_store import ImageStore, atomic_write
 from tokenswap.swap import SwapPolicy
 
 __all__ = [
@@ -454,12 +455,7 @@ COMPLETE_MARKER = "tokenswap_complete.json"
 
 
 def _atomic_json(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(Path(path), json.dumps(data).encode())
 
 
 def _checkpoint_complete(path: str) -> bool:
