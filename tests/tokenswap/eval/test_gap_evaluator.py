@@ -229,7 +229,7 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def test_two_process_cpu_equals_single_process(tiny_qwen2vl, tmp_path, make_pairs):
+def test_two_process_cpu_equals_single_process(tiny_qwen2vl, tmp_path, make_pairs, free_port):
     model, processor = load_qwen2vl(tiny_qwen2vl)
     single = {}
     for scorer in ("loglik", "generate"):
@@ -241,7 +241,9 @@ def test_two_process_cpu_equals_single_process(tiny_qwen2vl, tmp_path, make_pair
     script = tmp_path / "dist_eval.py"
     script.write_text(_SCRIPT.format(tests=str(Path(__file__).parent), model=str(tiny_qwen2vl), dest=str(dest)))
     accelerate = Path(sys.executable).parent / "accelerate"
-    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
+    # A free rendezvous port: another 2-rank launch on accelerate's default 29500 aborts gloo ("terminate called").
+    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--main_process_port", str(free_port)]
     cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", str(script)]
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
