@@ -53,6 +53,9 @@ RUNS=(
   "tokenswap|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$OUT/store"
   "tokenswap_packed|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$OUT/store collator.packing=true collator.pixel_dtype=bfloat16"
   "tokenswap_zero3|--config_file configs/accelerate/zero3.yaml --num_processes 1|tiny/post_tokenswap.yaml|image_store=$OUT/store train.deepspeed=configs/deepspeed/zero3.json"
+  # QLoRA (bitsandbytes NF4 on CUDA) and liger-kernel: both from the gpu extra (pip install -e '.[gpu]')
+  "tokenswap_qlora|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$OUT/store model.load_in_4bit=true model.lora.r=16"
+  "tokenswap_liger|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$OUT/store train.use_liger_kernel=true"
 )
 
 overrides() {  # $1 name, $2 extra overrides: what every run shares, so the arms differ only where they must
