@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-GPU smoke benchmark of post-training: text arm, tokenswap arm (padded and packed), tokenswap under DeepSpeed
-# ZeRO-3; packing equivalence under flash-attention 2; tokens/s per GPU and MFU, padded vs packed, 2B-shaped model.
+# ZeRO-3, QLoRA (bitsandbytes NF4) and liger-kernel; packing equivalence under flash-attention 2; tokens/s per GPU and MFU, padded vs packed, 2B-shaped model.
 #
 #   bash benchmarks/gpu_check.sh                 # on a machine with one CUDA GPU (a few minutes)
 #   bash benchmarks/gpu_check.sh --dry-run       # anywhere: validate the configs + overrides, print the commands
