@@ -74,12 +74,12 @@ class MalformedLine(ValueError):
     """A JSONL line that is not one JSON object (truncated, not UTF-8, a list...)."""
 
 
-def _jsonl_rows(path: Path) -> Iterator[dict | MalformedLine]:
-    """Rows of a JSONL file, read line by line so that one bad line is one bad row.
+def jsonl_rows(path: str | Path) -> Iterator[tuple[str, dict | MalformedLine]]:
+    """``(where, row)`` for each line of a JSONL file, read line by line so that one bad line is one bad row.
 
     ``datasets``' JSON reader fails the whole file on a truncated or non-UTF-8 line; here such a
     line yields a :class:`MalformedLine` naming the file and line, which the caller raises or
-    skips. Blank lines are not rows.
+    skips. ``where`` is ``"{path} line {n}"``. Blank lines are not rows.
     """
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
@@ -89,15 +89,15 @@ def _jsonl_rows(path: Path) -> Iterator[dict | MalformedLine]:
             try:
                 row = json.loads(raw.decode("utf-8"))
             except UnicodeDecodeError as e:
-                yield MalformedLine(f"{where}: not UTF-8 ({e})")
+                yield where, MalformedLine(f"{where}: not UTF-8 ({e})")
                 continue
             except json.JSONDecodeError as e:
-                yield MalformedLine(f"{where}: not valid JSON ({e}; a truncated line?)")
+                yield where, MalformedLine(f"{where}: not valid JSON ({e}; a truncated line?)")
                 continue
             if not isinstance(row, dict):
-                yield MalformedLine(f"{where}: expected a JSON object per line, got a {type(row).__name__}")
+                yield where, MalformedLine(f"{where}: expected a JSON object per line, got a {type(row).__name__}")
                 continue
-            yield row
+            yield where, row
 
 
 def _load_raw(path: str, split: str, streaming: bool):
@@ -111,7 +111,7 @@ def _load_raw(path: str, split: str, streaming: bool):
             if builder is None:
                 raise ValueError(f"Magpie file {local} must end in .jsonl, .json or .parquet, got {suffix!r}")
             if suffix == ".jsonl":
-                return _jsonl_rows(local)
+                return (row for _, row in jsonl_rows(local))
             return datasets.load_dataset(builder, data_files=str(local), split="train", streaming=streaming)
         if (local / "dataset_info.json").exists() or (local / "state.json").exists():
             ds = datasets.load_from_disk(str(local))

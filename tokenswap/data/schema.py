@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 from datasets import Dataset, Features, List, Value
+
+from tokenswap.data.magpie import MalformedLine, jsonl_rows
 
 __all__ = ["SAMPLE_FEATURES", "check_sample", "load_samples", "to_sample_features"]
 
@@ -73,19 +73,11 @@ def check_sample(row: object, where: str) -> None:
 def _check_jsonl(path: str) -> int:
     """Validate every line of a sample JSONL file before ``datasets`` reads it; return the row count."""
     rows = 0
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            where = f"{path} line {number}"
-            try:
-                row = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{where}: not UTF-8 ({e})") from None
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e}; a truncated line?)") from None
-            check_sample(row, where)
-            rows += 1
+    for where, row in jsonl_rows(path):
+        if isinstance(row, MalformedLine):
+            raise row
+        check_sample(row, where)
+        rows += 1
     return rows
 
 
