@@ -22,10 +22,12 @@ __all__ = [
     "QWEN2VL_SPECIAL_TOKENS",
     "TINY_FAMILIES",
     "TINY_MOE_FAMILIES",
+    "assert_matches_processor",
     "build_tiny_model",
     "build_tiny_qwen2vl",
     "build_tiny_store",
     "load_qwen2vl",
+    "official_batch",
     "tiny_config",
     "tiny_qwen2vl_config",
     "train_tokenizer",
@@ -409,6 +411,34 @@ def build_tiny_model(
         "num_layers": num_layers, "seed": seed,
     }))
     return out
+
+
+def official_batch(processor, messages_list: list[list[dict]]) -> dict:
+    """What the processor itself produces for interleaved conversations (right padding): the reference
+    :class:`~tokenswap.collator.TokenSwapCollator` must equal."""
+    texts = [processor.apply_chat_template(m, tokenize=False) for m in messages_list]
+    images = [p["image"] for m in messages_list for msg in m for p in msg["content"] if p["type"] == "image"]
+    return processor(text=texts, images=images or None, padding=True, return_tensors="pt")
+
+
+def assert_matches_processor(collator, examples: list[dict], arm: str = "tokenswap") -> dict:
+    """Collate ``examples`` and check the batch against :func:`official_batch`, token and pixel exact.
+
+    Returns:
+        The collator's batch.
+    """
+    import torch
+
+    batch = collator(examples)
+    ref = official_batch(collator.processor, [collator.interleaved_messages(e, arm) for e in examples])
+    for key in ("input_ids", "attention_mask", "mm_token_type_ids"):
+        torch.testing.assert_close(batch[key], ref[key], rtol=0, atol=0, msg=key)
+    if "pixel_values" in ref:
+        torch.testing.assert_close(batch["pixel_values"], ref["pixel_values"], rtol=0, atol=0)
+        torch.testing.assert_close(batch["image_grid_thw"], ref["image_grid_thw"], rtol=0, atol=0)
+    else:
+        assert "pixel_values" not in batch
+    return batch
 
 
 def load_qwen2vl(path: str | os.PathLike, dtype=None, attn_implementation: str | None = None):

@@ -14,28 +14,9 @@ from PIL import Image
 from tokenswap.collator import TokenSwapCollator
 from tokenswap.store.image_store import ImageStore, StoreWriter
 from tokenswap.swap import SwapPolicy
+from tokenswap.testing import assert_matches_processor
 
 ASSETS = __import__("pathlib").Path(__file__).parents[1] / "assets"
-
-
-def official(processor, messages_list):
-    """What the processor itself produces for interleaved conversations (right padding)."""
-    texts = [processor.apply_chat_template(m, tokenize=False) for m in messages_list]
-    images = [p["image"] for m in messages_list for msg in m for p in msg["content"] if p["type"] == "image"]
-    return processor(text=texts, images=images or None, padding=True, return_tensors="pt")
-
-
-def assert_matches_processor(collator, examples, arm="tokenswap"):
-    batch = collator(examples)
-    ref = official(collator.processor, [collator.interleaved_messages(e, arm) for e in examples])
-    for key in ("input_ids", "attention_mask", "mm_token_type_ids"):
-        torch.testing.assert_close(batch[key], ref[key], rtol=0, atol=0, msg=key)
-    if "pixel_values" in ref:
-        torch.testing.assert_close(batch["pixel_values"], ref["pixel_values"], rtol=0, atol=0)
-        torch.testing.assert_close(batch["image_grid_thw"], ref["image_grid_thw"], rtol=0, atol=0)
-    else:
-        assert "pixel_values" not in batch
-    return batch
 
 
 def sample(sid, user, assistant="Sure.", concepts=(), extra_turns=()):

@@ -17,30 +17,10 @@ from hypothesis import strategies as st
 from tokenswap.collator import TokenSwapCollator
 from tokenswap.families import FAMILIES, UnsupportedFamilyError, family_of
 from tokenswap.swap import SwapPolicy
-from tokenswap.testing import TINY_FAMILIES, TINY_MOE_FAMILIES
+from tokenswap.testing import TINY_FAMILIES, TINY_MOE_FAMILIES, assert_matches_processor
 
 # The families whose released checkpoints use Qwen2's vocabulary (Qwen3.5 has its own, unpackaged).
 REAL_TOKENIZER_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-
-
-def official(processor, messages_list):
-    """What the processor itself produces for interleaved conversations (right padding)."""
-    texts = [processor.apply_chat_template(m, tokenize=False) for m in messages_list]
-    images = [p["image"] for m in messages_list for msg in m for p in msg["content"] if p["type"] == "image"]
-    return processor(text=texts, images=images or None, padding=True, return_tensors="pt")
-
-
-def assert_matches_processor(collator, examples, arm="tokenswap"):
-    batch = collator(examples)
-    ref = official(collator.processor, [collator.interleaved_messages(e, arm) for e in examples])
-    for key in ("input_ids", "attention_mask", "mm_token_type_ids"):
-        torch.testing.assert_close(batch[key], ref[key], rtol=0, atol=0, msg=key)
-    if "pixel_values" in ref:
-        torch.testing.assert_close(batch["pixel_values"], ref["pixel_values"], rtol=0, atol=0)
-        torch.testing.assert_close(batch["image_grid_thw"], ref["image_grid_thw"], rtol=0, atol=0)
-    else:
-        assert "pixel_values" not in batch
-    return batch
 
 
 def sample(sid, user, assistant="Sure.", concepts=(), extra_turns=(), system=None):
@@ -154,8 +134,13 @@ def test_render_conversation_equals_the_released_template(family, messages):
     from tokenswap.families import render_conversation
 
     fam = FAMILIES[family]
+    try:
+        (theirs,), _ = render_jinja_template(conversations=[messages], chat_template=fam.chat_template)
+    except Exception:  # the released template refuses it (Qwen3.5: only tool responses as user turns): so do we
+        with pytest.raises(ValueError):
+            render_conversation(fam, messages, fam.default_system_prompt)
+        return
     ours, learn = render_conversation(fam, messages, fam.default_system_prompt)
-    (theirs,), _ = render_jinja_template(conversations=[messages], chat_template=fam.chat_template)
     assert ours == theirs
     turns = [m for m in messages if m["role"] == "assistant"]
     assert len(learn) == len(turns) and all(ours[hi - len("<|im_end|>"):hi] == "<|im_end|>" for _, hi in learn)

@@ -28,6 +28,7 @@ import os
 import sys
 from pathlib import Path
 
+from tokenswap.cli import positive_int
 from tokenswap.crossmath.data import append_jsonl, find_jsonl, load_crossmath, load_image, read_jsonl
 from tokenswap.crossmath.generator import DEFAULT_COLS, DEFAULT_ROWS, DIFFICULTIES, Puzzle, generate_puzzles
 from tokenswap.crossmath.metrics import (
@@ -55,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate puzzles: JSONL in the released format + PNG per style")
-    gen.add_argument("--n", type=_positive_int, required=True, help="number of puzzles (>= 1)")
+    gen.add_argument("--n", type=positive_int, required=True, help="number of puzzles (>= 1)")
     gen.add_argument("--seed", type=int, default=0, help="collection seed; puzzle i depends only on (seed, i)")
     gen.add_argument("--difficulty", choices=[*DIFFICULTIES, "mixed"], default="mixed")
     gen.add_argument("--out", required=True, help="output folder; one subfolder per style")
@@ -65,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--cols", type=int, default=DEFAULT_COLS, help="canvas columns (odd)")
     gen.add_argument(
-        "--n-equations", type=_positive_int, default=None, help="equations per puzzle (default: the released 5-15)"
+        "--n-equations", type=positive_int, default=None, help="equations per puzzle (default: the released 5-15)"
     )
     gen.add_argument(
         "--range",
@@ -76,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         help="number range (default: LO in 1-5, HI in 51-249 per puzzle, as released)",
     )
     gen.add_argument(
-        "--max-hop", type=_positive_int, default=None, help="deepest hop per puzzle (default: released distribution)"
+        "--max-hop", type=positive_int, default=None, help="deepest hop per puzzle (default: released distribution)"
     )
     gen.add_argument("--operators", default="+-*/", help="operator set, e.g. +-*/ or +-")
 
@@ -84,29 +85,19 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", required=True, help="model folder or hub id (Qwen2-VL family)")
     ev.add_argument("--data", required=True, help="a CrossMath JSONL or its style folder")
     ev.add_argument("--modality", choices=MODALITIES, required=True)
-    ev.add_argument("--n", type=_positive_int, default=None, help="evaluate the first N puzzles (default: all)")
+    ev.add_argument("--n", type=positive_int, default=None, help="evaluate the first N puzzles (default: all)")
     ev.add_argument("--max-new-tokens", type=int, default=4096)
     ev.add_argument("--batch-size", type=int, default=8)
     ev.add_argument("--out", required=True, help="output folder for predictions and metrics")
 
     fid = sub.add_parser("fidelity", help="statistics and pixel parity against the released test set")
     fid.add_argument("--released", required=True, help="a checkout of github.com/xuyige/CrossMath or its data folder")
-    fid.add_argument("--n", type=_positive_int, default=250, help="puzzles to generate for the comparison")
+    fid.add_argument("--n", type=positive_int, default=250, help="puzzles to generate for the comparison")
     fid.add_argument("--seed", type=int, default=0, help="generator seed")
     fid.add_argument(
-        "--pixel-limit", type=_positive_int, default=None, help="compare only the first N images per style"
+        "--pixel-limit", type=positive_int, default=None, help="compare only the first N images per style"
     )
     return parser
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _write_image(image, path: Path) -> None:
