@@ -24,6 +24,7 @@ from tokenswap.crossmath import (
 )
 from tokenswap.crossmath.cli import cli_main
 from tokenswap.crossmath.data import InconsistentPuzzleError, find_jsonl, puzzle_problem, read_jsonl
+from tokenswap.crossmath.fidelity import RELEASED_FILES
 from tokenswap.crossmath.render import puzzle_id_from_image
 from tokenswap.crossmath.training_data import (
     CrossMathDataConfig,
@@ -36,12 +37,6 @@ from tokenswap.crossmath.training_data import (
 # Three released records (math_puzzle_0104 easy, 0072 hard, 0187 one of the ÷-bug puzzles) in all four
 # styles, with the released file and folder names and the PNGs of the first two: see fixtures/README.md.
 RELEASE = Path(__file__).parent / "fixtures" / "crossmath_release"
-RELEASED_FILES = {
-    "original": "Original/testset_hr.jsonl",
-    "noborder": "Noborder/testset_noborder.jsonl",
-    "beige": "Beige/testset_hr_beige.jsonl",
-    "altstyle": "Altstyle/testset_altstyle.jsonl",
-}
 IDS = ["math_puzzle_0104", "math_puzzle_0072", "math_puzzle_0187"]
 
 

@@ -18,16 +18,10 @@ from tokenswap.crossmath import (
     parse_markdown_table,
     render_grid,
 )
-from tokenswap.crossmath.fidelity import pixel_parity
+from tokenswap.crossmath.fidelity import RELEASED_FILES, pixel_parity
 from tokenswap.crossmath.render import font_path
 
 RELEASE = Path(__file__).parent / "fixtures" / "crossmath_release"
-RELEASED_FILES = {
-    "original": "Original/testset_hr.jsonl",
-    "noborder": "Noborder/testset_noborder.jsonl",
-    "beige": "Beige/testset_hr_beige.jsonl",
-    "altstyle": "Altstyle/testset_altstyle.jsonl",
-}
 
 GRID = [
     ["12", "+", "?", "=", "20"],
