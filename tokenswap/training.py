@@ -546,6 +546,10 @@ class ResumableCollator:
         return out
 
     def __getattr__(self, name):
+        # Only called for names the wrapper lacks; "collator" itself missing means a half-built object (unpickling
+        # in a spawned data-loader worker), which must not recurse.
+        if name == "collator" or name.startswith("__"):
+            raise AttributeError(name)
         return getattr(self.collator, name)
 
     def _snapshot(self) -> dict:
@@ -612,18 +616,17 @@ class CheckpointCallback(TrainerCallback):
         import torch.distributed as dist
 
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        if not os.path.isdir(folder):
-            return
         rank = int(os.environ.get("RANK", "0"))
-        collator_state = self.collator.state_at(self.consumed) if self.collator is not None else None
-        _atomic_json(
-            os.path.join(folder, f"tokenswap_state.rank{rank}.json"),
-            {"consumed": self.consumed, "collator": collator_state},
-        )
+        if os.path.isdir(folder):
+            collator_state = self.collator.state_at(self.consumed) if self.collator is not None else None
+            _atomic_json(
+                os.path.join(folder, f"tokenswap_state.rank{rank}.json"),
+                {"consumed": self.consumed, "collator": collator_state},
+            )
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         if world > 1:
-            dist.barrier()
-        if rank == 0:
+            dist.barrier()  # every rank, folder or not: one that skipped it would leave the others waiting
+        if rank == 0 and os.path.isdir(folder):
             _atomic_json(os.path.join(folder, COMPLETE_MARKER), {"world_size": world, "global_step": state.global_step})
 
 

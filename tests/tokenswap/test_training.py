@@ -225,3 +225,22 @@ def test_latest_accepts_checkpoints_from_before_markers_and_none_is_none(tmp_pat
     (tmp_path / "checkpoint-5" / "trainer_state.json").write_text("{trunc")
     assert resolve_checkpoint(str(tmp_path), "latest") == str(legacy)
     assert resolve_checkpoint(str(tmp_path), "some/path") == "some/path"
+
+
+def test_resumable_collator_pickles_for_spawned_workers(tiny_processor, tmp_path):
+    import pickle
+
+    from tokenswap.collator import TokenSwapCollator
+    from tokenswap.training import ResumableCollator
+
+    inner = TokenSwapCollator(tiny_processor, dummy_image=False)
+    inner.log_ids_to = str(tmp_path / "ids.txt")
+    wrapped = ResumableCollator(inner)
+    example = {"id": "s", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    wrapped([example])
+    clone = pickle.loads(pickle.dumps(wrapped))
+    assert clone.calls == 1 and clone.log_ids_to == inner.log_ids_to and clone.stats["samples"] == 1
+    # rewinding to a call drops the log lines and stats of the calls after it
+    wrapped([example])
+    wrapped.restore(wrapped.state_at(1))
+    assert (tmp_path / "ids.txt").read_text().splitlines() == ["s"] and wrapped.stats["samples"] == 1
