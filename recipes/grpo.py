@@ -43,6 +43,7 @@ from tokenswap.training import (
     RunConfig,
     WandbConfig,
     build_training_arguments,
+    close_process_group,
     finish_wandb,
     init_wandb,
     load_model_and_processor,
@@ -160,6 +161,7 @@ def main(cfg: GRPORecipeConfig) -> None:
             json.dump(trainer.state.log_history, f, indent=2)
     finish_wandb()
     print0(f"[grpo] done: {cfg.run.output_dir}")
+    close_process_group()
 
 
 if __name__ == "__main__":

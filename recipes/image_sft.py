@@ -49,6 +49,7 @@ from tokenswap.training import (
     WandbConfig,
     build_collator,
     build_training_arguments,
+    close_process_group,
     finish_wandb,
     init_wandb,
     install_first,
@@ -171,6 +172,7 @@ def main(cfg: ImageSFTConfig) -> None:
         if status != 0:
             raise RuntimeError(f"tokenswap crossmath {' '.join(argv)} exited with {status}")
     print0(f"[image_sft] done: {cfg.run.output_dir}")
+    close_process_group()
 
 
 if __name__ == "__main__":

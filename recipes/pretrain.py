@@ -42,6 +42,7 @@ from tokenswap.training import (
     build_gap_callback,
     build_image_store,
     build_training_arguments,
+    close_process_group,
     finish_wandb,
     init_wandb,
     install_first,
@@ -142,6 +143,7 @@ def main(cfg: PretrainConfig) -> None:
             json.dump(trainer.state.log_history, f, indent=2)
     finish_wandb()
     print0(f"[pretrain] done: {cfg.run.output_dir}")
+    close_process_group()
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ __all__ = [
     "install_first",
     "PairedTrainConfig",
     "build_training_arguments",
+    "close_process_group",
     "load_model_and_processor",
     "peft_lora_config",
     "trainer_section",
@@ -883,6 +884,18 @@ def build_gap_callback(cfg: GapEvalConfig, processor, trainer):
         processor, pairs, scorer=cfg.scorer, batch_size=cfg.batch_size, recognition=cfg.recognition, progress=False
     )
     return GapEvalCallback(trainer, evaluator, eval_steps=cfg.every_steps)
+
+
+def close_process_group() -> None:
+    """Tear the process group down at the end of a successful run, before the interpreter exits.
+
+    Without it gloo's worker threads can abort a rank at exit ("terminate called without an active exception",
+    pytorch#190489): the run finished, but the launcher reports a failure. A no-op in a single process.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def finish_wandb() -> None:

@@ -225,6 +225,11 @@ _SCRIPT = textwrap.dedent(
     if state.is_main_process:
         with open({dest!r}, "w") as f:
             json.dump(out, f)
+    state.wait_for_everyone()
+    # without it gloo's threads can abort a rank at exit ("terminate called without an active exception")
+    from tokenswap.training import close_process_group
+
+    close_process_group()
     """
 )
 
