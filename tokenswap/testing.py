@@ -121,31 +121,38 @@ def train_tokenizer(corpus: Iterable[str] = (), vocab_size: int = 1024, extra_to
     return fast
 
 
+_TINY_HEAD_DIM = 16
+
+
+def _tiny_text_config(ids: dict[str, int], vocab_size: int, hidden_size: int, num_layers: int) -> dict:
+    """The language-model part every tiny family shares: 16-dim heads, half as many KV heads, tied embeddings."""
+    num_heads = hidden_size // _TINY_HEAD_DIM
+    half = _TINY_HEAD_DIM // 2
+    # mrope_section splits head_dim/2 rotary frequencies over (temporal, height, width).
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [half - 2 * (half // 3), half // 3, half // 3]}
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=max(1, num_heads // 2),
+        max_position_embeddings=32768,
+        rope_parameters=rope,
+        tie_word_embeddings=True,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+    )
+
+
 def tiny_qwen2vl_config(tokenizer, hidden_size: int = 64, num_layers: int = 2, vision_depth: int = 2):
     """A ``Qwen2VLConfig`` with the real architecture at toy width (about 0.25M parameters + embeddings)."""
     from transformers import Qwen2VLConfig
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN2VL_SPECIAL_TOKENS}
-    head_dim = 16
-    num_heads = hidden_size // head_dim
-    # mrope_section splits head_dim/2 rotary frequencies over (temporal, height, width).
-    half = head_dim // 2
-    mrope = [half - 2 * (half // 3), half // 3, half // 3]
     return Qwen2VLConfig(
-        text_config=dict(
-            vocab_size=len(tokenizer),
-            hidden_size=hidden_size,
-            intermediate_size=hidden_size * 2,
-            num_hidden_layers=num_layers,
-            num_attention_heads=num_heads,
-            num_key_value_heads=max(1, num_heads // 2),
-            max_position_embeddings=32768,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope},
-            tie_word_embeddings=True,
-            bos_token_id=ids["<|endoftext|>"],
-            eos_token_id=ids["<|im_end|>"],
-            pad_token_id=ids["<|endoftext|>"],
-        ),
+        text_config=_tiny_text_config(ids, len(tokenizer), hidden_size, num_layers),
         vision_config=dict(
             depth=vision_depth,
             embed_dim=32,
@@ -241,25 +248,8 @@ def tiny_config(family: str, tokenizer, vocab_size: int, hidden_size: int = 64, 
 
     fam = family_of(family)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN2VL_SPECIAL_TOKENS}
-    head_dim = 16
-    num_heads = hidden_size // head_dim
-    half = head_dim // 2
-    # mrope_section splits head_dim/2 rotary frequencies over (temporal, height, width).
-    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [half - 2 * (half // 3), half // 3, half // 3]}
-    text = dict(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=max(1, num_heads // 2),
-        max_position_embeddings=32768,
-        rope_parameters=rope,
-        tie_word_embeddings=True,
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
-    )
+    text = _tiny_text_config(ids, vocab_size, hidden_size, num_layers)
+    head_dim, rope = _TINY_HEAD_DIM, text["rope_parameters"]
     vision = dict(depth=2, hidden_size=32, num_heads=2, in_channels=3, spatial_merge_size=2, temporal_patch_size=2)
     if fam.name == "qwen2_vl":
         config = tiny_qwen2vl_config(tokenizer, hidden_size=hidden_size, num_layers=num_layers)
