@@ -37,7 +37,7 @@ from tokenswap.crossmath.training_data import (
     load_training_records,
     sft_example,
 )
-from tokenswap.packing import use_varlen_sdpa
+from tokenswap.packing import group_by_length, use_varlen_sdpa
 from tokenswap.throughput import ThroughputCallback, ThroughputConfig
 from tokenswap.training import (
     CheckpointCallback,
@@ -79,7 +79,10 @@ class ImageSFTConfig:
     data: CrossMathDataConfig = field(default_factory=CrossMathDataConfig)
     """Training puzzles: a `tokenswap crossmath generate` folder, or generated on the fly."""
     collator: CollatorConfig = field(default_factory=CollatorConfig)
-    """Only `max_length`, `dummy_image` and `cache_gb` matter: nothing is swapped."""
+    """Nothing is swapped: the swap-only keys (`swap_prob`, `max_images`, `resample_each_epoch`, `swap_seed`,
+    `prepared`) have no effect here, and setting one is a config error. Every other key applies to the puzzle
+    images and samples; `group_by_length` orders the puzzles by length, seeded by data.seed, and the Trainer then
+    reads that order sequentially, the same every epoch (instead of reshuffling each epoch)."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """Every `TrainingArguments` field (optimizer, schedule, precision, DeepSpeed, checkpoints, hub, liger, ...);
     `resume_from_checkpoint: latest` resumes from the newest complete checkpoint in run.output_dir."""
@@ -93,10 +96,28 @@ class ImageSFTConfig:
     """perf/* log keys: tokens/s, images/s, padding, TFLOP/s, MFU (peak_tflops overrides the GPU table)."""
 
     def __post_init__(self) -> None:
+        problems = []
         if self.run.arm != "text":
-            raise ValueError(f"CrossMath SFT swaps no concepts: set `run.arm: text`, got {self.run.arm!r}")
+            problems.append(f"CrossMath SFT swaps no concepts: set `run.arm: text`, got {self.run.arm!r}")
         if self.eval is not None and self.model.lora is not None and not self.merge_lora:
-            raise ValueError("`eval` loads the saved model, which LoRA leaves adapter-only: set `merge_lora: true`")
+            problems.append("`eval` loads the saved model, which LoRA leaves adapter-only: set `merge_lora: true`")
+        for name in self.collator.swap_only_set():
+            problems.append(
+                f"`collator.{name}` has no effect in image SFT (no concept is swapped: arm text, no image store); "
+                "remove it"
+            )
+        if self.collator.group_by_length:
+            if self.train.train_sampling_strategy not in ("random", "sequential"):
+                problems.append(
+                    "`collator.group_by_length: true` fixes the sample order, which the Trainer must read in order: "
+                    f"remove `train.train_sampling_strategy` (got {self.train.train_sampling_strategy!r}) or set "
+                    "`collator.group_by_length: false`"
+                )
+            else:
+                # "random" is the default (an explicit one cannot be told apart): the grouped order is read as is.
+                self.train.train_sampling_strategy = "sequential"
+        if problems:
+            raise ValueError("; ".join(problems))
 
 
 def main(cfg: ImageSFTConfig) -> None:
@@ -115,6 +136,8 @@ def main(cfg: ImageSFTConfig) -> None:
         records = load_training_records(cfg.data, os.path.join(cfg.run.output_dir, "train_data"))
     # Solving every puzzle here fails fast on a record the hop solver cannot finish, before any model loads.
     train_dataset = [sft_example(record) for record in records]
+    if cfg.collator.group_by_length:  # read sequentially (train.train_sampling_strategy, see ImageSFTConfig)
+        train_dataset = group_by_length(train_dataset, args.per_device_train_batch_size, cfg.data.seed)
     print0(f"[image_sft] {cfg.run.pair}: {len(train_dataset)} puzzles ({cfg.data.style} style)")
 
     # ------------------------------------------------------------------ model (after TrainingArguments: ZeRO-3 init)

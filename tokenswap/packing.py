@@ -316,17 +316,24 @@ def text_lengths(examples: Sequence[dict], tokens_per_image: int = 256) -> list[
 
 
 def group_by_length(dataset, batch_size: int, seed: int, megabatch: int = 50):
-    """``dataset`` (a ``datasets.Dataset`` of samples) reordered by :func:`length_grouped_order`.
+    """``dataset`` reordered by :func:`length_grouped_order`: a ``datasets.Dataset`` stays one, a list stays a list.
 
     The lengths are :func:`text_lengths` (the text arm's), so both arms of a pair, given the same
     mixture, ``batch_size`` and ``seed``, get the same order: paired runs stay paired.
 
     Args:
-        dataset: samples with ``messages`` (and optional ``images``), in their mixture order.
+        dataset: samples with ``messages`` (and optional ``images``), in their mixture order: a
+            ``datasets.Dataset`` (post-training, pre-training) or a list of dicts (image SFT).
         batch_size: ``per_device_train_batch_size`` (the batches that are padded together).
         seed: the order seed (the recipes use ``data.seed``).
         megabatch: batches per sorted window.
+
+    >>> [ex["id"] for ex in group_by_length([{"id": i, "messages": [{"content": "x" * 4 * n}]} for i, n in
+    ...                                      enumerate([5, 1, 9, 2])], batch_size=2, seed=0, megabatch=1)]
+    [2, 0, 3, 1]
     """
+    if isinstance(dataset, Sequence):
+        return [dataset[i] for i in length_grouped_order(text_lengths(dataset), batch_size, seed, megabatch)]
     columns = [c for c in ("messages", "images") if c in dataset.column_names]
     lengths = text_lengths(list(dataset.select_columns(columns)))
     return dataset.select(length_grouped_order(lengths, batch_size, seed, megabatch))

@@ -18,7 +18,7 @@ import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from transformers import TrainerCallback, TrainingArguments
@@ -194,7 +194,16 @@ class CollatorConfig:
     copies, and a bfloat16 vision tower computes bit-identical outputs)."""
     group_by_length: bool = False
     """Reorder the mixture so each micro-batch holds samples of similar length (less padding without packing):
-    seeded by data.seed, from the text arm's lengths, so both arms of a pair keep the same order."""
+    seeded by data.seed, from the text arm's lengths, so both arms of a pair keep the same order. The grouped
+    order is read sequentially and is the same every epoch (image SFT: instead of its per-epoch shuffle)."""
+
+    SWAP_ONLY: ClassVar[tuple[str, ...]] = ("swap_prob", "max_images", "resample_each_epoch", "swap_seed", "prepared")
+    """Fields read only where concepts are swapped (arm tokenswap with an image store)."""
+
+    def swap_only_set(self) -> list[str]:
+        """The :attr:`SWAP_ONLY` fields set to something other than their default, for recipes that swap nothing."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return [name for name in self.SWAP_ONLY if getattr(self, name) != defaults[name]]
 
     def __post_init__(self) -> None:
         problems = _ranges(

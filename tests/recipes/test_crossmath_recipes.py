@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,11 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from tokenswap.config import load_config
+from tokenswap.config import ConfigError, load_config, parse_config
 from tokenswap.crossmath import gold_answer, gold_hops, load_crossmath
 from tokenswap.crossmath.rewards import completion_text
+from tokenswap.crossmath.training_data import load_training_records, sft_example
+from tokenswap.packing import group_by_length, text_lengths
 
 
 def log_history(out: Path) -> list[dict]:
@@ -90,6 +93,70 @@ def test_image_sft_trains_merges_saves_and_evaluates(sft_out, tiny_qwen2vl):
     heldout = {r["markdown_table"] for r in load_crossmath(sft_out / "eval_data" / "Original")}
     train = {r["markdown_table"] for r in load_crossmath(sft_out / "train_data" / "Original")}
     assert heldout and not heldout & train
+
+
+def test_image_sft_group_by_length_trains_on_puzzles_grouped_by_length(image_sft, tiny_qwen2vl, tmp_path):
+    out = tmp_path / "grouped"
+    cfg = load_config(
+        image_sft.ImageSFTConfig,
+        "tiny/image_sft_crossmath.yaml",
+        [f"run.output_dir={out}", f"model.name_or_path={tiny_qwen2vl}", "collator.group_by_length=true",
+         "train.max_steps=-1", "train.num_train_epochs=1", "eval=null"],  # one whole epoch: every puzzle once
+    )
+    assert cfg.train.train_sampling_strategy == "sequential"  # the grouped order is read as is
+    image_sft.main(cfg)
+    batches = [line.split() for line in (out / "sample_ids.rank0.txt").read_text().splitlines()]
+    logged = [sid for batch in batches for sid in batch]
+
+    # The list the recipe builds, in its ungrouped order (the same data section, generated again elsewhere).
+    examples = [sft_example(r) for r in load_training_records(cfg.data, tmp_path / "again")]
+    ungrouped = [ex["id"] for ex in examples]
+    assert len(ungrouped) == cfg.data.n == 8
+    # A permutation of the ungrouped order: no puzzle lost or duplicated, in batches of 2.
+    assert [len(b) for b in batches] == [2, 2, 2, 2]
+    assert sorted(logged) == sorted(ungrouped) and len(set(logged)) == len(logged)
+    # Exactly the grouped order (seeded by data.seed), not the Trainer's shuffle.
+    assert logged == [ex["id"] for ex in group_by_length(examples, 2, cfg.data.seed)]
+
+    length = dict(zip(ungrouped, text_lengths(examples)))
+    # 8 puzzles are one mega-batch: longest first throughout; the generated order is not already sorted.
+    assert [length[i] for i in logged] == sorted(length.values(), reverse=True)
+    assert [length[i] for i in ungrouped] != sorted(length.values(), reverse=True)
+
+    def spread(order):  # length differences inside the batches of 2
+        return sum(abs(length[a] - length[b]) for a, b in zip(order[::2], order[1::2]))
+
+    assert spread(logged) < spread(ungrouped)
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["collator.swap_prob=0.5", "collator.max_images=2", "collator.resample_each_epoch=true", "collator.swap_seed=1",
+     "collator.prepared=/data/prepared"],
+)
+def test_image_sft_refuses_swap_only_collator_keys(image_sft, override):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"`{re.escape(key)}` has no effect in image SFT"):
+        load_config(image_sft.ImageSFTConfig, "tiny/image_sft_crossmath.yaml", [override])
+
+
+def test_image_sft_collator_keys_that_apply_still_load(image_sft, capsys):
+    applied = ["collator.swap_prob=1.0", "collator.swap_seed=0", "collator.packing=true", "collator.pack_budget=4096",
+               "collator.pixel_dtype=bfloat16", "collator.on_bad_image=error", "collator.on_bad_sample=error",
+               "collator.max_images_per_sample=2", "collator.max_chars_per_sample=100000",
+               "collator.max_image_pixels=1000000", "collator.cache_gb=1.0", "collator.group_by_length=true",
+               "train.train_sampling_strategy=sequential"]
+    cfg = load_config(image_sft.ImageSFTConfig, "tiny/image_sft_crossmath.yaml", applied)  # defaults set explicitly pass
+    assert cfg.collator.packing and cfg.collator.group_by_length
+    # Every problem at once, each naming its key, printed as a config error (exit 2) from the command line.
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(image_sft.ImageSFTConfig, ["--config", "tiny/image_sft_crossmath.yaml", "collator.swap_seed=3",
+                                                "collator.group_by_length=true",
+                                                "train.train_sampling_strategy=group_by_length"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "`collator.swap_seed` has no effect in image SFT" in err
+    assert "remove `train.train_sampling_strategy` (got 'group_by_length')" in err
 
 
 def test_grpo_from_sft_checkpoint(grpo, sft_out, tmp_path, monkeypatch):

@@ -78,6 +78,19 @@ def test_group_by_length_reorders_a_dataset_the_same_way_for_both_arms(swap_samp
     assert lengths == sorted(lengths, reverse=True)  # one mega-batch here: fully sorted, longest first
 
 
+def test_group_by_length_reorders_a_list_as_it_reorders_a_dataset(swap_samples):
+    from datasets import Dataset
+
+    from tokenswap.packing import group_by_length
+
+    samples = list(swap_samples)
+    grouped = group_by_length(samples, batch_size=2, seed=3)
+    assert isinstance(grouped, list) and samples == swap_samples  # a new list; the input is untouched
+    assert [s["id"] for s in grouped] == group_by_length(Dataset.from_list(swap_samples), batch_size=2, seed=3)["id"]
+    assert [s["id"] for s in grouped] != [s["id"] for s in swap_samples]
+    assert sorted(map(id, grouped)) == sorted(map(id, swap_samples))  # the same sample dicts, each once
+
+
 def test_text_lengths_are_the_same_for_both_arms(swap_samples):
     # Lengths come from the raw text (the text arm), so both arms get the same grouped order.
     assert text_lengths(swap_samples) == text_lengths([dict(s) for s in swap_samples])

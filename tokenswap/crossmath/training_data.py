@@ -52,7 +52,8 @@ class CrossMathDataConfig:
     n: int = 1000
     """Puzzles to generate when `path` is None."""
     seed: int = 0
-    """Generator seed; puzzle i depends only on (seed, i). Held-out data needs another seed."""
+    """Generator seed; puzzle i depends only on (seed, i). Held-out data needs another seed. Image SFT also seeds
+    the order of `collator.group_by_length` with it."""
     difficulty: Literal["easy", "medium", "hard", "mixed"] = "mixed"
     """Generated difficulty; mixed cycles easy, medium, hard."""
     rows: int = DEFAULT_ROWS
