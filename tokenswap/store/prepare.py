@@ -27,7 +27,16 @@ import torch
 from tokenswap.images import BadImageError
 from tokenswap.store.image_store import ImageStore, atomic_write
 
-__all__ = ["PreparedImageError", "load_prepared", "prepare_store", "prepared_dir", "prepared_name", "processor_tag"]
+__all__ = [
+    "PreparedImageError",
+    "load_prepared",
+    "prepare_store",
+    "prepared_dir",
+    "prepared_name",
+    "prepared_pixels",
+    "prepared_shape",
+    "processor_tag",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -152,3 +161,105 @@ def load_prepared(folder: Path, image_id: str, image_processor=None) -> torch.Te
     elif h == 0 or w == 0:
         raise PreparedImageError(f"{path} is {h}x{w}, an empty image")
     return torch.from_numpy(array)
+
+
+# ---------------------------------------------------------------------------- pixels of a prepared image
+_FAST_PATH_OK: dict[tuple, bool] = {}
+
+
+def _signature(image_processor) -> tuple:
+    """Everything :func:`_patchify_normalize` depends on; processors that agree on it compute the same pixels."""
+    ip = image_processor
+
+    def flat(v):
+        return tuple(v) if isinstance(v, (list, tuple)) else v
+
+    return (type(ip), ip.patch_size, ip.merge_size, ip.temporal_patch_size, ip.do_rescale, ip.rescale_factor,
+            ip.do_normalize, flat(ip.image_mean), flat(ip.image_std))
+
+
+def prepared_shape(image_processor, chw: torch.Tensor) -> tuple[int, int]:
+    """Shape of the ``pixel_values`` of a prepared ``(3, H, W)`` image: ``(patches, C·T·P·P)``."""
+    ip = image_processor
+    c, h, w = chw.shape
+    return (h // ip.patch_size) * (w // ip.patch_size), c * ip.temporal_patch_size * ip.patch_size**2
+
+
+def _patchify_normalize(
+    image_processor, chw: torch.Tensor, out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """The processor's pixels for a ``(3, H, W)`` uint8 image at its target size, without the call's overhead.
+
+    The same two steps as the processor: its own ``rescale_and_normalize`` on the whole image, then
+    the patch gather, written by one strided copy straight into the ``(N, C·T·P·P)`` output with each
+    patch repeated over the temporal axis (the processor reshapes twice and validates its keyword
+    arguments on every call: about half the time of a prepared image went there). ``out`` (of
+    :func:`prepared_shape`, any float dtype) receives the pixels, cast as ``Tensor.to`` casts.
+    """
+    ip = image_processor
+    c, h, w = chw.shape
+    ps, m, t = ip.patch_size, ip.merge_size, ip.temporal_patch_size
+    gh, gw = h // ps, w // ps
+
+    def flat(v):
+        return tuple(v) if isinstance(v, list) else v
+
+    normed = ip.rescale_and_normalize(chw[None], ip.do_rescale, ip.rescale_factor, ip.do_normalize,
+                                      flat(ip.image_mean), flat(ip.image_std))[0]
+    # (C, gh/m, m, P, gw/m, m, P) -> (gh/m, gw/m, m, m, C, [T], P, P): the processor's patch order
+    src = normed.reshape(c, gh // m, m, ps, gw // m, m, ps).permute(1, 4, 2, 5, 0, 3, 6).unsqueeze(5)
+    if out is None:
+        out = torch.empty((gh * gw, c * t * ps * ps), dtype=normed.dtype)
+    elif out.shape != (gh * gw, c * t * ps * ps) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {(gh * gw, c * t * ps * ps)} tensor, got {tuple(out.shape)}")
+    out.view(gh // m, gw // m, m, m, c, t, ps, ps).copy_(src.expand(gh // m, gw // m, m, m, c, t, ps, ps))
+    return out, (1, gh, gw)
+
+
+def _fast_path_ok(image_processor) -> bool:
+    """Whether :func:`_patchify_normalize` equals the processor exactly, checked once per processor configuration.
+
+    The check runs both on a random image of 2 x 3 merged patches (a non-square grid, so a swapped
+    axis shows) with every uint8 value present; any difference or error keeps the processor's own path.
+    """
+    try:
+        key = _signature(image_processor)
+    except AttributeError:  # not a Qwen2-VL-style processor: always its own path
+        return False
+    ok = _FAST_PATH_OK.get(key)
+    if ok is None:
+        ip = image_processor
+        f = ip.patch_size * ip.merge_size
+        gen = torch.Generator().manual_seed(0)
+        probe = torch.randint(0, 256, (3, 2 * f, 3 * f), generator=gen, dtype=torch.int64).to(torch.uint8)
+        probe.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)
+        try:
+            ref = ip(images=[probe], do_resize=False, return_tensors="pt")
+            ours, grid = _patchify_normalize(ip, probe)
+            ok = torch.equal(ref["pixel_values"], ours) and tuple(ref["image_grid_thw"][0].tolist()) == grid
+        except Exception as e:  # noqa: BLE001 - any surprise means: use the processor
+            logger.info("prepared fast path off for %s (%s: %s)", type(ip).__name__, type(e).__name__, e)
+            ok = False
+        if not ok:
+            logger.warning("prepared images of %s go through the processor call (the per-patch path differs "
+                           "for this configuration)", type(ip).__name__)
+        _FAST_PATH_OK[key] = ok
+    return ok
+
+
+def prepared_pixels(
+    image_processor, chw: torch.Tensor, out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """``pixel_values`` and ``(t, h, w)`` grid of a prepared ``(3, H, W)`` uint8 image, as the processor gives.
+
+    Equal to ``image_processor(images=[chw], do_resize=False)`` (cast to ``out.dtype`` when ``out`` is
+    given; ``out`` must have :func:`prepared_shape`): computed without the processor call when that
+    was verified for this processor configuration (:func:`_fast_path_ok`), by the processor otherwise.
+    """
+    if _fast_path_ok(image_processor):
+        return _patchify_normalize(image_processor, chw, out)
+    proc = image_processor(images=[chw], do_resize=False, return_tensors="pt")
+    pixels = proc["pixel_values"]
+    if out is not None:
+        pixels = out.copy_(pixels)
+    return pixels, tuple(proc["image_grid_thw"][0].tolist())
