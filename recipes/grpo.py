@@ -57,7 +57,13 @@ from tokenswap.training import (
 GRPOTrainConfig = trainer_section(
     GRPOConfig,
     "GRPOTrainConfig",
-    owned={**TRAINER_OWNED, "reward_weights": "set `reward.format_weight` (the accuracy reward weighs 1)"},
+    owned={
+        **TRAINER_OWNED,
+        "reward_weights": "set `reward.format_weight` (the accuracy reward weighs 1)",
+        # GRPOTrainer replaces the Trainer's sampler with its RepeatSampler, so any value would be ignored.
+        "train_sampling_strategy": "GRPO draws prompts with TRL's RepeatSampler (each prompt `num_generations` "
+        "times): use `train.shuffle_dataset` for the order",
+    },
     defaults={**TRAIN_DEFAULTS, "learning_rate": 1e-6, "num_generations": 4, "max_completion_length": 6000},
 )
 """Every `GRPOConfig` field (TrainingArguments + rollouts, KL, vLLM, loss type, ...) under `train:`."""

@@ -106,16 +106,17 @@ class ImageSFTConfig:
                 f"`collator.{name}` has no effect in image SFT (no concept is swapped: arm text, no image store); "
                 "remove it"
             )
-        if self.collator.group_by_length:
-            if self.train.train_sampling_strategy not in ("random", "sequential"):
-                problems.append(
-                    "`collator.group_by_length: true` fixes the sample order, which the Trainer must read in order: "
-                    f"remove `train.train_sampling_strategy` (got {self.train.train_sampling_strategy!r}) or set "
-                    "`collator.group_by_length: false`"
-                )
-            else:
-                # "random" is the default (an explicit one cannot be told apart): the grouped order is read as is.
-                self.train.train_sampling_strategy = "sequential"
+        if self.train.train_sampling_strategy in ("group_by_length", "batch_rebalance"):
+            # The Trainer's length samplers read each example's `input_ids`; the collator tokenizes on the fly,
+            # so the Trainer would stop at its first step with "Can only automatically infer lengths ...".
+            problems.append(
+                f"`train.train_sampling_strategy: {self.train.train_sampling_strategy}` needs tokenized examples, "
+                "which image SFT makes in the collator: remove it and set `collator.group_by_length: true` (the "
+                "same grouping from the puzzles' text lengths)"
+            )
+        elif self.collator.group_by_length:
+            # "random" is the default (an explicit one cannot be told apart): the grouped order is read as is.
+            self.train.train_sampling_strategy = "sequential"
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -251,7 +251,9 @@ class TokenSwapCollator:
         dummy_image: add a masked dummy image to image-less batches (needed under ZeRO-3).
         image_root: folder native image paths are resolved against; a path that leaves it (``../``,
             absolute) is refused as a bad image. ``None``: paths are used as written.
-        cache_bytes: bound of the processed-pixel cache.
+        cache_bytes: bound of the processed-pixel cache. Entries it evicts, and the cache of a collator
+            that is dropped, are kept (up to 256 MiB per process) as storage for new entries of the same
+            size, so a miss does not pay first-touch page faults on fresh memory.
         system_prompt: system message inserted when a conversation has none; ``None``: the family's
             default (Qwen2-VL / Qwen2.5-VL "You are a helpful assistant.", none for Qwen3-VL / Qwen3.5),
             which is what the released templates do. Set it only for a processor whose template was

@@ -156,7 +156,16 @@ def test_image_sft_collator_keys_that_apply_still_load(image_sft, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "`collator.swap_seed` has no effect in image SFT" in err
-    assert "remove `train.train_sampling_strategy` (got 'group_by_length')" in err
+    assert "`train.train_sampling_strategy: group_by_length` needs tokenized examples" in err
+
+
+@pytest.mark.parametrize("strategy", ["group_by_length", "batch_rebalance"])
+def test_image_sft_refuses_the_trainers_length_samplers(image_sft, strategy):
+    # They read `input_ids` from the examples, which the collator only makes per batch: the Trainer would stop
+    # at its first step. The config names the collator's grouping instead.
+    with pytest.raises(ConfigError, match="set `collator.group_by_length: true`"):
+        load_config(image_sft.ImageSFTConfig, "tiny/image_sft_crossmath.yaml",
+                    [f"train.train_sampling_strategy={strategy}"])
 
 
 def test_grpo_from_sft_checkpoint(grpo, sft_out, tmp_path, monkeypatch):
@@ -217,3 +226,13 @@ def test_grpo_from_sft_checkpoint(grpo, sft_out, tmp_path, monkeypatch):
     model = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(sft_out), out)
     assert model.peft_config["default"].r == 16
     AutoProcessor.from_pretrained(out)
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [("train.train_sampling_strategy=group_by_length", r"RepeatSampler .* use `train.shuffle_dataset`"),
+     ("train.reward_weights=[1.0,0.5]", r"set `reward.format_weight`")],
+)
+def test_grpo_refuses_trainer_keys_it_would_ignore(grpo, override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(grpo.GRPORecipeConfig, "tiny/grpo_crossmath.yaml", [override])
