@@ -18,7 +18,10 @@ Modes, each over the same batches:
   ``processor(text=..., images=..., padding=True)`` call, labels = ids with padding and image
   tokens masked. The collator's own helpers (``interleaved_messages``) are not used: they share
   its cache.
-* ``cold``: a fresh collator (empty pixel cache) for every batch: nothing it needs was seen.
+* ``cold``: a fresh collator (empty pixel cache) for every batch: nothing it needs was seen. The
+  previous batch's collator is dropped when the next is made, so its cache storage is recycled for
+  the new entries (as the pixel cache recycles what it evicts): a miss decodes, resizes and
+  normalizes as ever, but writes into memory that was touched before.
 * ``cold_prepared``: the same with the store's prepared copy (``tokenswap.store.prepare``: images
   kept at the processor's target size as uint8, so no PNG decode and no resize on a miss).
 * ``warm``: one collator after one untimed pass over the batches (every image cached).

@@ -129,6 +129,28 @@ def test_image_sft_group_by_length_trains_on_puzzles_grouped_by_length(image_sft
     assert spread(logged) < spread(ungrouped)
 
 
+def test_image_sft_packed_trains_on_every_puzzle_in_packed_rows(image_sft, tiny_qwen2vl, tmp_path):
+    out = tmp_path / "packed"
+    cfg = load_config(
+        image_sft.ImageSFTConfig,
+        "tiny/image_sft_crossmath.yaml",
+        [f"run.output_dir={out}", f"model.name_or_path={tiny_qwen2vl}", "collator.packing=true",
+         "collator.pack_budget=8192", "train.max_steps=-1", "train.num_train_epochs=1", "eval=null",
+         "train.train_sampling_strategy=sequential"],
+    )
+    image_sft.main(cfg)
+    losses = [h["loss"] for h in log_history(out) if "loss" in h]
+    assert losses and all(math.isfinite(x) for x in losses)
+    # Packed: one line per row. A budget that holds a micro-batch of 2 puzzles packs them into one row.
+    rows = [line.split() for line in (out / "sample_ids.rank0.txt").read_text().splitlines()]
+    examples = [sft_example(r) for r in load_training_records(cfg.data, tmp_path / "again")]
+    assert [sid for row in rows for sid in row] == [ex["id"] for ex in examples]  # every puzzle once, in order
+    assert [len(row) for row in rows] == [2, 2, 2, 2]
+    stats = json.loads((out / "collator_stats.json").read_text())
+    assert stats["packed_rows"] >= 4 and stats.get("samples_truncated", 0) == 0
+    assert stats["token_slots"] == stats["tokens"]  # no padding at all
+
+
 @pytest.mark.parametrize(
     "override",
     ["collator.swap_prob=0.5", "collator.max_images=2", "collator.resample_each_epoch=true", "collator.swap_seed=1",
