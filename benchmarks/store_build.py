@@ -34,7 +34,9 @@ class _Padded:
 
     def __init__(self, source, ms: float):
         self.source, self.ms = source, ms
-        self.name, self.info = source.name, source.info
+
+    def __getattr__(self, name):  # name, info, rejected, ...: whatever the build reads from a source
+        return getattr(self.source, name)
 
     def images_for(self, concepts):
         time.sleep(self.ms * len(concepts) / 1000)

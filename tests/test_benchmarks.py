@@ -1,0 +1,57 @@
+"""Every benchmark script runs, in its smallest setting, and ends with its documented closing line.
+
+The figures are not checked (a 2-core CI machine measures nothing useful in a few seconds); what is
+checked is that the scripts still run against the library as it is now. A benchmark that breaks when
+the library changes (a source wrapper missing an attribute the build started to read) used to be
+found only by the next person who measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+RATIO = r"\d+(\.\d+)?x"
+
+# script, smallest arguments, the closing line it must print (regex), whether it writes --out JSON
+CASES = [
+    ("collator_throughput.py", ["--batches", "1", "--repeats", "1"],
+     rf"collator: warm {RATIO}, cold {RATIO}, cold_prepared {RATIO} naive", True),
+    ("packing.py", ["--samples", "4", "--padding-samples", "16"],
+     rf"packing: padding \d+\.\d% -> \d+\.\d%, non-pad tokens/s packed/padded {RATIO}", True),
+    ("store_build.py", ["--source-ms", "1", "--lookups", "1000"], r"wrote \S+result\.json", True),
+    ("crossmath_gen.py", ["--n", "2"], r"wrote \S+result\.json", True),
+    ("eval_speed.py", ["--pairs", "4", "--repeats", "1", "--hidden", "64", "--layers", "2"],
+     r"generate evaluate +\d+\.\d+ s +\(\d+\.\dx loglik, \d+ new tokens per row\)", True),
+    ("gpu_packing.py", ["--shape", "tiny", "--device", "cpu", "--attn", "sdpa", "--dtype", "float32", "--steps", "1"],
+     rf"gpu_packing: non-pad tokens/s packed/padded {RATIO}", True),
+    ("faults.py", ["--sections", "data,llm"], r"faults: \d+ tried, \d+ handled, 0 lost", False),
+]
+
+
+@pytest.mark.parametrize("script, args, closing, writes_json", CASES, ids=[c[0] for c in CASES])
+def test_benchmark_runs_and_prints_its_closing_line(script, args, closing, writes_json, tmp_path):
+    out = tmp_path / "result.json"
+    argv = [sys.executable, str(BENCHMARKS / script), *args]
+    if writes_json:
+        argv += ["--out", str(out)]
+    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{script} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert lines and re.fullmatch(closing, lines[-1]), f"{script} ended with {lines[-1:]!r}"
+    if writes_json:
+        assert json.loads(out.read_text())  # a results file with content
+
+
+def test_every_benchmark_script_is_covered():
+    scripts = {p.name for p in BENCHMARKS.glob("*.py")} - {"peak_memory.py"}  # a wrapper gpu_check.sh runs on a GPU
+    assert scripts == {c[0] for c in CASES}
