@@ -71,9 +71,9 @@ class PretrainConfig:
     gap_eval: GapEvalConfig = field(default_factory=GapEvalConfig)
     """In-loop modality-gap evaluation."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Run naming: {pair}-{arm} in group {pair}."""
     throughput: ThroughputConfig = field(default_factory=ThroughputConfig)
     """perf/* log keys: tokens/s, images/s, padding, TFLOP/s, MFU (peak_tflops overrides the GPU table)."""
-    """Run naming: {pair}-{arm} in group {pair}."""
 
     def __post_init__(self) -> None:
         if self.run.arm == "tokenswap" and self.image_store is None:

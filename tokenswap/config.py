@@ -284,7 +284,8 @@ def _help(cls: type, prefix: str = "") -> list[str]:
             default = f.default_factory()
         else:
             default = "<required>"
-        doc = docs.get(f.name) or " ".join(str(f.metadata.get("help", "")).split())
+        # transformers writes its help for argparse, which reads "%%" as "%".
+        doc = docs.get(f.name) or " ".join(str(f.metadata.get("help", "")).replace("%%", "%").split())
         lines.append(f"  {prefix}{f.name}={default!r}  [{_type_name(tp)}]  {doc}")
     return lines
 

@@ -88,6 +88,7 @@ def test_help_lists_every_trainer_field_with_its_documentation(capsys):
     for name in ("use_liger_kernel", "push_to_hub", "include_num_input_tokens_seen", "torch_compile", "deepspeed"):
         assert f"train.{name}=" in out
     assert "Whether or not to use the Liger Kernel" in out or "Liger" in out
+    assert "%%" not in out  # transformers' argparse escapes are read as argparse reads them
 
 
 def test_training_arguments_carry_the_run_and_the_recipe_values(tmp_path):
