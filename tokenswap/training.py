@@ -6,6 +6,7 @@ in ``recipes/`` wire them together top to bottom.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import enum
@@ -518,16 +519,54 @@ def train(trainer, resume: str | None) -> None:
     after its last save, relaunched) would train one step past the end. That checkpoint's weights and state are
     loaded instead, and the recipe goes on to save as if the run had just finished.
     """
-    if resume is not None and trainer.args.max_steps > 0:
-        from transformers import TrainerState
+    with _renamed_key_warnings_dropped(trainer, resume):
+        if resume is not None and trainer.args.max_steps > 0:
+            from transformers import TrainerState
 
-        state = TrainerState.load_from_json(os.path.join(resume, "trainer_state.json"))
-        if state.global_step >= trainer.args.max_steps:
-            print0(f"[tokenswap] {resume} is at step {state.global_step} >= max_steps: nothing left to train")
-            trainer._load_from_checkpoint(resume)
-            trainer.state = state
-            return
-    trainer.train(resume_from_checkpoint=resume)
+            state = TrainerState.load_from_json(os.path.join(resume, "trainer_state.json"))
+            if state.global_step >= trainer.args.max_steps:
+                print0(f"[tokenswap] {resume} is at step {state.global_step} >= max_steps: nothing left to train")
+                trainer._load_from_checkpoint(resume)
+                trainer.state = state
+                return
+        trainer.train(resume_from_checkpoint=resume)
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+@contextlib.contextmanager
+def _renamed_key_warnings_dropped(trainer, resume: str | None):
+    """Drop the Trainer's missing/unexpected-key warnings on resume when the weights already came from ``resume``.
+
+    transformers 5.24's Trainer loads a checkpoint's state dict with ``strict=False`` without the key renaming
+    ``from_pretrained`` applies (``model.layers.*`` on disk, ``model.language_model.layers.*`` in memory;
+    transformers#43701), so for Qwen-VL models it loads nothing and lists every key twice, which reads as a
+    broken checkpoint. :func:`load_model_and_processor` took the weights from the same folder with
+    ``from_pretrained`` (it marks the model), so the warnings say nothing true; for a model it did not load
+    from ``resume`` they are kept.
+    """
+    model = getattr(trainer, "model", None)
+    loaded = getattr(model, "tokenswap_weights_from", None)
+    if resume is None or loaded is None or loaded != os.path.realpath(resume):
+        yield
+        return
+    print0(f"[tokenswap] weights loaded from {resume} by from_pretrained; the Trainer restores optimizer, scheduler "
+           "and RNG state (its own weight load does not rename Qwen-VL keys: transformers#43701, warnings dropped)")
+    log = logging.getLogger("transformers.trainer")
+    drop = _DropMessages(("There were missing keys in the checkpoint model loaded",
+                          "There were unexpected keys in the checkpoint model loaded"))
+    log.addFilter(drop)
+    try:
+        yield
+    finally:
+        log.removeFilter(drop)
 
 
 class ResumableCollator:
@@ -717,7 +756,8 @@ def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None, s
         ) from None
     family = family_of(config.model_type)
     processor = AutoProcessor.from_pretrained(cfg.name_or_path, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
-    weights = resume_from if resume_from is not None and cfg.lora is None else cfg.name_or_path
+    from_checkpoint = resume_from is not None and cfg.lora is None
+    weights = resume_from if from_checkpoint else cfg.name_or_path
     extra = {"quantization_config": _quantization_config(cfg)} if cfg.load_in_4bit else {}
     model = getattr(transformers, family.model_class).from_pretrained(
         weights,
@@ -725,6 +765,9 @@ def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None, s
         attn_implementation=resolve_attn_implementation(cfg.attn_implementation),
         **extra,
     )
+    if from_checkpoint:
+        # What train() checks before it drops the Trainer's renamed-key warnings for this checkpoint.
+        model.tokenswap_weights_from = os.path.realpath(resume_from)
     if cfg.load_in_4bit:
         from peft import prepare_model_for_kbit_training
 
