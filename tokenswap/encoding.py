@@ -181,7 +181,9 @@ class TemplateEncoder:
     def ids(self, texts: list[str]) -> list[np.ndarray]:
         backend = self._backend()
         if backend is not None:
-            return [np.array(e.ids, dtype=np.int64) for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+            # encode_batch_fast (tokenizers >= 0.21) skips the offsets; ids are the same either way.
+            encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+            return [np.array(e.ids, dtype=np.int64) for e in encode(texts, add_special_tokens=False)]
         enc = self.tokenizer(texts, add_special_tokens=False)
         return [np.asarray(ids, dtype=np.int64) for ids in enc["input_ids"]]
 
