@@ -756,6 +756,10 @@ def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None, s
         ) from None
     family = family_of(config.model_type)
     processor = AutoProcessor.from_pretrained(cfg.name_or_path, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
+    # from_pretrained also files the two under the tokenizer's init kwargs, which every processor call then passes
+    # to the image processor as call kwargs (deprecated: a FutureWarning per process; the sizes set above stay).
+    for key in ("min_pixels", "max_pixels"):
+        processor.tokenizer.init_kwargs.pop(key, None)
     from_checkpoint = resume_from is not None and cfg.lora is None
     weights = resume_from if from_checkpoint else cfg.name_or_path
     extra = {"quantization_config": _quantization_config(cfg)} if cfg.load_in_4bit else {}

@@ -280,3 +280,18 @@ def test_renamed_key_warnings_are_dropped_only_for_weights_loaded_from_that_chec
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
+
+
+def test_configured_pixels_apply_without_deprecated_call_kwargs(tiny_qwen2vl):
+    import warnings
+
+    from PIL import Image
+
+    cfg = ModelConfig(name_or_path=tiny_qwen2vl, dtype="float32", attn_implementation="sdpa",
+                      min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 4)
+    _, processor = load_model_and_processor(cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # "Passing `min_pixels` and `max_pixels` to a processor call"
+        out = processor(text=["<|vision_start|><|image_pad|><|vision_end|>a"], images=[Image.new("RGB", (300, 300))])
+    # smart_resize floors 300 px to 28 under max_pixels=56*56 (the checkpoint's own 224*224 would give 16x16 patches)
+    assert out["image_grid_thw"].tolist() == [[1, 2, 2]]
