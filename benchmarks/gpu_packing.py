@@ -40,38 +40,17 @@ SHAPES = {
 
 
 def build(out: Path, shape: dict) -> Path:
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from tokenswap.testing import build_tiny_qwen2vl
 
-    from tokenswap.testing import QWEN2VL_CHAT_TEMPLATE, QWEN2VL_SPECIAL_TOKENS, train_tokenizer
-
-    tok = train_tokenizer([" ".join(WORDS)] * 4, vocab_size=1024)
-    pixels = dict(min_pixels=56 * 56, max_pixels=448 * 448)
-    processor = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**pixels), tokenizer=tok,
-                                 video_processor=Qwen2VLVideoProcessor(**pixels), chat_template=QWEN2VL_CHAT_TEMPLATE)
-    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN2VL_SPECIAL_TOKENS}
-    head_dim = shape["hidden"] // shape["heads"]
-    half = head_dim // 2
-    config = Qwen2VLConfig(
-        text_config=dict(
-            vocab_size=len(tok), hidden_size=shape["hidden"], intermediate_size=shape["mlp"],
-            num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
-            num_key_value_heads=shape["kv"], max_position_embeddings=32768, tie_word_embeddings=True,
-            rope_parameters={"rope_type": "default", "rope_theta": 1e6,
-                             "mrope_section": [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]},
-            bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
-        ),
-        vision_config=dict(depth=shape["vit_depth"], embed_dim=shape["vit_dim"], hidden_size=shape["hidden"],
-                           num_heads=shape["vit_heads"], mlp_ratio=4, patch_size=14, spatial_merge_size=2,
-                           temporal_patch_size=2, in_channels=3),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True,
+    half = shape["hidden"] // shape["heads"] // 2  # the released models' mrope split: 1/4, 3/8, 3/8 of head_dim/2
+    return build_tiny_qwen2vl(
+        out, corpus=[" ".join(WORDS)] * 4, vocab_size=1024, hidden_size=shape["hidden"], num_layers=shape["layers"],
+        min_pixels=56 * 56, max_pixels=448 * 448, seed=0, num_heads=shape["heads"], num_kv_heads=shape["kv"],
+        intermediate_size=shape["mlp"], rope_theta=1e6,
+        mrope_section=[half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8],
+        vision_depth=shape["vit_depth"], vision_embed_dim=shape["vit_dim"], vision_num_heads=shape["vit_heads"],
+        vision_mlp_ratio=4,
     )
-    torch.manual_seed(0)
-    Qwen2VLForConditionalGeneration._from_config(config, dtype=torch.float32).save_pretrained(out)
-    processor.save_pretrained(out)
-    return out
 
 
 def main() -> None:

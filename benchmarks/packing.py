@@ -68,33 +68,13 @@ WORDS = (
 
 def build_model_dir(out: Path) -> Path:
     """Processor + a small Qwen2-VL (random weights) whose MLP/attention balance resembles the real ones."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from tokenswap.testing import build_tiny_qwen2vl
 
-    from tokenswap.testing import QWEN2VL_CHAT_TEMPLATE, QWEN2VL_SPECIAL_TOKENS, train_tokenizer
-
-    tok = train_tokenizer([" ".join(WORDS)] * 4, vocab_size=1024)
-    pixels = dict(min_pixels=56 * 56, max_pixels=IMAGE_SIDE * IMAGE_SIDE)
-    processor = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**pixels), tokenizer=tok,
-                                 video_processor=Qwen2VLVideoProcessor(**pixels), chat_template=QWEN2VL_CHAT_TEMPLATE)
-    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN2VL_SPECIAL_TOKENS}
-    config = Qwen2VLConfig(
-        text_config=dict(
-            vocab_size=len(tok), hidden_size=256, intermediate_size=1536, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=64, max_position_embeddings=32768, tie_word_embeddings=True,
-            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]},
-            bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
-        ),
-        vision_config=dict(depth=2, embed_dim=32, hidden_size=256, num_heads=2, mlp_ratio=2, patch_size=14,
-                           spatial_merge_size=2, temporal_patch_size=2, in_channels=3),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True,
+    return build_tiny_qwen2vl(
+        out, corpus=[" ".join(WORDS)] * 4, vocab_size=1024, hidden_size=256, num_layers=2,
+        min_pixels=56 * 56, max_pixels=IMAGE_SIDE * IMAGE_SIDE, seed=0, num_heads=4, num_kv_heads=2, head_dim=64,
+        intermediate_size=1536, rope_theta=1e6, mrope_section=[8, 12, 12],
     )
-    torch.manual_seed(0)
-    Qwen2VLForConditionalGeneration._from_config(config, dtype=torch.float32).save_pretrained(out)
-    processor.save_pretrained(out)
-    return out
 
 
 def long_tailed_samples(n: int, tokenizer, image_paths: list[str], seed: int = 0) -> list[dict]:

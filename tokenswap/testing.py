@@ -124,19 +124,36 @@ def train_tokenizer(corpus: Iterable[str] = (), vocab_size: int = 1024, extra_to
 _TINY_HEAD_DIM = 16
 
 
-def _tiny_text_config(ids: dict[str, int], vocab_size: int, hidden_size: int, num_layers: int) -> dict:
-    """The language-model part every tiny family shares: 16-dim heads, half as many KV heads, tied embeddings."""
-    num_heads = hidden_size // _TINY_HEAD_DIM
-    half = _TINY_HEAD_DIM // 2
-    # mrope_section splits head_dim/2 rotary frequencies over (temporal, height, width).
-    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [half - 2 * (half // 3), half // 3, half // 3]}
-    return dict(
+def _tiny_text_config(
+    ids: dict[str, int],
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    *,
+    num_heads: int | None = None,
+    num_kv_heads: int | None = None,
+    head_dim: int | None = None,
+    intermediate_size: int | None = None,
+    rope_theta: float = 10000.0,
+    mrope_section: list[int] | None = None,
+) -> dict:
+    """The language-model part every tiny family shares: by default 16-dim heads, half as many KV heads, an MLP
+    twice the width, tied embeddings (the keyword arguments: :func:`tiny_qwen2vl_config`'s ``text_shape``)."""
+    dim = head_dim or (_TINY_HEAD_DIM if num_heads is None else hidden_size // num_heads)
+    if num_heads is None:
+        num_heads = hidden_size // _TINY_HEAD_DIM
+    if mrope_section is None:
+        # mrope_section splits head_dim/2 rotary frequencies over (temporal, height, width).
+        half = dim // 2
+        mrope_section = [half - 2 * (half // 3), half // 3, half // 3]
+    rope = {"rope_type": "default", "rope_theta": rope_theta, "mrope_section": list(mrope_section)}
+    text = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
+        intermediate_size=intermediate_size or hidden_size * 2,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
-        num_key_value_heads=max(1, num_heads // 2),
+        num_key_value_heads=num_kv_heads or max(1, num_heads // 2),
         max_position_embeddings=32768,
         rope_parameters=rope,
         tie_word_embeddings=True,
@@ -144,21 +161,59 @@ def _tiny_text_config(ids: dict[str, int], vocab_size: int, hidden_size: int, nu
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
     )
+    if head_dim is not None:  # written to the config only when asked for (otherwise hidden_size / num_heads)
+        text["head_dim"] = head_dim
+    return text
 
 
-def tiny_qwen2vl_config(tokenizer, hidden_size: int = 64, num_layers: int = 2, vision_depth: int = 2):
-    """A ``Qwen2VLConfig`` with the real architecture at toy width (about 0.25M parameters + embeddings)."""
+def tiny_qwen2vl_config(
+    tokenizer,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    vision_depth: int = 2,
+    *,
+    vision_embed_dim: int = 32,
+    vision_num_heads: int = 2,
+    vision_mlp_ratio: int = 2,
+    **text_shape,
+):
+    """A ``Qwen2VLConfig`` with the real architecture, by default at toy width (about 0.25M parameters + embeddings).
+
+    The keyword-only arguments set other shapes (the benchmarks' larger models, up to Qwen2-VL-2B's); left out,
+    the toy defaults apply.
+
+    Args:
+        tokenizer: supplies the vocabulary size and the special-token ids.
+        hidden_size: language model width (with the default heads, a multiple of 16).
+        num_layers: language model depth.
+        vision_depth: vision tower blocks.
+        vision_embed_dim: vision tower width.
+        vision_num_heads: vision tower heads.
+        vision_mlp_ratio: vision MLP width over ``vision_embed_dim``.
+        **text_shape: the language model's other shapes:
+
+            - ``num_heads``: query heads (default ``hidden_size / 16``: 16-dim heads).
+            - ``num_kv_heads``: key/value heads (default half the query heads, at least one).
+            - ``head_dim``: per-head width, written to the config only when given; keep it
+              ``hidden_size / num_heads`` (Qwen2-VL's attention uses that ratio, its rotary embedding the
+              written value).
+            - ``intermediate_size``: MLP width (default ``2 * hidden_size``).
+            - ``rope_theta``: rotary base (default 10000.0).
+            - ``mrope_section``: rotary frequencies for (temporal, height, width), summing to ``head_dim / 2``
+              (default, with ``h = head_dim / 2``: ``[h - 2 * (h // 3), h // 3, h // 3]``).
+    """
     from transformers import Qwen2VLConfig
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN2VL_SPECIAL_TOKENS}
+    text = _tiny_text_config(ids, len(tokenizer), hidden_size, num_layers, **text_shape)
     return Qwen2VLConfig(
-        text_config=_tiny_text_config(ids, len(tokenizer), hidden_size, num_layers),
+        text_config=text,
         vision_config=dict(
             depth=vision_depth,
-            embed_dim=32,
+            embed_dim=vision_embed_dim,
             hidden_size=hidden_size,
-            num_heads=2,
-            mlp_ratio=2,
+            num_heads=vision_num_heads,
+            mlp_ratio=vision_mlp_ratio,
             patch_size=14,
             spatial_merge_size=2,
             temporal_patch_size=2,
@@ -181,6 +236,7 @@ def build_tiny_qwen2vl(
     min_pixels: int = 56 * 56,
     max_pixels: int = 224 * 224,
     seed: int = 0,
+    **shape,
 ) -> Path:
     """Write a tiny random-weight Qwen2-VL checkpoint (model + processor) to ``out_dir``.
 
@@ -188,11 +244,15 @@ def build_tiny_qwen2vl(
         out_dir: destination folder; reused as is if it already holds a tiny checkpoint.
         corpus: text to train the tokenizer on (e.g. the training data), for realistic token counts.
         vocab_size: tokenizer vocabulary size.
-        hidden_size: language model width (multiple of 16).
+        hidden_size: language model width (with the default heads, a multiple of 16).
         num_layers: language model depth.
         min_pixels: image processor lower bound (pixels per image).
         max_pixels: image processor upper bound; always set, since the default allows 16k tokens per image.
         seed: initialisation seed.
+        **shape: other shapes, as :func:`tiny_qwen2vl_config`'s keyword arguments (``num_heads``,
+            ``num_kv_heads``, ``head_dim``, ``intermediate_size``, ``rope_theta``, ``mrope_section``,
+            ``vision_depth``, ``vision_embed_dim``, ``vision_num_heads``, ``vision_mlp_ratio``); recorded in
+            ``tiny_qwen2vl.json``.
 
     Returns:
         ``out_dir`` as a Path.
@@ -215,13 +275,13 @@ def build_tiny_qwen2vl(
         chat_template=QWEN2VL_CHAT_TEMPLATE,
     )
     torch.manual_seed(seed)
-    config = tiny_qwen2vl_config(tokenizer, hidden_size=hidden_size, num_layers=num_layers)
+    config = tiny_qwen2vl_config(tokenizer, hidden_size=hidden_size, num_layers=num_layers, **shape)
     model = Qwen2VLForConditionalGeneration._from_config(config, dtype=torch.float32)
     model.save_pretrained(out)
     processor.save_pretrained(out)
-    (out / "tiny_qwen2vl.json").write_text(
-        json.dumps({"vocab_size": len(tokenizer), "hidden_size": hidden_size, "num_layers": num_layers, "seed": seed})
-    )
+    (out / "tiny_qwen2vl.json").write_text(json.dumps(
+        {"vocab_size": len(tokenizer), "hidden_size": hidden_size, "num_layers": num_layers, "seed": seed, **shape}
+    ))
     return out
 
 
