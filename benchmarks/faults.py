@@ -19,8 +19,9 @@ uninterrupted run); otherwise it is *lost*, and the reason is printed. Sections:
   tiny processor: the sample is dropped and counted (native) or the concept stays text (store).
 - ``data``: malformed Magpie lines with ``skip_malformed`` (counted), and without (line named);
   bad spans and torn lines in a swap dataset; empty/edited/odd LLaVA files.
-- ``llm``: a misbehaving HTTP server on 127.0.0.1 (redirect to another host, slow drip, huge
-  replies, garbage/non-UTF-8/cut bodies, null reply, 429 with Retry-After, 500 storm, no server).
+- ``llm``: a misbehaving HTTP server on 127.0.0.1 (``tokenswap.testing.ScriptedLLMServer``, the tests'
+  own): redirect to another host, slow drip, huge replies, garbage/non-UTF-8/cut bodies, null reply,
+  429 with Retry-After, 500 storm, no server.
 - ``training``: ``recipes/post_train.py`` on the tiny config SIGKILLed at random moments and
   right as a checkpoint folder appears (mid-save), resumed with ``train.resume_from_checkpoint=latest``;
   the final losses, ``sample_ids.rank0.txt`` and ``swap_stats.json`` must equal an uninterrupted run.
@@ -44,13 +45,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from tokenswap.testing import ScriptedLLMServer, llm_answer, llm_reply
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -436,56 +437,8 @@ def section_data(t: Tally, work: Path) -> None:
 # ============================================================================ misbehaving LLM server
 
 
-class _Server:
-    def __init__(self) -> None:
-        self.script: list[Callable] = []
-        self.hits = 0
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:  # noqa: N802 (http.server API)
-                self.rfile.read(int(self.headers["Content-Length"]))
-                server.hits += 1
-                behaviour = server.script.pop(0) if server.script else _reply(_ok("fine"))
-                try:
-                    behaviour(self)
-                except OSError:
-                    pass
-                self.close_connection = True
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-def _ok(text: str | None) -> bytes:
-    return json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
-
-
-def _reply(body: bytes, status: int = 200, headers: dict | None = None, length: int | None = None) -> Callable:
-    def go(h) -> None:
-        h.send_response(status)
-        for k, v in (headers or {}).items():
-            h.send_header(k, v)
-        h.send_header("Content-Length", str(len(body) if length is None else length))
-        h.end_headers()
-        h.wfile.write(body)
-
-    return go
-
-
 def _drip(h) -> None:
-    body = _ok("slow")
+    body = llm_answer("slow")
     h.send_response(200)
     h.send_header("Content-Length", str(len(body)))
     h.end_headers()
@@ -506,7 +459,7 @@ def _flood(h) -> None:
 def section_llm(t: Tally, work: Path) -> None:
     from tokenswap.llm import LLMRequestError, OpenAIChatModel
 
-    server, other = _Server(), _Server()
+    server, other = ScriptedLLMServer(), ScriptedLLMServer()
     msg = [{"role": "user", "content": "hi"}]
     os.environ["TS_FAULTS_KEY"] = "sk-faults-secret"
 
@@ -537,21 +490,24 @@ def section_llm(t: Tally, work: Path) -> None:
         dt = time.monotonic() - t0
         return got == answer and dt >= min_s, f"{got!r} after {dt:.1f}s"
 
-    check("302 redirect to another host", [_reply(b"", 302, {"Location": f"{other.base_url}/chat/completions"})],
-          lambda: (raises(client(), "HTTP 302")[0] and other.hits == 0, f"other host hits={other.hits}"))
+    check("302 redirect to another host", [llm_reply(b"", 302, {"Location": f"{other.base_url}/chat/completions"})],
+          lambda: (raises(client(), "HTTP 302")[0] and not other.headers, f"other host hits={len(other.headers)}"))
     check("server drips one byte per 0.1 s (timeout=1 s, 1 retry)", [_drip, _drip],
           lambda: raises(client(timeout=1.0, max_retries=1), "deadline", server.base_url, within=4.0))
-    check("reply announcing 300 MB", [_reply(b"", length=300 << 20)],
+    check("reply announcing 300 MB", [llm_reply(b"", length=300 << 20)],
           lambda: raises(client(max_response_bytes=1 << 20), "max_response_bytes"))
     check("reply streaming 25 MB without Content-Length", [_flood],
           lambda: raises(client(max_response_bytes=1 << 20), "max_response_bytes"))
-    for what, bad in [("garbage JSON", _reply(b"<html>oops</html>")), ("non-UTF-8 body", _reply(b"\xff\xfe" + _ok("x"))),
-                      ("body cut short", _reply(_ok("fine")[:15], length=len(_ok("fine")))),
-                      ("HTTP 500", _reply(b"boom", 500))]:
-        check(f"{what}, then a good reply", [bad, _reply(_ok("fine"))], lambda: recovers(client(max_retries=2)))
-    check("429 with Retry-After: 1", [_reply(b"slow down", 429, {"Retry-After": "1"}), _reply(_ok("fine"))],
+    for what, bad in [("garbage JSON", llm_reply(b"<html>oops</html>")),
+                      ("non-UTF-8 body", llm_reply(b"\xff\xfe" + llm_answer("x"))),
+                      ("body cut short", llm_reply(llm_answer("fine")[:15], length=len(llm_answer("fine")))),
+                      ("HTTP 500", llm_reply(b"boom", 500))]:
+        check(f"{what}, then a good reply", [bad, llm_reply(llm_answer("fine"))],
+              lambda: recovers(client(max_retries=2)))
+    check("429 with Retry-After: 1",
+          [llm_reply(b"slow down", 429, {"Retry-After": "1"}), llm_reply(llm_answer("fine"))],
           lambda: recovers(client(max_retries=1, max_backoff=5), min_s=1.0))
-    check("500 on every attempt", [_reply(b"boom", 500)] * 3,
+    check("500 on every attempt", [llm_reply(b"boom", 500)] * 3,
           lambda: raises(client(max_retries=2), "failed after 3 attempts", server.base_url))
 
     def null_not_cached() -> tuple[bool, str]:
@@ -561,7 +517,7 @@ def section_llm(t: Tally, work: Path) -> None:
         second = model.chat(msg)
         return (first, second, model.num_requests) == ("", "real", 2), f"{first!r}, {second!r}, {model.num_requests}"
 
-    check("null reply", [_reply(_ok(None)), _reply(_ok("real"))], null_not_cached)
+    check("null reply", [llm_reply(llm_answer(None)), llm_reply(llm_answer("real"))], null_not_cached)
     check("no server listening", [], lambda: raises(
         OpenAIChatModel("http://127.0.0.1:9/v1", "m", max_retries=1, max_backoff=0.05, timeout=2), "127.0.0.1:9"))
     server.close()
@@ -571,9 +527,13 @@ def section_llm(t: Tally, work: Path) -> None:
 # ============================================================================ training kills
 
 
+TRAIN_STEPS = 16  # save_steps=2: room for the 3 mid-save and 3 random kills before the run ends
+
+
 def train_cmd(out: Path, model: Path, store: Path, *extra: str) -> list[str]:
     return [PY, "recipes/post_train.py", "--config", "tiny/post_tokenswap.yaml", f"run.output_dir={out}",
-            f"model.name_or_path={model}", f"image_store={store}", "train.max_steps=8", "train.save_steps=2", *extra]
+            f"model.name_or_path={model}", f"image_store={store}", f"train.max_steps={TRAIN_STEPS}", "train.save_steps=2",
+            *extra]
 
 
 def run_logs(out: Path) -> dict:
@@ -608,11 +568,18 @@ def compare_logs(out: Path, ref: dict) -> str:
 
 
 def section_training(t: Tally, work: Path, rng: random.Random, model: Path, store: Path, n_kills: int) -> None:
+    from tokenswap.training import COMPLETE_MARKER
+
     ref_out = work / "train-ref"
     proc = run(train_cmd(ref_out, model, store), 600)
     if proc.returncode != 0:
         raise RuntimeError(f"reference training run failed: {proc.stderr[-2000:]}")
     ref = run_logs(ref_out)
+    # Seconds per optimizer step of the reference run, so a "random moment" lands inside the steps still to
+    # train: on a fast machine the whole run takes a second or two after its first batch, and a fixed delay
+    # let it finish before the kill (fewer kills tried than asked for).
+    history = json.loads((ref_out / "log_history.json").read_text())
+    step_s = max(h["train_runtime"] for h in history if "train_runtime" in h) / TRAIN_STEPS
 
     out = work / "train-killed"
     kinds = ["save", "random"] * n_kills
@@ -639,12 +606,14 @@ def section_training(t: Tally, work: Path, rng: random.Random, model: Path, stor
                     detail = f"during the save of {new[0].name} ({'complete' if complete else 'partial'} at kill)"
                     break
                 time.sleep(0.002)
-        else:  # a random moment once training has made progress
+        else:  # a random moment once training has made progress, before the steps left are done
             ids = out / "sample_ids.rank0.txt"
             start = ids.stat().st_size if ids.exists() else -1
             while p.poll() is None and time.monotonic() < deadline and (ids.stat().st_size if ids.exists() else -1) <= start:
                 time.sleep(0.01)
-            time.sleep(rng.uniform(0.0, 3.0))
+            done = max((int(d.name.split("-")[-1]) for d in out.glob("checkpoint-*") if (d / COMPLETE_MARKER).exists()),
+                       default=0)
+            time.sleep(rng.uniform(0.05, 0.8) * max(TRAIN_STEPS - done, 1) * step_s)
             detail = "at a random moment in training"
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)

@@ -8,6 +8,7 @@ and released chat template, its real image and video processors (Qwen3-VL / Qwen
 either a byte-level BPE trained locally on a few sentences (small and fast) or, with
 ``tokenizer="qwen"``, Qwen2's real 151,643-rank vocabulary (:mod:`tokenswap.qwen_tokenizer`).
 :func:`build_tiny_qwen2vl` is the original Qwen2-VL kit most tests use. Nothing is downloaded.
+:class:`ScriptedLLMServer` is a misbehaving OpenAI-compatible server on 127.0.0.1 for the LLM client's tests.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from pathlib import Path
 __all__ = [
     "QWEN2VL_CHAT_TEMPLATE",
     "QWEN2VL_SPECIAL_TOKENS",
+    "ScriptedLLMServer",
     "TINY_FAMILIES",
     "TINY_MOE_FAMILIES",
     "assert_matches_processor",
     "build_tiny_model",
     "build_tiny_qwen2vl",
     "build_tiny_store",
+    "llm_answer",
+    "llm_reply",
     "load_qwen2vl",
     "official_batch",
     "tiny_config",
@@ -543,6 +547,87 @@ def build_tiny_store(root: str | os.PathLike):
             w.add(key, Image.new("RGB", (40, 90), color), source="solid", score=0.9)
         w.add("apple", Image.new("RGB", (120, 60), "darkred"), source="solid", score=0.5)
     return ImageStore(root)
+
+
+def llm_answer(text: str | None = "fine") -> bytes:
+    """The body of an OpenAI chat-completions reply whose one choice says ``text`` (``None``: a null content)."""
+    return json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
+
+
+def llm_reply(body: bytes, status: int = 200, headers: dict | None = None, length: int | None = None):
+    """A :class:`ScriptedLLMServer` behaviour: answer ``status`` with ``headers`` and ``body``.
+
+    ``length`` is the ``Content-Length`` to announce (default the body's own; another value makes a reply
+    cut short or one announcing more than it sends).
+    """
+
+    def send(h) -> None:
+        h.send_response(status)
+        for k, v in (headers or {}).items():
+            h.send_header(k, v)
+        h.send_header("Content-Length", str(len(body) if length is None else length))
+        h.end_headers()
+        h.wfile.write(body)
+        h.wfile.flush()
+
+    return send
+
+
+class ScriptedLLMServer:
+    """An HTTP server on 127.0.0.1 (a free port, real sockets) that answers each POST with the next behaviour of
+    :attr:`script`, to test an OpenAI-compatible client against servers that misbehave.
+
+    A behaviour is a function of the ``http.server.BaseHTTPRequestHandler`` that writes the answer (see
+    :func:`llm_reply`; a custom one can drip, flood or stall). With the script used up, each POST gets
+    ``llm_reply(llm_answer("fine"))``. An ``OSError`` inside a behaviour (the client hung up on purpose: a
+    deadline, a size limit) is swallowed, and every connection is closed after one request. Use as a context
+    manager, or call :meth:`close`.
+
+    Attributes:
+        base_url: ``http://127.0.0.1:PORT/v1``, the client's base URL.
+        script: behaviours still to play, first first.
+        headers: the request headers of every POST received so far, in order (``len`` counts the requests).
+    """
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.script: list = []
+        self.headers: list[dict] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server API)
+                self.rfile.read(int(self.headers["Content-Length"]))
+                server.headers.append(dict(self.headers))
+                behaviour = server.script.pop(0) if server.script else llm_reply(llm_answer())
+                try:
+                    behaviour(self)
+                except OSError:
+                    pass  # the client gave up on purpose
+                self.close_connection = True
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> ScriptedLLMServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def main(argv: list[str] | None = None) -> int:

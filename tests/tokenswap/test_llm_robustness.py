@@ -2,73 +2,21 @@
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from tokenswap.llm import LLMRequestError, OpenAIChatModel
+from tokenswap.testing import ScriptedLLMServer, llm_answer, llm_reply
 
 MSG = [{"role": "user", "content": "hi"}]
 
 
-def _ok(text: str | None = "fine") -> bytes:
-    return json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
-
-
-class Server:
-    """Answers each POST with the next behaviour of ``script`` (a handler -> None function)."""
-
-    def __init__(self) -> None:
-        self.script: list[Callable] = []
-        self.headers: list[dict] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:  # noqa: N802 (http.server API)
-                self.rfile.read(int(self.headers["Content-Length"]))
-                server.headers.append(dict(self.headers))
-                behaviour = server.script.pop(0) if server.script else reply(_ok())
-                try:
-                    behaviour(self)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up on purpose
-                self.close_connection = True
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-def reply(body: bytes, status: int = 200, headers: dict | None = None, length: int | None = None) -> Callable:
-    def run(h: BaseHTTPRequestHandler) -> None:
-        h.send_response(status)
-        for k, v in (headers or {}).items():
-            h.send_header(k, v)
-        h.send_header("Content-Length", str(len(body) if length is None else length))
-        h.end_headers()
-        h.wfile.write(body)
-        h.wfile.flush()
-
-    return run
-
-
 def drip(seconds: float) -> Callable:
     def run(h: BaseHTTPRequestHandler) -> None:
-        body = _ok()
+        body = llm_answer()
         h.send_response(200)
         h.send_header("Content-Length", str(len(body)))
         h.end_headers()
@@ -97,22 +45,18 @@ def flood(n_bytes: int) -> Callable:
 
 @pytest.fixture
 def server():
-    s = Server()
-    yield s
-    s.close()
+    with ScriptedLLMServer() as s:
+        yield s
 
 
 def test_a_redirect_to_another_host_is_refused_and_the_key_never_leaves(server, monkeypatch):
-    other = Server()
-    try:
+    with ScriptedLLMServer() as other:
         monkeypatch.setenv("TS_KEY", "sk-secret")
-        server.script = [reply(b"", 302, {"Location": f"{other.base_url}/chat/completions"})]
+        server.script = [llm_reply(b"", 302, {"Location": f"{other.base_url}/chat/completions"})]
         model = OpenAIChatModel(server.base_url, "m", api_key_env="TS_KEY", max_retries=2)
         with pytest.raises(LLMRequestError, match=r"HTTP 302 redirecting to .*base_url to the final address"):
             model.chat(MSG)
         assert other.headers == [] and model.num_requests == 1  # not followed, not retried
-    finally:
-        other.close()
 
 
 def test_the_timeout_is_a_deadline_for_the_whole_attempt_not_per_read(server):
@@ -127,7 +71,7 @@ def test_the_timeout_is_a_deadline_for_the_whole_attempt_not_per_read(server):
 
 def test_oversized_replies_are_refused_announced_or_not(server):
     model = OpenAIChatModel(server.base_url, "m", max_response_bytes=1 << 20, max_retries=0)
-    server.script = [reply(b"", length=300 << 20)]
+    server.script = [llm_reply(b"", length=300 << 20)]
     with pytest.raises(LLMRequestError, match="announced a 314,572,800-byte reply"):
         model.chat(MSG)
     server.script = [flood(20 << 20)]
@@ -138,16 +82,16 @@ def test_oversized_replies_are_refused_announced_or_not(server):
 @pytest.mark.parametrize(
     "bad, error",
     [
-        (reply(b"<html>502 Bad Gateway</html>"), "not JSON"),
-        (reply(b"\xff\xfe" + _ok()), "not UTF-8"),
-        (reply(_ok()[:20], length=len(_ok())), "IncompleteRead"),
-        (reply(b'{"choices": []}'), "no choices"),
-        (reply(b"oops", 503), "HTTP 503"),
+        (llm_reply(b"<html>502 Bad Gateway</html>"), "not JSON"),
+        (llm_reply(b"\xff\xfe" + llm_answer()), "not UTF-8"),
+        (llm_reply(llm_answer()[:20], length=len(llm_answer())), "IncompleteRead"),
+        (llm_reply(b'{"choices": []}'), "no choices"),
+        (llm_reply(b"oops", 503), "HTTP 503"),
     ],
     ids=["garbage-json", "non-utf8", "cut-body", "no-choices", "http-503"],
 )
 def test_garbled_replies_are_retried_then_named_with_the_url(server, bad, error):
-    server.script = [bad, reply(_ok("second try"))]
+    server.script = [bad, llm_reply(llm_answer("second try"))]
     model = OpenAIChatModel(server.base_url, "m", max_retries=1, max_backoff=0.05)
     assert model.chat(MSG) == "second try" and model.num_requests == 2
     server.script = [bad, bad]
@@ -157,7 +101,7 @@ def test_garbled_replies_are_retried_then_named_with_the_url(server, bad, error)
 
 
 def test_retry_after_is_honoured(server):
-    server.script = [reply(b"slow down", 429, {"Retry-After": "1"}), reply(_ok("now"))]
+    server.script = [llm_reply(b"slow down", 429, {"Retry-After": "1"}), llm_reply(llm_answer("now"))]
     model = OpenAIChatModel(server.base_url, "m", max_retries=1, max_backoff=5)
     t0 = time.monotonic()
     assert model.chat(MSG) == "now"
@@ -165,7 +109,7 @@ def test_retry_after_is_honoured(server):
 
 
 def test_a_null_reply_is_returned_empty_but_not_cached(server, tmp_path):
-    server.script = [reply(_ok(None)), reply(_ok("real answer"))]
+    server.script = [llm_reply(llm_answer(None)), llm_reply(llm_answer("real answer"))]
     model = OpenAIChatModel(server.base_url, "m", cache_path=tmp_path / "c.jsonl")
     assert model.chat(MSG) == ""
     assert not (tmp_path / "c.jsonl").exists() or (tmp_path / "c.jsonl").read_text() == ""
