@@ -527,6 +527,15 @@ def section_llm(t: Tally, work: Path) -> None:
 # ============================================================================ training kills
 
 
+def _file_state(path: Path) -> tuple[int, int] | None:
+    """(size, mtime) of a file, None while it does not exist."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
 TRAIN_STEPS = 16  # save_steps=2: room for the 3 mid-save and 3 random kills before the run ends
 
 
@@ -568,16 +577,14 @@ def compare_logs(out: Path, ref: dict) -> str:
 
 
 def section_training(t: Tally, work: Path, rng: random.Random, model: Path, store: Path, n_kills: int) -> None:
-    from tokenswap.training import COMPLETE_MARKER
-
     ref_out = work / "train-ref"
     proc = run(train_cmd(ref_out, model, store), 600)
     if proc.returncode != 0:
         raise RuntimeError(f"reference training run failed: {proc.stderr[-2000:]}")
     ref = run_logs(ref_out)
-    # Seconds per optimizer step of the reference run, so a "random moment" lands inside the steps still to
-    # train: on a fast machine the whole run takes a second or two after its first batch, and a fixed delay
-    # let it finish before the kill (fewer kills tried than asked for).
+    # Seconds per optimizer step of the reference run, so a "random moment" lands within the next few steps:
+    # on an idle machine the tiny run trains 16 steps in under a second, and the earlier fixed 0-3 s delay let
+    # it finish before the kill (fewer kills tried than asked for).
     history = json.loads((ref_out / "log_history.json").read_text())
     step_s = max(h["train_runtime"] for h in history if "train_runtime" in h) / TRAIN_STEPS
 
@@ -606,14 +613,13 @@ def section_training(t: Tally, work: Path, rng: random.Random, model: Path, stor
                     detail = f"during the save of {new[0].name} ({'complete' if complete else 'partial'} at kill)"
                     break
                 time.sleep(0.002)
-        else:  # a random moment once training has made progress, before the steps left are done
+        else:  # a random moment within the next few steps, once this attempt has started training
             ids = out / "sample_ids.rank0.txt"
-            start = ids.stat().st_size if ids.exists() else -1
-            while p.poll() is None and time.monotonic() < deadline and (ids.stat().st_size if ids.exists() else -1) <= start:
-                time.sleep(0.01)
-            done = max((int(d.name.split("-")[-1]) for d in out.glob("checkpoint-*") if (d / COMPLETE_MARKER).exists()),
-                       default=0)
-            time.sleep(rng.uniform(0.05, 0.8) * max(TRAIN_STEPS - done, 1) * step_s)
+            # The first batch writes the id log, or a resumed run rewinds it first: either changes it.
+            start = _file_state(ids)
+            while p.poll() is None and time.monotonic() < deadline and _file_state(ids) == start:
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0.5, 3.0) * step_s)
             detail = "at a random moment in training"
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
