@@ -640,6 +640,8 @@ def section_training(t: Tally, work: Path, rng: random.Random, model: Path, stor
         t.add("training", f"SIGKILL {k}, resumed with resume_from_checkpoint=latest", not problem, problem)
     if not kills:
         t.add("training", "SIGKILL of training", False, problem or "the run finished before any kill")
+    elif len(kills) < n_kills:  # fewer faults tried than asked: say so rather than report a smaller total quietly
+        print(f"  note: only {len(kills)} of {n_kills} training kills landed before the run finished", flush=True)
     # A scheduler that relaunches a job which had already finished: the same command must change nothing.
     if not problem:
         again = run(train_cmd(out, model, store, "train.resume_from_checkpoint=latest"), 600)
