@@ -142,3 +142,27 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture
+def trainer_warnings():
+    """Messages ``transformers.trainer`` logs at WARNING or above during the test, in order.
+
+    The suite runs transformers at ``TRANSFORMERS_VERBOSITY=error``, so the logger is opened to warnings
+    for the test and restored after it.
+    """
+    import logging
+
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    log = logging.getLogger("transformers.trainer")
+    handler, level = Collect(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.WARNING)
+    yield seen
+    log.removeHandler(handler)
+    log.setLevel(level)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -87,7 +86,7 @@ def test_paired_post_training_arms(post, tiny_qwen2vl, tiny_store, tmp_path):
     assert processor.tokenizer.chat_template == load_qwen2vl(tiny_qwen2vl)[1].tokenizer.chat_template
 
 
-def test_resume_reproduces_uninterrupted_losses(post, tiny_qwen2vl, tiny_store, tmp_path):
+def test_resume_reproduces_uninterrupted_losses(post, tiny_qwen2vl, tiny_store, tmp_path, trainer_warnings):
     store = tiny_store.root
     full = tmp_path / "full"
     post.main(load_config(post.PostTrainConfig, "tiny/post_tokenswap.yaml", post_overrides(full, tiny_qwen2vl, store)))
@@ -95,24 +94,10 @@ def test_resume_reproduces_uninterrupted_losses(post, tiny_qwen2vl, tiny_store, 
     post.main(load_config(post.PostTrainConfig, "tiny/post_tokenswap.yaml",
                           post_overrides(part, tiny_qwen2vl, store, "train.max_steps=2")))
     assert (part / "checkpoint-2" / COMPLETE_MARKER).is_file()
-    warned: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            warned.append(record.getMessage())
-
-    trainer_log = logging.getLogger("transformers.trainer")
-    handler, level = Collect(), trainer_log.level
-    trainer_log.addHandler(handler)
-    trainer_log.setLevel(logging.WARNING)  # the suite runs transformers at TRANSFORMERS_VERBOSITY=error
-    try:
-        post.main(load_config(post.PostTrainConfig, "tiny/post_tokenswap.yaml",
-                              post_overrides(part, tiny_qwen2vl, store, "train.resume_from_checkpoint=latest")))
-    finally:
-        trainer_log.removeHandler(handler)
-        trainer_log.setLevel(level)
+    post.main(load_config(post.PostTrainConfig, "tiny/post_tokenswap.yaml",
+                          post_overrides(part, tiny_qwen2vl, store, "train.resume_from_checkpoint=latest")))
     # from_pretrained took the weights; the Trainer's key-blind reload must not report a broken checkpoint
-    assert not [w for w in warned if w.startswith("There were")], warned[:2]
+    assert not [w for w in trainer_warnings if w.startswith("There were")], trainer_warnings[:2]
     resumed = losses(part)
     torch.testing.assert_close(torch.tensor(resumed[-2:]), torch.tensor(losses(full)[-2:]), rtol=1e-5, atol=1e-5)
     # the side logs of the resumed run are those of the uninterrupted one, not the union of both attempts

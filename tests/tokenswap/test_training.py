@@ -247,39 +247,28 @@ def test_resumable_collator_pickles_for_spawned_workers(tiny_processor, tmp_path
     assert (tmp_path / "ids.txt").read_text().splitlines() == ["s"] and wrapped.stats["samples"] == 1
 
 
-def test_renamed_key_warnings_are_dropped_only_for_weights_loaded_from_that_checkpoint(tiny_qwen2vl, tmp_path):
+def test_renamed_key_warnings_are_dropped_only_for_weights_loaded_from_that_checkpoint(
+    tiny_qwen2vl, tmp_path, trainer_warnings
+):
     import logging
     import types
 
     from tokenswap.training import _renamed_key_warnings_dropped
 
-    seen: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            seen.append(record.getMessage())
-
     log = logging.getLogger("transformers.trainer")
-    handler, level = Collect(), log.level
-    log.addHandler(handler)
-    log.setLevel(logging.WARNING)  # the suite runs transformers at TRANSFORMERS_VERBOSITY=error
     cfg = ModelConfig(name_or_path=tiny_qwen2vl, dtype="float32", attn_implementation="sdpa")
     from_checkpoint, _ = load_model_and_processor(cfg, resume_from=tiny_qwen2vl)
     from_base, _ = load_model_and_processor(cfg)
     missing = "There were missing keys in the checkpoint model loaded: ['model.language_model.norm.weight']."
-    try:
-        for model, resume, kept in [(from_checkpoint, tiny_qwen2vl, False), (from_checkpoint, str(tmp_path), True),
-                                    (from_base, tiny_qwen2vl, True), (from_checkpoint, None, True)]:
-            seen.clear()
-            with _renamed_key_warnings_dropped(types.SimpleNamespace(model=model), resume):
-                log.warning(missing)
-                log.warning("another warning")
-            assert seen == ([missing] if kept else []) + ["another warning"], (resume, kept)
-        log.warning(missing)
-        assert seen[-1] == missing  # the filter is gone after the block
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(level)
+    for model, resume, kept in [(from_checkpoint, tiny_qwen2vl, False), (from_checkpoint, str(tmp_path), True),
+                                (from_base, tiny_qwen2vl, True), (from_checkpoint, None, True)]:
+        trainer_warnings.clear()
+        with _renamed_key_warnings_dropped(types.SimpleNamespace(model=model), resume):
+            log.warning(missing)
+            log.warning("another warning")
+        assert trainer_warnings == ([missing] if kept else []) + ["another warning"], (resume, kept)
+    log.warning(missing)
+    assert trainer_warnings[-1] == missing  # the filter is gone after the block
 
 
 def test_configured_pixels_apply_without_deprecated_call_kwargs(tiny_qwen2vl):
