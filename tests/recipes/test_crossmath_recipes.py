@@ -95,14 +95,19 @@ def test_image_sft_trains_merges_saves_and_evaluates(sft_out, tiny_qwen2vl):
     assert heldout and not heldout & train
 
 
-def test_image_sft_group_by_length_trains_on_puzzles_grouped_by_length(image_sft, tiny_qwen2vl, tmp_path):
-    out = tmp_path / "grouped"
-    cfg = load_config(
+def one_epoch_config(image_sft, out: Path, model: Path, *overrides: str):
+    """The tiny image-SFT config for one whole epoch (every puzzle once), without the held-out eval."""
+    return load_config(
         image_sft.ImageSFTConfig,
         "tiny/image_sft_crossmath.yaml",
-        [f"run.output_dir={out}", f"model.name_or_path={tiny_qwen2vl}", "collator.group_by_length=true",
-         "train.max_steps=-1", "train.num_train_epochs=1", "eval=null"],  # one whole epoch: every puzzle once
+        [f"run.output_dir={out}", f"model.name_or_path={model}", "train.max_steps=-1", "train.num_train_epochs=1",
+         "eval=null", *overrides],
     )
+
+
+def test_image_sft_group_by_length_trains_on_puzzles_grouped_by_length(image_sft, tiny_qwen2vl, tmp_path):
+    out = tmp_path / "grouped"
+    cfg = one_epoch_config(image_sft, out, tiny_qwen2vl, "collator.group_by_length=true")
     assert cfg.train.train_sampling_strategy == "sequential"  # the grouped order is read as is
     image_sft.main(cfg)
     batches = [line.split() for line in (out / "sample_ids.rank0.txt").read_text().splitlines()]
@@ -131,13 +136,8 @@ def test_image_sft_group_by_length_trains_on_puzzles_grouped_by_length(image_sft
 
 def test_image_sft_packed_trains_on_every_puzzle_in_packed_rows(image_sft, tiny_qwen2vl, tmp_path):
     out = tmp_path / "packed"
-    cfg = load_config(
-        image_sft.ImageSFTConfig,
-        "tiny/image_sft_crossmath.yaml",
-        [f"run.output_dir={out}", f"model.name_or_path={tiny_qwen2vl}", "collator.packing=true",
-         "collator.pack_budget=8192", "train.max_steps=-1", "train.num_train_epochs=1", "eval=null",
-         "train.train_sampling_strategy=sequential"],
-    )
+    cfg = one_epoch_config(image_sft, out, tiny_qwen2vl, "collator.packing=true", "collator.pack_budget=8192",
+                           "train.train_sampling_strategy=sequential")
     image_sft.main(cfg)
     losses = [h["loss"] for h in log_history(out) if "loss" in h]
     assert losses and all(math.isfinite(x) for x in losses)
