@@ -32,6 +32,7 @@ __all__ = [
     "llm_reply",
     "load_qwen2vl",
     "official_batch",
+    "png_bomb",
     "tiny_config",
     "tiny_qwen2vl_config",
     "train_tokenizer",
@@ -665,3 +666,23 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def png_bomb(width: int, height: int, rows: int | None = None) -> bytes:
+    """A valid grey PNG whose header says ``width`` x ``height``, made without allocating its pixels.
+
+    ``rows=None`` stores every row of zeros (zlib keeps it tiny: ~2 MB for 30000x30000), so it decodes in
+    full if nothing refuses it; ``rows=64`` stores only the first rows, for checks that must refuse it from
+    the header alone.
+    """
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    z = zlib.compressobj(9)
+    row = b"\x00" * (width + 1)  # filter byte + one byte per pixel
+    body = b"".join(z.compress(row) for _ in range(height if rows is None else min(height, rows))) + z.flush()
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", body) + chunk(b"IEND", b"")

@@ -10,9 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import io
-import struct
 import warnings
-import zlib
 
 import numpy as np
 import pyarrow as pa
@@ -24,24 +22,17 @@ from tokenswap.collator import TokenSwapCollator
 from tokenswap.images import BadImageError
 from tokenswap.store.image_store import SCHEMA, ImageStore, StoreWriter
 from tokenswap.swap import SwapPolicy
+from tokenswap.testing import png_bomb
 
 ASSETS = __import__("pathlib").Path(__file__).parents[1] / "assets"
 
 
 # ---------------------------------------------------------------------------- helpers
 @functools.cache
-def bomb_png(width: int = 30000, height: int = 30000) -> bytes:
-    """A grey PNG whose header says width x height; only its first rows of zeros are stored (the
-    header alone must refuse it; tests/tokenswap/test_images.py uses a complete one)."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    z = zlib.compressobj(9)
-    row = b"\x00" * (width + 1)
-    body = b"".join(z.compress(row) for _ in range(min(height, 64))) + z.flush()
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", body) + chunk(b"IEND", b"")
+def bomb_png() -> bytes:
+    """A 30000x30000 grey PNG of which only the first rows are stored: the header alone must refuse it
+    (tests/tokenswap/test_images.py uses a complete one)."""
+    return png_bomb(30000, 30000, rows=64)
 
 
 def encode(image: Image.Image, fmt: str = "PNG", **kw) -> bytes:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import io
-import struct
 import tracemalloc
-import zlib
 
 import numpy as np
 import pytest
@@ -13,19 +11,7 @@ import torch
 from PIL import Image
 
 from tokenswap.images import BadImageError, check_image_size, load_image
-
-
-def _png_bomb(width: int, height: int) -> bytes:
-    """A valid grayscale PNG of width x height zeros; zlib makes it tiny on disk."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    raw = zlib.compressobj(9)
-    row = b"\x00" + b"\x00" * width  # filter byte + one byte per pixel
-    body = b"".join(raw.compress(row) for _ in range(height)) + raw.flush()
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", body) + chunk(b"IEND", b"")
+from tokenswap.testing import png_bomb
 
 
 def _encode(image: Image.Image, fmt: str = "PNG", **kw) -> bytes:
@@ -47,7 +33,7 @@ def _p_with_transparency() -> Image.Image:
 
 
 def test_decompression_bomb_refused_before_decoding(tmp_path):
-    data = _png_bomb(30000, 30000)
+    data = png_bomb(30000, 30000)
     assert len(data) < 2_000_000  # tiny on disk, 900 M pixels decoded
     path = tmp_path / "bomb.png"
     path.write_bytes(data)
@@ -64,7 +50,7 @@ def test_decompression_bomb_refused_before_decoding(tmp_path):
 
 def test_max_pixels_is_ours_not_pils(tmp_path):
     path = tmp_path / "big.png"
-    path.write_bytes(_png_bomb(3000, 3000))
+    path.write_bytes(png_bomb(3000, 3000))
     with pytest.raises(BadImageError, match="max_pixels=1,000,000"):
         load_image(path, what="big", max_pixels=1_000_000)
     assert load_image(path, what="big").size == (3000, 3000)

@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import io
-import struct
-import zlib
 from pathlib import Path
 
 from PIL import Image
 
-
-def _chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+from tokenswap.testing import png_bomb
 
 
 def bomb_png(path: Path, side: int = 30000) -> Path:
     """A PNG whose header says ``side``x``side`` grey pixels; its data are a few KB of zeros."""
-    header = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
-    rows = zlib.compress(b"\0" * (side + 1) * 64, 9)  # the first rows only: the header alone must refuse it
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", rows) + _chunk(b"IEND", b""))
+    path.write_bytes(png_bomb(side, side, rows=64))  # the first rows only: the header alone must refuse it
     return path
 
 
