@@ -40,11 +40,11 @@ logger = logging.getLogger(__name__)
 _BYTE_LENGTHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _components(state: bytes | None) -> list[dict]:
-    """Every component dict in a serialized normalizer / pre-tokenizer / processor (``Sequence`` walked)."""
-    if state is None:
+def _components(component) -> list[dict]:
+    """Every component dict of a normalizer / decoder / post-processor (``Sequence`` walked); [] for None."""
+    if component is None:
         return []
-    out, todo = [], [json.loads(state)]
+    out, todo = [], [json.loads(component.__getstate__())]
     while todo:
         node = todo.pop()
         if isinstance(node, dict):
@@ -60,12 +60,12 @@ def _why_not_byte_level(backend: Tokenizer) -> str | None:
     """Why ids alone do not locate the text for this backend, or None when they do."""
     if not isinstance(backend.model, BPE) or backend.model.byte_fallback:
         return "not a byte-level BPE model"
-    normalizers = [c["type"] for c in _components(backend.normalizer and backend.normalizer.__getstate__())]
+    normalizers = [c["type"] for c in _components(backend.normalizer)]
     if any(t not in ("NFC", "Sequence") for t in normalizers):
         return f"normalizer {normalizers} changes the text"
-    if backend.decoder is None or "ByteLevel" not in [c["type"] for c in _components(backend.decoder.__getstate__())]:
+    if "ByteLevel" not in [c["type"] for c in _components(backend.decoder)]:
         return "no byte-level decoder"
-    post = _components(backend.post_processor and backend.post_processor.__getstate__())
+    post = _components(backend.post_processor)
     if any(c["type"] == "ByteLevel" and c.get("trim_offsets") for c in post):
         return "the post-processor trims offsets"
     for token in backend.get_added_tokens_decoder().values():
@@ -141,7 +141,7 @@ class TemplateEncoder:
         self._state = _byte_table(tokenizer)
         backend = getattr(tokenizer, "_tokenizer", None)
         self._nfc_only = self._bytes is not None and any(
-            c["type"] == "NFC" for c in _components(backend.normalizer and backend.normalizer.__getstate__())
+            c["type"] == "NFC" for c in _components(backend.normalizer)
         )
 
     @property
@@ -208,33 +208,40 @@ class TemplateEncoder:
             learnable |= (ends > lo_b) & (starts < hi_b)
         return learnable
 
+    def _by_offsets(self, texts: list[str], learn_ranges) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(ids, self._from_offsets(offsets, ranges))
+                for (ids, offsets), ranges in zip(self.ids_and_offsets(texts), learn_ranges)]
+
+    def _by_bytes(self, texts: list[str], learn_ranges) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        """The rows from ids and byte lengths, or None where that is not exact for this batch."""
+        if self._bytes is None or (self._nfc_only and not all(unicodedata.is_normalized("NFC", t) for t in texts)):
+            return None
+        rows = []
+        for ids, text, ranges in zip(self.ids(texts), texts, learn_ranges):
+            if len(ids) and ids.max() >= len(self._bytes):
+                return None  # a token added after the table was built
+            learnable = self._from_bytes(ids, text, ranges)
+            if learnable is None:
+                return None
+            rows.append((ids, learnable))
+        return rows
+
     def __call__(
         self, texts: list[str], learn_ranges: list[list[tuple[int, int]]] | None
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         if learn_ranges is None:
             return [(ids, np.ones(len(ids), dtype=bool)) for ids in self.ids(texts)]
-        if self._bytes is not None and not (self._nfc_only and not all(unicodedata.is_normalized("NFC", t) for t in texts)):
-            rows = []
-            for ids, text, ranges in zip(self.ids(texts), texts, learn_ranges):
-                if len(ids) and ids.max() >= len(self._bytes):
-                    break  # a token added after the table was built
-                learnable = self._from_bytes(ids, text, ranges)
-                if learnable is None:
-                    break
-                rows.append((ids, learnable))
-            else:
-                if self._state.checked:
-                    return rows
-                self._state.checked = True
-                reference = [(ids, self._from_offsets(offsets, ranges))
-                             for (ids, offsets), ranges in zip(self.ids_and_offsets(texts), learn_ranges)]
-                if all(np.array_equal(a, c) and np.array_equal(b, d) for (a, b), (c, d) in zip(rows, reference)):
-                    return rows
-                warnings.warn(
-                    "token byte lengths disagree with the tokenizer's offsets on this tokenizer; using offsets",
-                    stacklevel=3,
-                )
-                self._state.table = None
-                return reference
-        return [(ids, self._from_offsets(offsets, ranges))
-                for (ids, offsets), ranges in zip(self.ids_and_offsets(texts), learn_ranges)]
+        rows = self._by_bytes(texts, learn_ranges)
+        if rows is None:
+            return self._by_offsets(texts, learn_ranges)
+        if self._state.checked:
+            return rows
+        self._state.checked = True
+        reference = self._by_offsets(texts, learn_ranges)
+        if all(np.array_equal(a, c) and np.array_equal(b, d) for (a, b), (c, d) in zip(rows, reference)):
+            return rows
+        warnings.warn(
+            "token byte lengths disagree with the tokenizer's offsets on this tokenizer; using offsets", stacklevel=3
+        )
+        self._state.table = None
+        return reference

@@ -167,15 +167,16 @@ def load_prepared(folder: Path, image_id: str, image_processor=None) -> torch.Te
 _FAST_PATH_OK: dict[tuple, bool] = {}
 
 
+def _as_tuple(value):
+    """A list mean/std as a tuple: hashable (the processor caches its fused mean/std by argument)."""
+    return tuple(value) if isinstance(value, list) else value
+
+
 def _signature(image_processor) -> tuple:
     """Everything :func:`_patchify_normalize` depends on; processors that agree on it compute the same pixels."""
     ip = image_processor
-
-    def flat(v):
-        return tuple(v) if isinstance(v, (list, tuple)) else v
-
     return (type(ip), ip.patch_size, ip.merge_size, ip.temporal_patch_size, ip.do_rescale, ip.rescale_factor,
-            ip.do_normalize, flat(ip.image_mean), flat(ip.image_std))
+            ip.do_normalize, _as_tuple(ip.image_mean), _as_tuple(ip.image_std))
 
 
 def prepared_shape(image_processor, chw: torch.Tensor) -> tuple[int, int]:
@@ -200,12 +201,8 @@ def _patchify_normalize(
     c, h, w = chw.shape
     ps, m, t = ip.patch_size, ip.merge_size, ip.temporal_patch_size
     gh, gw = h // ps, w // ps
-
-    def flat(v):
-        return tuple(v) if isinstance(v, list) else v
-
     normed = ip.rescale_and_normalize(chw[None], ip.do_rescale, ip.rescale_factor, ip.do_normalize,
-                                      flat(ip.image_mean), flat(ip.image_std))[0]
+                                      _as_tuple(ip.image_mean), _as_tuple(ip.image_std))[0]
     # (C, gh/m, m, P, gw/m, m, P) -> (gh/m, gw/m, m, m, C, [T], P, P): the processor's patch order
     src = normed.reshape(c, gh // m, m, ps, gw // m, m, ps).permute(1, 4, 2, 5, 0, 3, 6).unsqueeze(5)
     if out is None:
