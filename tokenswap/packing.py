@@ -12,7 +12,10 @@ not step by +1) for sdpa and eager, and the ``cu_seqlens`` of flash-attention 2 
 row. So a packed batch has no ``attention_mask`` and carries ``use_cache=False`` (with a cache,
 transformers skips the packed-sequence detection); where rows of one batch differ in length, the
 shorter ones are filled with pad tokens that form their own position run (their own "sample",
-labels -100), so no real token attends to them.
+labels -100), so no real token attends to them. No label crosses a sample boundary either: the
+model predicts label ``p + 1`` from token ``p`` of the same row, so the first label of every packed
+segment is -100 (alone, a sample's first token is never a target), whatever the collator learns
+(``learn="assistant"`` or ``"all"``).
 
 How packing meets ``per_device_train_batch_size``: the dataloader still hands the collator B
 samples; the collator packs them, in order, into as few rows as greedy-in-order allows (a new
@@ -245,6 +248,9 @@ def pack_rows(
             n = len(s.ids)
             input_ids[r, pos : pos + n] = s.ids
             labels[r, pos : pos + n] = s.labels
+            # The model shifts labels by one inside the row, so a segment's first label would be predicted by
+            # the previous segment's last token. Alone, a sample's first token is never a target either.
+            labels[r, pos] = -100
             position_ids[0, r, pos : pos + n] = torch.arange(n)
             position_ids[1:, r, pos : pos + n] = mrope[:, k, :n]
             pos += n

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from tokenswap.collator import TokenSwapCollator
 from tokenswap.packing import (
+    PACKABLE_FAMILIES,
     PackingNotSupportedError,
     RopeIndex,
     greedy_pack,
@@ -108,8 +109,20 @@ def grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def targets(labels: torch.Tensor) -> int:
+    """Tokens the model's own shifted loss learns: position p predicts label p+1 of the same row."""
+    return int((labels[..., 1:] != -100).sum())
+
+
 def check_packed_equals_alone(model, packed: dict, singles: list[dict], plan: list[list[int]]):
-    """Per-token losses and summed-loss gradients of the packed batch equal the one-at-a-time runs."""
+    """Per-token losses, target counts, the model's own loss and summed-loss gradients of the packed batch
+    equal the one-at-a-time runs."""
+    # No target may cross a sample boundary: the packed rows learn exactly the tokens the samples learn alone.
+    assert targets(packed["labels"]) == sum(targets(s["labels"]) for s in singles)
+    with torch.no_grad():
+        own = model(**packed).loss * targets(packed["labels"])  # the model's shift and token-mean, undone
+        own_alone = sum(model(**s).loss * targets(s["labels"]) for s in singles if targets(s["labels"]))
+    torch.testing.assert_close(own, own_alone, rtol=1e-5, atol=1e-4)
     model.zero_grad()
     out = model(**{k: v for k, v in packed.items() if k != "labels"})
     loss_rows = []
@@ -152,18 +165,19 @@ def qwen2vl_models(tiny_qwen2vl):
     }
 
 
+@pytest.mark.parametrize("learn", ["assistant", "all"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager", VARLEN])
-def test_collator_packed_batch_equals_samples_one_at_a_time(attn, qwen2vl_models, tiny_processor, tiny_store,
+def test_collator_packed_batch_equals_samples_one_at_a_time(attn, learn, qwen2vl_models, tiny_processor, tiny_store,
                                                             swap_samples):
     model = qwen2vl_models[attn].train()
     policy = SwapPolicy(swap_prob=1.0)
     examples = swap_samples[:6]
-    alone = TokenSwapCollator(tiny_processor, tiny_store, policy)
+    alone = TokenSwapCollator(tiny_processor, tiny_store, policy, learn=learn)
     singles = [alone([ex]) for ex in examples]
     singles = [{k: v for k, v in s.items() if k != "attention_mask"} for s in singles]
     lengths = [s["input_ids"].shape[1] for s in singles]
     budget = max(lengths) + min(lengths)  # at least one row holds two samples, and rows differ in length
-    packer = TokenSwapCollator(tiny_processor, tiny_store, policy, pack_budget=budget)
+    packer = TokenSwapCollator(tiny_processor, tiny_store, policy, pack_budget=budget, learn=learn)
     packed = packer(examples)
     plan = greedy_pack(lengths, budget)
     assert any(len(r) > 1 for r in plan) and len(plan) > 1
@@ -260,8 +274,12 @@ def test_packing_is_identical_across_calls(tiny_processor, tiny_store, swap_samp
 
 
 # ---------------------------------------------------------------------------- every family, at the tensor level
-def family_sample(config, rng: np.random.Generator, n_images: int, text: int, grid=(1, 4, 6)):
-    """A token row with ``n_images`` image blocks, random labels on the text, and matching pixels."""
+def family_sample(config, rng: np.random.Generator, n_images: int, text: int, grid=(1, 4, 6), learn="assistant"):
+    """A token row with ``n_images`` image blocks, labels on the text, and matching pixels.
+
+    ``learn="assistant"`` leaves the first half of the leading text unlearned (a prompt); ``"all"`` learns every
+    non-image token, the first one included (as the collator's ``learn="all"`` does).
+    """
     vc = config.vision_config
     t, h, w = grid
     merged = t * h * w // vc.spatial_merge_size**2
@@ -274,7 +292,8 @@ def family_sample(config, rng: np.random.Generator, n_images: int, text: int, gr
         ids += list(rng.choice(ordinary, size=text))
     ids = np.asarray(ids, dtype=np.int64)
     labels = np.where(np.isin(ids, list(special)), -100, ids)
-    labels[: text // 2] = -100
+    if learn == "assistant":
+        labels[: text // 2] = -100
     patch = vc.in_channels * vc.temporal_patch_size * vc.patch_size**2
     pixels = torch.from_numpy(rng.standard_normal((n_images * t * h * w, patch)).astype(np.float32))
     return ids, labels, [grid] * n_images, pixels
@@ -293,13 +312,14 @@ def family_models(tmp_path_factory):
     return load
 
 
+@pytest.mark.parametrize("learn", ["assistant", "all"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager", VARLEN])
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
-def test_every_packable_family_packs_exactly(family, attn, family_models):
+@pytest.mark.parametrize("family", PACKABLE_FAMILIES)
+def test_every_packable_family_packs_exactly(family, attn, learn, family_models):
     model = family_models(family, attn).train()
     config = model.config
     rng = np.random.default_rng(0)
-    samples = [family_sample(config, rng, n, text) for n, text in ((1, 20), (0, 33), (2, 9), (1, 40))]
+    samples = [family_sample(config, rng, n, text, learn=learn) for n, text in ((1, 20), (0, 33), (2, 9), (1, 40))]
     merge = config.vision_config.spatial_merge_size
     rope = RopeIndex(family, merge)
 
@@ -343,19 +363,21 @@ def test_collator_refuses_packing_for_qwen3_5(tmp_path_factory):
         TokenSwapCollator(processor, None, pack_budget=4096)
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
-def test_collator_packs_other_families_exactly(family, family_models, tmp_path_factory, tiny_store, swap_samples):
+@pytest.mark.parametrize("learn", ["assistant", "all"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
+def test_collator_packs_other_families_exactly(family, learn, family_models, tmp_path_factory, tiny_store,
+                                               swap_samples):
     from transformers import AutoProcessor
 
     model = family_models(family, "sdpa").train()
     processor = AutoProcessor.from_pretrained(tmp_path_factory.getbasetemp() / f"tiny-{family}")
     policy = SwapPolicy(swap_prob=1.0)
     examples = swap_samples[:5]
-    singles = [TokenSwapCollator(processor, tiny_store, policy)([ex]) for ex in examples]
+    singles = [TokenSwapCollator(processor, tiny_store, policy, learn=learn)([ex]) for ex in examples]
     singles = [{k: v for k, v in s.items() if k != "attention_mask"} for s in singles]
     lengths = [s["input_ids"].shape[1] for s in singles]
     budget = max(lengths) + min(lengths)
-    packed = TokenSwapCollator(processor, tiny_store, policy, pack_budget=budget)(examples)
+    packed = TokenSwapCollator(processor, tiny_store, policy, pack_budget=budget, learn=learn)(examples)
     plan = greedy_pack(lengths, budget)
     assert len(plan) > 1 and any(len(r) > 1 for r in plan)
     check_packed_equals_alone(model, packed, singles, plan)
