@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from transformers import Trainer
 
+from tokenswap.attention import use_packed_attention
 from tokenswap.config import config_to_dict, parse_config
 from tokenswap.crossmath import load_crossmath
 from tokenswap.crossmath.cli import cli_main as crossmath_cli
@@ -37,7 +38,7 @@ from tokenswap.crossmath.training_data import (
     load_training_records,
     sft_example,
 )
-from tokenswap.packing import group_by_length, use_varlen_sdpa
+from tokenswap.packing import group_by_length
 from tokenswap.throughput import ThroughputCallback, ThroughputConfig
 from tokenswap.training import (
     CheckpointCallback,
@@ -145,7 +146,7 @@ def main(cfg: ImageSFTConfig) -> None:
     resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
     model, processor = load_model_and_processor(cfg.model, resume_from=resume, seed=cfg.run.seed)
     if cfg.collator.packing:
-        use_varlen_sdpa(model)  # sdpa would compute each packed row's whole T x T attention
+        use_packed_attention(model, cfg.model.attn_implementation, device="cpu" if args.use_cpu else None)
     collator = build_collator(cfg.collator, processor, None, cfg.run.arm, learn="assistant")
     collator.log_ids_to = os.path.join(cfg.run.output_dir, f"sample_ids.rank{rank}.txt")
     resumable = ResumableCollator(collator)

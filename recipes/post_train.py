@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 
 from transformers import Trainer
 
+from tokenswap.attention import use_packed_attention
 from tokenswap.config import config_to_dict, parse_config
 from tokenswap.data.llava import load_llava
 from tokenswap.data.mixture import paired_mixture
 from tokenswap.data.schema import load_samples
-from tokenswap.packing import group_by_length, use_varlen_sdpa
+from tokenswap.packing import group_by_length
 from tokenswap.throughput import ThroughputCallback, ThroughputConfig
 from tokenswap.training import (
     CheckpointCallback,
@@ -113,7 +114,7 @@ def main(cfg: PostTrainConfig) -> None:
     resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
     model, processor = load_model_and_processor(cfg.model, resume_from=resume, seed=cfg.run.seed)
     if cfg.collator.packing:
-        use_varlen_sdpa(model)  # sdpa would compute each packed row's whole T x T attention
+        use_packed_attention(model, cfg.model.attn_implementation, device="cpu" if args.use_cpu else None)
     store = build_image_store(cfg.image_store) if cfg.run.arm == "tokenswap" else None
     collator = build_collator(
         cfg.collator, processor, store, cfg.run.arm, learn="assistant", image_root=cfg.data.llava_image_root

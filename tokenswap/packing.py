@@ -45,16 +45,13 @@ import torch
 
 __all__ = [
     "PACKABLE_FAMILIES",
-    "VARLEN_SDPA",
     "PackingNotSupportedError",
     "RopeIndex",
     "greedy_pack",
     "group_by_length",
     "length_grouped_order",
     "pack_rows",
-    "register_varlen_sdpa",
     "text_lengths",
-    "use_varlen_sdpa",
 ]
 
 PACKABLE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
@@ -343,70 +340,3 @@ def group_by_length(dataset, batch_size: int, seed: int, megabatch: int = 50):
     columns = [c for c in ("messages", "images") if c in dataset.column_names]
     lengths = text_lengths(list(dataset.select_columns(columns)))
     return dataset.select(length_grouped_order(lengths, batch_size, seed, megabatch))
-
-
-# ---------------------------------------------------------------------------- attention for packed rows
-VARLEN_SDPA = "tokenswap_varlen_sdpa"
-"""``attn_implementation`` name of :func:`register_varlen_sdpa`'s attention."""
-
-
-def _varlen_sdpa(module, query, key, value, attention_mask, position_ids=None, **kwargs):
-    """sdpa per packed sample: each run of text positions (0, 1, 2, ...) attends causally within itself.
-
-    sdpa and eager compute a packed row's full ``T x T`` attention and mask the cross-sample part
-    away; flash-attention 2 skips it (varlen). This does the same with PyTorch's sdpa, one causal
-    call per sample, so packing saves compute where flash-attn is absent (CPU, older GPUs). Batches
-    that are not packed (no text-position row), the vision tower and decoding fall through to sdpa.
-    """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    T = query.shape[2]
-    if position_ids is None or position_ids.shape[-1] != T or key.shape[2] != T or T == 1:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    kwargs.pop("is_causal", None)
-    rows = []
-    for b in range(query.shape[0]):
-        pos = position_ids[b if position_ids.shape[0] > 1 else 0]
-        # A sample starts wherever the text position does not step by +1 (as transformers' packed-mask detection).
-        starts = [0] + (torch.nonzero(torch.diff(pos) != 1).flatten() + 1).tolist() + [T]
-        lengths = [e - a for a, e in zip(starts, starts[1:])]
-        # split, not slicing: its backward concatenates the gradients instead of zero-filling a full
-        # tensor per sample.
-        parts = zip(*(x[b : b + 1].split(lengths, dim=2) for x in (query, key, value)))
-        rows.append(torch.cat([sdpa_attention_forward(module, q, k, v, None, is_causal=True, **kwargs)[0]
-                               for q, k, v in parts], dim=1))
-    return torch.cat(rows, dim=0), None
-
-
-def register_varlen_sdpa() -> str:
-    """Register :func:`_varlen_sdpa` with transformers; returns the ``attn_implementation`` name to load with.
-
-    Masks: as sdpa's when the batch has a padding mask (padded batches pass through to sdpa); none
-    at all without one (packed rows: each sample is causal on its own, and building the ``T x T``
-    packed mask costs more than the attention it would mask).
-    """
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    AttentionInterface.register(VARLEN_SDPA, _varlen_sdpa)
-    AttentionMaskInterface.register(VARLEN_SDPA, _varlen_mask)
-    return VARLEN_SDPA
-
-
-def _varlen_mask(*, attention_mask=None, **kwargs):
-    from transformers.masking_utils import sdpa_mask
-
-    return None if attention_mask is None else sdpa_mask(attention_mask=attention_mask, **kwargs)
-
-
-def use_varlen_sdpa(model) -> str:
-    """Switch a model running sdpa to :func:`register_varlen_sdpa`'s attention (for packed batches); others stay.
-
-    flash-attention 2 already attends per sample in a packed row; eager is left for debugging.
-
-    Returns:
-        The attention implementation the model now uses.
-    """
-    if model.config._attn_implementation == "sdpa":
-        model.set_attn_implementation(register_varlen_sdpa())
-    return model.config._attn_implementation

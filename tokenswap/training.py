@@ -126,8 +126,11 @@ class ModelConfig:
     """Hub id (e.g. Qwen/Qwen2-VL-7B) or a local checkpoint folder."""
     dtype: Literal["bfloat16", "float16", "float32", "auto"] = "bfloat16"
     """Weights dtype at load time."""
-    attn_implementation: Literal["auto", "flash_attention_2", "sdpa", "eager"] = "auto"
-    """auto: flash_attention_2 when flash-attn is installed and CUDA is present, otherwise sdpa."""
+    attn_implementation: Literal["auto", "flash_attention_2", "varlen", "flex_attention", "sdpa", "eager"] = "auto"
+    """auto: padded batches run flash_attention_2 when flash-attn is installed and CUDA is present, otherwise sdpa;
+    packed rows (collator.packing) run the fastest exact kernel here: flash_attention_2, then torch's varlen
+    kernel (CUDA), FlexAttention, per-sample sdpa (CPU). Naming one forces it (see tokenswap.attention);
+    eager is for debugging."""
     min_pixels: int = 56 * 56
     """Image processor lower bound per image."""
     max_pixels: int = 256 * 28 * 28
@@ -449,7 +452,13 @@ class WandbConfig:
 
 # ---------------------------------------------------------------------------- builders
 def resolve_attn_implementation(requested: str) -> str:
-    """auto -> flash_attention_2 when usable, otherwise sdpa (said once in the log)."""
+    """The implementation a model loads with: auto -> flash_attention_2 when usable, otherwise sdpa (said once in
+    the log); varlen and flex_attention load as tokenswap's kernels, which run padded batches as sdpa does."""
+    if requested in ("varlen", "flex_attention"):
+        from tokenswap.attention import PACKED_KERNELS, register_packed_attention
+
+        register_packed_attention()
+        return PACKED_KERNELS[requested]
     if requested != "auto":
         return requested
     if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:

@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import tokenswap.attention as attention
+from tokenswap.attention import FLEX, VARLEN, VARLEN_SDPA, register_packed_attention
 from tokenswap.collator import TokenSwapCollator
 from tokenswap.packing import (
     PACKABLE_FAMILIES,
@@ -20,12 +22,12 @@ from tokenswap.packing import (
     greedy_pack,
     length_grouped_order,
     pack_rows,
-    register_varlen_sdpa,
     text_lengths,
 )
 from tokenswap.swap import SwapPolicy
 
-VARLEN = register_varlen_sdpa()
+register_packed_attention()
+KERNELS = ["sdpa", "eager", VARLEN_SDPA, FLEX]  # every attention that runs on CPU; torch's varlen: test_attention.py
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
@@ -116,7 +118,14 @@ def targets(labels: torch.Tensor) -> int:
 
 def check_packed_equals_alone(model, packed: dict, singles: list[dict], plan: list[list[int]]):
     """Per-token losses, target counts, the model's own loss and summed-loss gradients of the packed batch
-    equal the one-at-a-time runs."""
+    equal the one-at-a-time runs (gradients not for FlexAttention on CPU: torch runs its backward on CUDA only)."""
+    if model.config._attn_implementation == FLEX and model.device.type == "cpu":
+        with torch.no_grad():
+            return _check_packed_equals_alone(model, packed, singles, plan, backward=False)
+    return _check_packed_equals_alone(model, packed, singles, plan, backward=True)
+
+
+def _check_packed_equals_alone(model, packed, singles, plan, backward: bool):
     # No target may cross a sample boundary: the packed rows learn exactly the tokens the samples learn alone.
     assert targets(packed["labels"]) == sum(targets(s["labels"]) for s in singles)
     with torch.no_grad():
@@ -128,7 +137,8 @@ def check_packed_equals_alone(model, packed: dict, singles: list[dict], plan: li
     loss_rows = []
     for r in range(packed["input_ids"].shape[0]):
         loss_rows.append(per_token_losses(out.logits[r], packed["labels"][r]))
-    torch.stack(loss_rows).sum().backward()
+    if backward:
+        torch.stack(loss_rows).sum().backward()
     g_packed = grads(model)
 
     model.zero_grad()
@@ -144,6 +154,8 @@ def check_packed_equals_alone(model, packed: dict, singles: list[dict], plan: li
             torch.testing.assert_close(out.logits[r, pos : pos + n], logits, **TOL)
             total = total + alone.sum()
             pos += n
+    if not backward:
+        return
     total.backward()
     g_alone = grads(model)
     assert g_alone
@@ -161,12 +173,12 @@ def qwen2vl_models(tiny_qwen2vl):
 
     return {
         attn: AutoModelForImageTextToText.from_pretrained(tiny_qwen2vl, dtype=torch.float32, attn_implementation=attn)
-        for attn in ("sdpa", "eager", VARLEN)
+        for attn in KERNELS
     }
 
 
 @pytest.mark.parametrize("learn", ["assistant", "all"])
-@pytest.mark.parametrize("attn", ["sdpa", "eager", VARLEN])
+@pytest.mark.parametrize("attn", KERNELS)
 def test_collator_packed_batch_equals_samples_one_at_a_time(attn, learn, qwen2vl_models, tiny_processor, tiny_store,
                                                             swap_samples):
     model = qwen2vl_models[attn].train()
@@ -194,22 +206,26 @@ def test_collator_packed_batch_equals_samples_one_at_a_time(attn, learn, qwen2vl
     check_packed_equals_alone(model, packed, singles, plan)
 
 
-def test_use_varlen_sdpa_switches_an_sdpa_model_and_keeps_its_outputs(tiny_qwen2vl, tiny_processor, tiny_store,
-                                                                     swap_samples):
+def test_use_packed_attention_switches_an_sdpa_model_and_keeps_its_outputs(tiny_qwen2vl, tiny_processor, tiny_store,
+                                                                           swap_samples, capsys):
     from transformers import AutoModelForImageTextToText
 
-    from tokenswap.packing import use_varlen_sdpa
+    from tokenswap.attention import use_packed_attention
 
     model = AutoModelForImageTextToText.from_pretrained(tiny_qwen2vl, dtype=torch.float32,
                                                         attn_implementation="sdpa").eval()
     batch = TokenSwapCollator(tiny_processor, tiny_store, SwapPolicy(swap_prob=1.0), pack_budget=4096)(swap_samples[:4])
     with torch.no_grad():
         before = model(**batch).logits
-        assert use_varlen_sdpa(model) == VARLEN
+        assert use_packed_attention(model, "auto", device="cpu") == VARLEN_SDPA
         after = model(**batch).logits
+        assert use_packed_attention(model, "flex_attention", device="cpu") == FLEX
+        flex = model(**batch).logits
     torch.testing.assert_close(after, before, **TOL)
+    torch.testing.assert_close(flex, before, **TOL)
+    assert "packed attention: sdpa (tokenswap_varlen_sdpa on cpu; auto" in capsys.readouterr().out
     eager = AutoModelForImageTextToText.from_pretrained(tiny_qwen2vl, attn_implementation="eager")
-    assert use_varlen_sdpa(eager) == "eager"
+    assert use_packed_attention(eager, "eager", device="cpu") == "eager"
 
 
 def test_a_sample_never_depends_on_its_neighbours(qwen2vl_models, tiny_processor, tiny_store, swap_samples):
@@ -313,7 +329,7 @@ def family_models(tmp_path_factory):
 
 
 @pytest.mark.parametrize("learn", ["assistant", "all"])
-@pytest.mark.parametrize("attn", ["sdpa", "eager", VARLEN])
+@pytest.mark.parametrize("attn", KERNELS)
 @pytest.mark.parametrize("family", PACKABLE_FAMILIES)
 def test_every_packable_family_packs_exactly(family, attn, learn, family_models):
     model = family_models(family, attn).train()
@@ -424,22 +440,81 @@ def test_a_held_batch_is_never_overwritten_and_a_released_buffer_is_reused(tiny_
     assert first == again  # the previous batch was dropped, so its buffer is reused
 
 
-# ---------------------------------------------------------------------------- flash-attention 2 (run by benchmarks/gpu_check.sh)
+# ---------------------------------------------------------------------------- torch's varlen, wired through a reference
+# torch's varlen kernel runs on CUDA only (benchmarks/gpu_check.sh runs it); here its wiring (flattened layout,
+# segment boundaries, GQA, causality, both of torch's signatures) runs through a CPU reference of its contract.
+def reference_varlen(new_signature: bool):
+    """sdpa per segment on the (total_tokens, heads, head_dim) layout: the contract of torch's varlen_attn."""
+    calls = []
+
+    def causal(q, k, v, cu_q, cu_k, max_q, max_k, scale, gqa):
+        assert torch.equal(cu_q, cu_k) and cu_q.dtype == torch.int32 and q.shape[0] == int(cu_q[-1])
+        lengths = torch.diff(cu_q)
+        assert max_q == max_k == int(lengths.max())
+        out = [F.scaled_dot_product_attention(*(x[a:b].transpose(0, 1)[None] for x in (q, k, v)), is_causal=True,
+                                              scale=scale, enable_gqa=gqa)[0].transpose(0, 1)
+               for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist())]
+        calls.append(len(lengths))
+        return torch.cat(out)
+
+    if new_signature:
+        def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1),
+                        enable_gqa=False):
+            assert tuple(window_size) == (-1, 0)  # causal
+            return causal(q, k, v, cu_q, cu_k, max_q, max_k, scale, enable_gqa)
+    else:  # torch 2.10: is_causal, no scale, no GQA
+        def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False, return_aux=None):
+            assert is_causal and q.shape[1] == k.shape[1]
+            return causal(q, k, v, cu_q, cu_k, max_q, max_k, None, False)
+    return varlen_attn, calls
+
+
+@pytest.mark.parametrize("new_signature", [True, False])
+def test_torch_varlen_wiring_packs_exactly(new_signature, monkeypatch, tiny_qwen2vl, tiny_processor, tiny_store,
+                                           swap_samples):
+    from transformers import AutoModelForImageTextToText
+
+    fn, calls = reference_varlen(new_signature)
+    monkeypatch.setattr(attention, "_varlen_fn", lambda: fn)
+    monkeypatch.setattr(attention, "_varlen_cannot_run", lambda query, dropout: None)
+    monkeypatch.setattr(attention, "_VARLEN_PARAMS", None)
+    register_packed_attention()
+    model = AutoModelForImageTextToText.from_pretrained(tiny_qwen2vl, dtype=torch.float32,
+                                                        attn_implementation=VARLEN).train()
+    assert model.config.text_config.num_key_value_heads < model.config.text_config.num_attention_heads  # GQA
+    policy = SwapPolicy(swap_prob=1.0)
+    examples = swap_samples[:6]
+    singles = [TokenSwapCollator(tiny_processor, tiny_store, policy)([ex]) for ex in examples]
+    singles = [{k: v for k, v in s.items() if k != "attention_mask"} for s in singles]
+    lengths = [s["input_ids"].shape[1] for s in singles]
+    budget = max(lengths) + min(lengths)
+    packed = TokenSwapCollator(tiny_processor, tiny_store, policy, pack_budget=budget)(examples)
+    plan = greedy_pack(lengths, budget)
+    check_packed_equals_alone(model, packed, singles, plan)
+    assert calls and max(calls) > 1  # the packed rows went through the kernel, several samples per call
+
+
+# ---------------------------------------------------------------------------- CUDA kernels (run by benchmarks/gpu_check.sh)
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
-def test_flash_attention_2_packs_like_one_at_a_time(family, tmp_path_factory):
-    """bf16 on CUDA: the packed batch (flash-attn varlen from the text-position row) matches the samples alone."""
-    pytest.importorskip("flash_attn")
+@pytest.mark.parametrize("learn", ["assistant", "all"])
+@pytest.mark.parametrize("attn", ["flash_attention_2", VARLEN, FLEX, VARLEN_SDPA])
+@pytest.mark.parametrize("family", PACKABLE_FAMILIES)
+def test_cuda_kernels_pack_like_one_at_a_time(family, attn, learn, tmp_path_factory):
+    """bf16 on CUDA: per-token losses and summed-loss gradients of the packed rows match the samples alone."""
+    if attn == "flash_attention_2":
+        pytest.importorskip("flash_attn")
     from transformers import AutoModelForImageTextToText
 
     from tokenswap.testing import build_tiny_model
 
-    path = build_tiny_model(tmp_path_factory.getbasetemp() / f"fa2-{family}", family=family)
+    path = tmp_path_factory.getbasetemp() / f"cuda-{family}"
+    if not path.exists():
+        build_tiny_model(path, family=family)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.bfloat16,
-                                                        attn_implementation="flash_attention_2").cuda().train()
+                                                        attn_implementation=attn).cuda().train()
     config = model.config
     rng = np.random.default_rng(0)
-    samples = [family_sample(config, rng, n, text) for n, text in ((1, 20), (0, 33), (2, 9), (1, 40))]
+    samples = [family_sample(config, rng, n, text, learn=learn) for n, text in ((1, 20), (0, 33), (2, 9), (1, 40))]
     rope = RopeIndex(family, config.vision_config.spatial_merge_size)
     packed, plan = pack_rows([s[0] for s in samples], [s[1] for s in samples], [s[2] for s in samples],
                              budget=sum(len(s[0]) for s in samples), rope_index=rope, pad_id=0,
@@ -447,7 +522,11 @@ def test_flash_attention_2_packs_like_one_at_a_time(family, tmp_path_factory):
     packed["pixel_values"] = torch.cat([s[3] for s in samples if s[2]]).to(torch.bfloat16)
     packed["image_grid_thw"] = torch.tensor([g for s in samples for g in s[2]])
     packed = {k: v.cuda() if torch.is_tensor(v) else v for k, v in packed.items()}
+    model.zero_grad()
     logits = model(**{k: v for k, v in packed.items() if k != "labels"}).logits[0].float()
+    per_token_losses(logits, packed["labels"][0]).sum().backward()
+    g_packed = grads(model)
+    model.zero_grad()
     pos = 0
     for ids, labels, grids, pixels in samples:
         one = {"input_ids": torch.from_numpy(ids)[None].cuda(),
@@ -458,6 +537,12 @@ def test_flash_attention_2_packs_like_one_at_a_time(family, tmp_path_factory):
         alone = model(**one).logits[0].float()
         n = len(ids)
         lab = torch.from_numpy(labels).cuda()
-        torch.testing.assert_close(per_token_losses(logits[pos : pos + n], lab), per_token_losses(alone, lab),
-                                   rtol=2e-2, atol=2e-2)
+        alone_losses = per_token_losses(alone, lab)
+        torch.testing.assert_close(per_token_losses(logits[pos : pos + n], lab), alone_losses, rtol=2e-2, atol=2e-2)
+        alone_losses.sum().backward()
         pos += n
+    g_alone = grads(model)
+    for name, g in g_alone.items():
+        # bf16 sums in a different order: compare each gradient as a whole, relative to its size.
+        diff = (g_packed[name].float() - g.float()).norm() / g.float().norm().clamp_min(1e-6)
+        assert diff < 5e-2, f"{name}: relative gradient difference {diff:.3g}"
