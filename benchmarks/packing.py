@@ -24,7 +24,7 @@ AdamW, on CPU. The first ``--samples`` long-tailed samples are trained on twice,
 padded and once packed, in the same batches of 4: optimizer steps alternate between the two arms
 so the shared CPU's slow moments hit both; each arm's non-pad tokens / its summed step time
 (forward + backward + optimizer, batches collated outside the clock) is its tokens/s. Attention:
-``tokenswap.packing.register_varlen_sdpa`` in both arms, i.e. plain sdpa for the padded batches
+``tokenswap.attention.VARLEN_SDPA`` in both arms (what ``attn_implementation: auto`` picks on CPU), i.e. plain sdpa for the padded batches
 and one causal sdpa call per sample inside a packed row (what flash-attention 2's varlen does on
 GPU; plain sdpa/eager would compute and mask the whole row's attention, about as slow as padding).
 
@@ -51,9 +51,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from tokenswap.attention import VARLEN_SDPA, register_packed_attention  # noqa: E402
 from tokenswap.collator import TokenSwapCollator  # noqa: E402
 from tokenswap.data.magpie import fixture_path, magpie_to_sample  # noqa: E402
-from tokenswap.packing import register_varlen_sdpa  # noqa: E402
 
 MAX_LENGTH = 4096
 PADDED_BATCH = 4
@@ -171,7 +171,8 @@ def main() -> None:
     model_dir = tmp / "model"
     # Both arms load the varlen attention: padded batches pass straight through to sdpa (identical to
     # attn_implementation="sdpa"), packed rows get one causal sdpa call per sample, as flash-attn's varlen.
-    varlen = register_varlen_sdpa()
+    register_packed_attention()
+    varlen = VARLEN_SDPA
     models = {arm: AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32,
                                                                attn_implementation=varlen).train()
               for arm in ("padded", "packed")}

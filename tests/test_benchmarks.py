@@ -31,7 +31,7 @@ CASES = [
     ("crossmath_gen.py", ["--n", "2"], r"wrote \S+result\.json", True),
     ("eval_speed.py", ["--pairs", "4", "--repeats", "1", "--hidden", "64", "--layers", "2"],
      r"generate evaluate +\d+\.\d+ s +\(\d+\.\dx loglik, \d+ new tokens per row\)", True),
-    ("gpu_packing.py", ["--shape", "tiny", "--device", "cpu", "--attn", "sdpa", "--dtype", "float32", "--steps", "1"],
+    ("gpu_packing.py", ["--shape", "tiny", "--device", "cpu", "--attn", "auto", "--steps", "1"],
      rf"gpu_packing: non-pad tokens/s packed/padded {RATIO}", True),
     ("faults.py", ["--sections", "data,llm"], r"faults: \d+ tried, \d+ handled, 0 lost", False),
 ]
