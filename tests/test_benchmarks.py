@@ -55,3 +55,17 @@ def test_benchmark_runs_and_prints_its_closing_line(script, args, closing, write
 def test_every_benchmark_script_is_covered():
     scripts = {p.name for p in BENCHMARKS.glob("*.py")} - {"peak_memory.py"}  # a wrapper gpu_check.sh runs on a GPU
     assert scripts == {c[0] for c in CASES}
+
+
+def test_gpu_check_dry_run_passes_on_a_cpu_machine(tmp_path):
+    """What a GPU rental would run is checked here first: packages, every run's config and overrides, the commands."""
+    env = {**os.environ, "OUT": str(tmp_path / "gpu_check"), "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), "--dry-run"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "gpu_check: dry run passed"
+    assert "gpu_check: configs and overrides of 6 runs are valid" in lines
+    for run in ("text", "tokenswap", "tokenswap_packed", "tokenswap_zero3", "tokenswap_qlora", "tokenswap_liger"):
+        assert any(f"runs/{run} " in line for line in lines), run
+    assert any("gpu_packing.py --shape 7b --lora 16" in line for line in lines)
