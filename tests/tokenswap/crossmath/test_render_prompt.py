@@ -120,18 +120,49 @@ def test_geometry_and_colours_match_the_released_pngs(style):
 def test_pixel_parity_with_the_released_pngs(style):
     records = released_records(style)
     scores = pixel_parity(records, RELEASE / RELEASED_FILES[style].split("/")[0], style)
-    # 0.99 is the target on the released set (tokenswap crossmath fidelity); these two small puzzles sit at
-    # 0.990-0.991 here, and FreeType versions move antialiased edges a little.
+    # Every released puzzle renders at >= 0.99 (tokenswap crossmath fidelity, 250 per style); these small
+    # puzzles sit at 0.991-0.993 here, and FreeType versions move antialiased edges a little.
     assert min(scores) >= 0.985, scores
-    if style == "original":
-        # One number height (17 px) for every digit count; operators at their released ink sizes (w, h), measured
-        # as the released ones were: pixels more than 40 away from the cell fill.
-        sizes = {"7": 17, "42": 17, "128": 17, "905": 17, "+": (12, 12), "×": (10, 10), "-": (8, 2)}
-        for text, size in sizes.items():
-            image = np.asarray(render_grid([[text]], style)).astype(int)[4:51, 4:51]
-            ys, xs = np.nonzero(np.abs(image - image[2, 2]).max(-1) > 40)
-            ink = (xs.max() - xs.min() + 1, ys.max() - ys.min() + 1)
-            assert (ink[1] if isinstance(size, int) else ink) == size, (text, ink)
+
+
+# Released ink boxes (w, h), measured on the released PNGs as pixels more than 40 away from the cell fill;
+# numbers have one height (17 px Original, 18 px Altstyle) whatever their digit count.
+RELEASED_INK = {
+    "original": {"=": (12, 7), "÷": (12, 9), "+": (12, 12), "×": (10, 10), "-": (8, 2), "7": 17, "42": 17, "905": 17},
+    "altstyle": {"=": (15, 6), "÷": (15, 10), "+": (15, 15), "×": (11, 11), "-": (7, 2)},
+}
+
+
+@pytest.mark.skipif(
+    font_path("original") is None or font_path("original").name != "NimbusSans-Regular.otf",
+    reason="glyph sizes need fonts-urw-base35 (make setup installs it)",
+)
+@pytest.mark.parametrize("style", sorted(RELEASED_INK))
+def test_glyph_ink_boxes_are_the_released_ones(style):
+    for text, size in RELEASED_INK[style].items():
+        image = np.asarray(render_grid([[text]], style)).astype(int)[4:51, 4:51]
+        ys, xs = np.nonzero(np.abs(image - image[2, 2]).max(-1) > 40)
+        ink = (xs.max() - xs.min() + 1, ys.max() - ys.min() + 1)
+        assert (ink[1] if isinstance(size, int) else ink) == size, (text, ink)
+
+
+X_PUZZLE = Path(__file__).parent / "fixtures" / "crossmath_0043"
+
+
+@pytest.mark.parametrize("style", sorted(RELEASED_FILES))
+def test_the_x_glyph_puzzle_draws_as_released(style):
+    """Released puzzle 0043 prints x for ×; its pictures draw those cells as numbers (number fill, the letter)."""
+    folder = X_PUZZLE / RELEASED_FILES[style].split("/")[0]
+    record = json.loads(next(line for line in (X_PUZZLE / RELEASED_FILES[style]).read_text().split("\n") if line))
+    grid = parse_markdown_table(record["markdown_table"], normalize=False)
+    x_cells = [(r, c) for r, row in enumerate(grid) for c, cell in enumerate(row) if cell == "x"]
+    assert x_cells
+    image = render_grid(grid, style)
+    for r, c in x_cells:
+        x, y = origin(r, c)
+        assert image.getpixel((x + 8, y + 8)) == STYLES[style].given
+    if font_path("original") is not None and font_path("original").name == "NimbusSans-Regular.otf":
+        assert pixel_parity([record], folder, style)[0] >= 0.99
 
 
 def test_solved_image_writes_answers_into_blanks():
