@@ -10,6 +10,7 @@ folder); nothing of it is shipped here. docs/crossmath_fidelity.md records the f
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -243,8 +244,11 @@ def shape_counts(stats: list[PuzzleStats]) -> dict[str, dict]:
 
     Returns:
         ``{group: {"n": puzzles, "blank_position": [a, b, c], "digits": [1, 2, 3+], "operators": [+, -, ×, ÷],
-        "rows" / "cols" / "density" / "crossings": [mean, sample std], "rows_min": int}}``; counts are
-        cells (equation slots for blank positions), means are over puzzles.
+        "<share key>_se": [standard error of each share], "rows" / "cols" / "density" / "crossings": [mean,
+        sample std], "rows_min": int, "five_rows": puzzles only 5 rows tall}}``; counts are cells (equation
+        slots for blank positions), means are over puzzles. A share's standard error treats the puzzle as the
+        unit sampled (its cells share one number range and layout), the ratio estimator's
+        ``sqrt(n / (n - 1) * sum_i (x_i - p * m_i)^2) / sum_i m_i``.
     """
     groups: dict[str, list[PuzzleStats]] = {"all": list(stats)}
     for s in stats:
@@ -255,16 +259,25 @@ def shape_counts(stats: list[PuzzleStats]) -> dict[str, dict]:
         def moments(values: list[float]) -> list[float]:
             return [float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0]
 
-        out[name] = {
-            "n": len(group),
-            "blank_position": [sum(s.blank_positions[k] for s in group) for k in range(3)],
-            "digits": [sum(s.digits[k] for s in group) for k in range(3)],
-            "operators": [sum(s.operators.get(op, 0) for s in group) for op in OPERATORS],
+        shares = {
+            "blank_position": np.array([s.blank_positions for s in group], float),
+            "digits": np.array([s.digits for s in group], float),
+            "operators": np.array([[s.operators.get(op, 0) for op in OPERATORS] for s in group], float),
+        }
+        out[name] = {"n": len(group)}
+        for key, counts in shares.items():
+            totals, n = counts.sum(1), len(group)
+            share = counts.sum(0) / totals.sum()
+            spread = ((counts - share * totals[:, None]) ** 2).sum(0) * n / max(n - 1, 1)
+            out[name][key] = [int(x) for x in counts.sum(0)]
+            out[name][f"{key}_se"] = [round(float(x), 5) for x in np.sqrt(spread) / totals.sum()]
+        out[name] |= {
             "rows": moments([s.rows for s in group]),
             "cols": moments([s.cols for s in group]),
             "density": moments([s.filled / (s.rows * s.cols) for s in group]),
             "crossings": moments([s.crossings for s in group]),
             "rows_min": min(s.rows for s in group),
+            "five_rows": sum(s.rows == 5 for s in group),
         }
     return out
 
@@ -273,46 +286,62 @@ RELEASED_SHAPE: dict[str, dict] = {
     "all": {
         "n": 250,
         "blank_position": [1103, 782, 1284],
+        "blank_position_se": [0.00792, 0.00752, 0.00875],
         "digits": [889, 3353, 1053],
+        "digits_se": [0.00423, 0.00967, 0.01105],
         "operators": [966, 891, 426, 290],
-        "rows": [11.3120, 2.7387],
-        "cols": [12.0480, 3.0163],
+        "operators_se": [0.00985, 0.0093, 0.00585, 0.00413],
+        "rows": [11.312, 2.7387],
+        "cols": [12.048, 3.0163],
         "density": [0.3166, 0.0653],
-        "crossings": [9.6960, 3.5038],
+        "crossings": [9.696, 3.5038],
         "rows_min": 5,
+        "five_rows": 4,
     },
     "easy": {
         "n": 90,
         "blank_position": [310, 299, 332],
+        "blank_position_se": [0.0172, 0.0161, 0.01745],
         "digits": [327, 1197, 414],
+        "digits_se": [0.00733, 0.01666, 0.01904],
         "operators": [337, 333, 165, 106],
+        "operators_se": [0.0144, 0.01423, 0.00884, 0.00742],
         "rows": [11.2889, 2.7242],
         "cols": [12.2222, 2.8865],
         "density": [0.3161, 0.0642],
         "crossings": [9.8333, 3.5672],
         "rows_min": 5,
+        "five_rows": 2,
     },
     "medium": {
         "n": 85,
         "blank_position": [364, 182, 471],
+        "blank_position_se": [0.0129, 0.00925, 0.01485],
         "digits": [282, 1121, 314],
+        "digits_se": [0.00651, 0.01601, 0.01835],
         "operators": [343, 269, 133, 89],
+        "operators_se": [0.01683, 0.01511, 0.0111, 0.00673],
         "rows": [11.2118, 2.8623],
         "cols": [11.6824, 3.0481],
         "density": [0.3181, 0.0744],
         "crossings": [9.2353, 3.4457],
         "rows_min": 5,
+        "five_rows": 2,
     },
     "hard": {
         "n": 75,
         "blank_position": [429, 301, 481],
+        "blank_position_se": [0.01166, 0.01003, 0.0117],
         "digits": [280, 1035, 325],
+        "digits_se": [0.00817, 0.01733, 0.0199],
         "operators": [286, 289, 128, 95],
+        "operators_se": [0.01978, 0.01909, 0.01063, 0.00716],
         "rows": [11.4533, 2.6421],
         "cols": [12.2533, 3.1326],
         "density": [0.3156, 0.0557],
         "crossings": [10.0533, 3.4831],
         "rows_min": 7,
+        "five_rows": 0,
     },
 }
 """``shape_counts`` of the released test set (github ``xuyige/CrossMath`` 0e8bef7, Original file, 250 puzzles),
@@ -345,6 +374,7 @@ SHAPE_ROWS: tuple[tuple[str, str, str], ...] = (
     *((f"grid columns, mean ({g})", "cols", g) for g in SHAPE_GROUPS),
     *((f"cells filled, share ({g})", "density", g) for g in SHAPE_GROUPS),
     *((f"crossings per puzzle, mean ({g})", "crossings", g) for g in SHAPE_GROUPS),
+    *((f"grids only 5 rows tall, % ({g})", "five_rows", g) for g in SHAPE_GROUPS),
     *((f"numbers with 1 / 2 / 3 digits, % ({g})", "digits", g) for g in SHAPE_GROUPS),
     *((f"operators + / - / × / ÷, % ({g})", "operators", g) for g in SHAPE_GROUPS),
 )
@@ -357,8 +387,14 @@ def shape_row(ours: dict[str, dict], released: dict[str, dict], key: str, group:
     if key in ("rows", "cols", "density", "crossings"):
         fmt = "{:.3f}" if key == "density" else "{:.2f}"
         return fmt.format(r[key][0]), fmt.format(o[key][0]), abs(mean_z(o[key], o["n"], r[key], r["n"]))
+    if key == "five_rows":
+        z = abs(proportion_z(o[key], o["n"], r[key], r["n"]))
+        return f"{100 * r[key] / r['n']:.1f} ({r[key]})", f"{100 * o[key] / o['n']:.1f} ({o[key]})", z
     total_r, total_o = sum(r[key]), sum(o[key])
-    z = max(abs(proportion_z(x_o, total_o, x_r, total_r)) for x_o, x_r in zip(o[key], r[key]))
+    z = max(
+        abs(x_o / total_o - x_r / total_r) / math.hypot(se_o, se_r) if se_o or se_r else 0.0
+        for x_o, x_r, se_o, se_r in zip(o[key], r[key], o[f"{key}_se"], r[f"{key}_se"])
+    )
     show = (
         " / ".join(f"{100 * x / total_r:.1f}" for x in r[key]),
         " / ".join(f"{100 * x / total_o:.1f}" for x in o[key]),
@@ -373,11 +409,6 @@ def format_shape_table(ours: dict[str, dict], released: dict[str, dict]) -> str:
         if group in ours and group in released:
             r, o, z = shape_row(ours, released, key, group)
             lines.append(f"| {label} | {r} | {o} | {z:.1f} |")
-    smallest = " / ".join(
-        f"{released[g]['rows_min'] if g in released else '-'} vs {ours[g]['rows_min'] if g in ours else '-'}"
-        for g in ("easy", "medium", "hard")
-    )
-    lines.append(f"| fewest grid rows, released vs ours (easy / medium / hard) | {smallest} | | |")
     return "\n".join(lines)
 
 
