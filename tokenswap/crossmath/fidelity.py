@@ -351,8 +351,7 @@ so that tests and the report can compare without the release at hand."""
 def proportion_z(x1: int, n1: int, x2: int, n2: int) -> float:
     """Two-sample z of ``x1/n1`` against ``x2/n2`` (pooled binomial standard error; 0.0 when both are 0 or 1).
 
-    Cells of one puzzle are not independent, so this understates the real spread: a figure within 3 of it is
-    well within sampling error.
+    For independent units (puzzles); shares of cells use the puzzle-level standard errors of :func:`shape_counts`.
 
     >>> round(proportion_z(40, 100, 50, 100), 2)
     -1.42
@@ -403,7 +402,15 @@ def shape_row(ours: dict[str, dict], released: dict[str, dict], key: str, group:
 
 
 def format_shape_table(ours: dict[str, dict], released: dict[str, dict]) -> str:
-    """A markdown table of :data:`SHAPE_ROWS`: released, ours, and the largest two-sample ``|z|`` of each row."""
+    """A markdown table of :data:`SHAPE_ROWS`: released, ours, and the largest two-sample ``|z|`` of each row.
+
+    Args:
+        ours: :func:`shape_counts` of our puzzles.
+        released: :func:`shape_counts` of the release (or :data:`RELEASED_SHAPE`).
+
+    Returns:
+        The table; a row is left out where either side has no puzzle of its difficulty.
+    """
     lines = ["| | released | ours | max abs z |", "|---|---|---|---|"]
     for label, key, group in SHAPE_ROWS:
         if group in ours and group in released:
@@ -494,8 +501,9 @@ def fidelity_report(
         "",
         f"## Shape: released vs ours ({n} puzzles of each difficulty, seed {seed})",
         "",
-        "z: two-sample z of each part of a row (binomial for shares, Welch for means); cells of one puzzle are",
-        "not independent, so |z| understates the real spread, and |z| <= 3 is well within sampling error.",
+        "max abs z: the largest two-sample z of the parts of a row, with the puzzle as the sampled unit (a",
+        "puzzle's cells share one number range and layout): ratio-estimator standard errors for shares, Welch",
+        "for means, binomial over puzzles for 5-row grids. |z| <= 3 is within sampling error.",
         "",
         format_shape_table(shape_counts(per_level), shape_counts(released_stats)),
         "",
