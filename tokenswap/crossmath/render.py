@@ -27,6 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from tokenswap.crossmath.grid import BLANK, OPERATORS
@@ -71,6 +72,8 @@ class Style:
         glyphs: per glyph (``"digit"`` for numbers, ``"digit<n>"`` for ``n``-digit numbers where they differ),
             ``(font size px, baseline below the cell top px, horizontal shift px)``; fitted to the released
             PNGs with the first font of ``fonts``.
+        cross: ``×`` drawn as two diagonal strokes, ``(centre x, centre y, half extent, stroke width)`` in pixels
+            from the cell's top-left corner; measured on the released PNGs.
         strokes: glyphs drawn as rectangles instead of text: per glyph, ``(x0, x1, y0, y1, ink)`` in pixels
             from the cell's top-left corner, ``x`` continuous (edge pixels get their covered share), rows
             ``y0 <= y < y1`` and ``ink`` the share of the text colour a fully covered pixel gets; measured
@@ -89,6 +92,7 @@ class Style:
     text: RGB
     fonts: tuple[str, ...]
     glyphs: dict[str, tuple[float, int, float]]
+    cross: tuple[float, float, float, float]
     strokes: dict[str, tuple[tuple[float, float, int, int, float], ...]]
     folder: str
     suffix: str
@@ -97,15 +101,15 @@ class Style:
 # Numbers share one size and baseline (one digit height for every digit count: 17 px Original, 18 px
 # Altstyle). Each operator is sized and placed so that its ink box is the released one where the Nimbus
 # glyph allows it (Original: - 8x2, + 12x12, × 10x10; Altstyle: - 7x2, + 15x15, × 11x11).
-_SANS_GLYPHS = {
-    "digit": (23.5, 36, 0.0),
-    "×": (25, 33, 0.0),
-}
+_SANS_GLYPHS = {"digit": (23.5, 36, 0.0)}
 _SERIF_GLYPHS = {
     "digit": (27.25, 36, 0.5),
     "digit3": (27.25, 36, -0.25),  # three-digit numbers: fitted on their own (they sit left of the others)
-    "×": (22, 33, -1.0),
 }
+# × is also the same pixels in every released cell: two diagonal strokes, 10x10 (Original) and 11x11 (Altstyle).
+# Drawn as such they miss 21 and 6 pixels of a cell at tolerance 8, the font's glyph 61 and 59.
+_SANS_CROSS = (28.0, 27.0, 4.35, 2.0)
+_SERIF_CROSS = (27.6, 27.5, 5.0, 1.05)
 # The straight glyphs are the same pixels in every released cell: Original/Noborder/Beige `=` 12x7 (two 2-px
 # bars), `÷` 13x9 (a 2-px bar, two 2x2 dots), `+` 12x12, `-` 8x2; Altstyle `=` 15x6 and `÷` 15x10 with 1-px
 # bars, `+` 15x15, `-` 7x2. No Nimbus size gives both the width and the height of `=` and `÷` (Nimbus `=` came
@@ -128,7 +132,19 @@ _BLUE, _YELLOW, _WHITE, _BLACK = (218, 232, 245), (255, 249, 218), (255, 255, 25
 _NOBORDER_BLANK = (245, 245, 245)
 STYLES: dict[str, Style] = {
     "original": Style(
-        _WHITE, _BLUE, _YELLOW, _WHITE, _BLACK, 2, _BLACK, _SANS, _SANS_GLYPHS, _SANS_STROKES, "Original", ""
+        _WHITE,
+        _BLUE,
+        _YELLOW,
+        _WHITE,
+        _BLACK,
+        2,
+        _BLACK,
+        _SANS,
+        _SANS_GLYPHS,
+        _SANS_CROSS,
+        _SANS_STROKES,
+        "Original",
+        "",
     ),
     "noborder": Style(
         _WHITE,
@@ -140,6 +156,7 @@ STYLES: dict[str, Style] = {
         _BLACK,
         _SANS,
         _SANS_GLYPHS,
+        _SANS_CROSS,
         _SANS_STROKES,
         "Noborder",
         "_noborder",
@@ -154,6 +171,7 @@ STYLES: dict[str, Style] = {
         _BLACK,
         _SANS,
         _SANS_GLYPHS,
+        _SANS_CROSS,
         _SANS_STROKES,
         "Beige",
         "_hr_beige",
@@ -168,6 +186,7 @@ STYLES: dict[str, Style] = {
         (25, 25, 112),
         _SERIF,
         _SERIF_GLYPHS,
+        _SERIF_CROSS,
         _SERIF_STROKES,
         "Altstyle",
         "_altstyle",
@@ -219,6 +238,25 @@ def _font(style: str, size: float) -> ImageFont.ImageFont | ImageFont.FreeTypeFo
         return ImageFont.truetype(str(path), size)
     # Without any of the fonts the glyph shapes differ; sizes, positions and colours stay the same.
     return ImageFont.load_default(size=size)
+
+
+@lru_cache(maxsize=8)
+def _cross_cover(cx: float, cy: float, half: float, width: float) -> np.ndarray:
+    """Per pixel of a cell, the share an ``×`` of two diagonal strokes covers (8x8 samples per pixel)."""
+    samples = 8
+    ys, xs = np.mgrid[0 : CELL_PX * samples, 0 : CELL_PX * samples]
+    u, v = (xs + 0.5) / samples - cx, (ys + 0.5) / samples - cy
+    along, across = np.abs(u + v) / 2**0.5, np.abs(u - v) / 2**0.5
+    reach = half * 2**0.5
+    ink = ((across <= width / 2) & (along <= reach)) | ((along <= width / 2) & (across <= reach))
+    return ink.reshape(CELL_PX, samples, CELL_PX, samples).mean((1, 3))
+
+
+def _draw_cross(image: Image.Image, x0: int, y0: int, cross: tuple[float, ...], fill: RGB, color: RGB) -> None:
+    cover = _cross_cover(*cross)
+    for y, x in zip(*np.nonzero(cover)):
+        share = cover[y, x]
+        image.putpixel((x0 + int(x), y0 + int(y)), tuple(round(f + share * (c - f)) for f, c in zip(fill, color)))
 
 
 def _draw_strokes(
@@ -287,6 +325,9 @@ def render_grid(
                 if answers is None or (r, c) not in answers:
                     continue
                 text, color = str(answers[(r, c)]), answer_color
+            if text == "×":
+                _draw_cross(image, x0, y0, spec.cross, fill, color)
+                continue
             if text in spec.strokes:
                 _draw_strokes(image, x0, y0, spec.strokes[text], fill, color)
                 continue
