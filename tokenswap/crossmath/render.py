@@ -101,7 +101,7 @@ class Style:
 # Numbers share one size and baseline (one digit height for every digit count: 17 px Original, 18 px
 # Altstyle). Each operator is sized and placed so that its ink box is the released one where the Nimbus
 # glyph allows it (Original: - 8x2, + 12x12, × 10x10; Altstyle: - 7x2, + 15x15, × 11x11).
-_SANS_GLYPHS = {"digit": (23.5, 36, 0.0)}
+_SANS_GLYPHS = {"digit": (23.75, 36, 0.0)}
 _SERIF_GLYPHS = {
     "digit": (27.25, 36, 0.5),
     "digit3": (27.25, 36, -0.25),  # three-digit numbers: fitted on their own (they sit left of the others)
