@@ -6,18 +6,20 @@ The geometry and colours are measured on the released PNGs (docs/crossmath_fidel
 * each non-empty cell is a box ``(x0, y0, x0+55, y0+55)`` (both ends inclusive), drawn in
   row-major order, so neighbours overlap by one pixel: the outline (2 px Original/Beige, 3 px
   Altstyle) makes shared borders 3 px (Original/Beige) or 5 px (Altstyle) and free edges 2 or 3;
-* every glyph is one font size (numbers 17 px tall in Original, 18 px in Altstyle), centred
-  horizontally, on one baseline 36 px below the cell top; with that font size the operators
-  come out as released (``+`` 12×12, ``×`` 10×10, ``÷`` 12 wide × 9 tall in Original);
+* numbers are one font size (17 px tall in Original, 18 px in Altstyle), centred horizontally, on
+  one baseline 36 px below the cell top;
 * blanks are empty boxes (no ``?`` glyph);
-* ``=`` and ``÷`` are drawn as the released strokes (bars and dots at sub-pixel x edges, identical in
-  every released cell), because no size of the packaged fonts gives their released width and height;
+* the operators and ``=`` are drawn as the released strokes (bars and dots at sub-pixel x edges, the
+  two diagonals of ``×``; every released instance of each is the same pixels), at their released ink
+  boxes (Original ``=`` 12×7, ``÷`` 12×9, ``+`` 12×12, ``×`` 10×10, ``-`` 8×2): no size of the packaged
+  fonts gives the released width and height of ``=`` and ``÷``;
 * any other text (released puzzle 0043 prints the letter ``x`` for ``×``) is drawn like a number: number
   fill, number font and size, as the release draws it.
 
 The released pages were rendered in a browser with Helvetica/Times-metric fonts. The closest
 freely packaged faces are URW's Nimbus Sans / Nimbus Roman (Debian ``fonts-urw-base35``);
-Liberation and then DejaVu are used when those are missing, with the same sizes and positions.
+Liberation and then DejaVu are used for the numbers when those are missing, with the same sizes and
+positions.
 """
 
 from __future__ import annotations
@@ -240,7 +242,6 @@ def _font(style: str, size: float) -> ImageFont.ImageFont | ImageFont.FreeTypeFo
     return ImageFont.load_default(size=size)
 
 
-@lru_cache(maxsize=8)
 def _cross_cover(cx: float, cy: float, half: float, width: float) -> np.ndarray:
     """Per pixel of a cell, the share an ``×`` of two diagonal strokes covers (8x8 samples per pixel)."""
     samples = 8
@@ -252,31 +253,24 @@ def _cross_cover(cx: float, cy: float, half: float, width: float) -> np.ndarray:
     return ink.reshape(CELL_PX, samples, CELL_PX, samples).mean((1, 3))
 
 
-def _draw_cross(image: Image.Image, x0: int, y0: int, cross: tuple[float, ...], fill: RGB, color: RGB) -> None:
-    cover = _cross_cover(*cross)
-    for y, x in zip(*np.nonzero(cover)):
-        share = cover[y, x]
-        image.putpixel((x0 + int(x), y0 + int(y)), tuple(round(f + share * (c - f)) for f, c in zip(fill, color)))
-
-
-def _draw_strokes(
-    image: Image.Image,
-    x0: int,
-    y0: int,
-    rects: tuple[tuple[float, float, int, int, float], ...],
-    fill: RGB,
-    color: RGB,
-) -> None:
-    covers: dict[tuple[int, int], float] = {}
+def _rects_cover(rects: tuple[tuple[float, float, int, int, float], ...]) -> np.ndarray:
+    """Per pixel of a cell, the share the rectangles cover (edge columns get their covered share)."""
+    cover = np.zeros((CELL_PX, CELL_PX))
     for left, right, top, bottom, ink in rects:
         for x in range(int(left), int(right) + 1):
-            # The share of pixel column x that the bar covers, blended like an anti-aliased edge.
-            cover = ink * (min(right, x + 1) - max(left, x))
-            for y in range(top, bottom):
-                covers[x, y] = max(cover, covers.get((x, y), 0.0))
-    for (x, y), cover in covers.items():
-        if cover > 0:
-            image.putpixel((x0 + x, y0 + y), tuple(round(f + cover * (c - f)) for f, c in zip(fill, color)))
+            share = ink * (min(right, x + 1) - max(left, x))
+            cover[top:bottom, x] = np.maximum(cover[top:bottom, x], share)
+    return cover
+
+
+@lru_cache(maxsize=32)
+def _stroke_mask(style: str, text: str) -> tuple[Image.Image, tuple[int, int]]:
+    """The coverage of a stroke-drawn glyph as an ``L`` mask cropped to its ink, and its offset in the cell."""
+    spec = STYLES[style]
+    cover = _cross_cover(*spec.cross) if text == "×" else _rects_cover(spec.strokes[text])
+    ys, xs = np.nonzero(cover)
+    crop = cover[ys.min() : ys.max() + 1, xs.min() : xs.max() + 1]
+    return Image.fromarray(np.round(255 * crop).astype(np.uint8), "L"), (int(xs.min()), int(ys.min()))
 
 
 def render_grid(
@@ -325,11 +319,9 @@ def render_grid(
                 if answers is None or (r, c) not in answers:
                     continue
                 text, color = str(answers[(r, c)]), answer_color
-            if text == "×":
-                _draw_cross(image, x0, y0, spec.cross, fill, color)
-                continue
-            if text in spec.strokes:
-                _draw_strokes(image, x0, y0, spec.strokes[text], fill, color)
+            if text == "×" or text in spec.strokes:
+                mask, (dx, dy) = _stroke_mask(style, text)
+                image.paste(color, (x0 + dx, y0 + dy, x0 + dx + mask.width, y0 + dy + mask.height), mask)
                 continue
             if text in spec.glyphs:
                 key = text
