@@ -132,7 +132,9 @@ _DIGIT_WEIGHT: dict[str, tuple[tuple[float, float, float], ...]] = {
 
 
 def _digit_weight(op: str, values: list[int], positions) -> float:
-    return math.prod(_DIGIT_WEIGHT[op][k][len(str(values[k])) - 1] for k in positions)
+    return math.prod(_DIGIT_WEIGHT[op][k][(values[k] >= 10) + (values[k] >= 100)] for k in positions)
+
+
 _TALLER_REFUSAL = 0.1
 _LOOP_SHARE = 0.5
 DEFAULT_ROWS, DEFAULT_COLS = 17, 21
@@ -390,6 +392,8 @@ def _layout(
     placed: list[_Placed] = []
     loops = 0
     box = [rows, -1, cols, -1]  # top, bottom, left, right of the cells used so far
+    owner: dict[Cell, int] = {}  # the equation that placed each number cell
+    crossings: list[int] = []  # per equation, how many of its numbers another equation shares
 
     def extent(direction: str) -> tuple[int, int]:  # (lines, length along the line)
         return (rows, cols) if direction == "across" else (cols, rows)
@@ -418,9 +422,15 @@ def _layout(
             values = _complete(op, fixed, lo, hi, rng)
             if values is None:
                 continue
-            for cell, value in zip(nums, values):
+            crossings.append(0)
+            for cell, value, known in zip(nums, values, fixed):
                 numbers[cell] = value
                 directions.setdefault(cell, set()).add(direction)
+                if known is None:
+                    owner[cell] = len(placed)
+                else:
+                    crossings[owner[cell]] += 1
+                    crossings[-1] += 1
             lines.setdefault((direction, line), []).append(start)
             placed.append(_Placed(numbers=nums, op=op, direction=direction, line=line, start=start))
             loops += closes
@@ -435,7 +445,7 @@ def _layout(
     for _ in range(30 * n_equations):
         if len(placed) == n_equations:
             break
-        weights = [(1 + sum(len(directions[c]) == 2 for c in eq.numbers)) ** 2 for eq in placed]
+        weights = [(1 + n) ** 2 for n in crossings]
         cell = rng.choice(rng.choices(placed, weights=weights)[0].numbers)
         open_dirs = [d for d in ("across", "down") if d not in directions[cell]]
         if not open_dirs:
