@@ -325,7 +325,9 @@ def _complete(op: str, fixed: list[int | None], lo: int, hi: int, rng: random.Ra
         return None if _trivial(op, out) or rng.random() >= _digit_weight(op, out, free) else out
     if len(free) == 3:
         # Rejection sampling of the two operands (× and +) or of divisor and quotient (÷) or subtrahend and
-        # difference (-) is uniform over every equation that fits; 1s in × and ÷ are drawn again.
+        # difference (-) is uniform over every equation that fits; 1s in × and ÷ are drawn again, and kept
+        # only if nothing else turns up (a range such as 1-3 has no other product).
+        fallback = None
         for _ in range(400):
             x, y = rng.randint(lo, hi), rng.randint(lo, hi)
             values = {
@@ -334,11 +336,13 @@ def _complete(op: str, fixed: list[int | None], lo: int, hi: int, rng: random.Ra
                 "×": [x, y, x * y],
                 "÷": [x * y, x, y],
             }[op]
-            if values[0 if op in "-÷" else 2] > hi or _trivial(op, values):
+            if values[0 if op in "-÷" else 2] > hi:
                 continue
-            if rng.random() < _digit_weight(op, values, range(3)):
+            if _trivial(op, values):
+                fallback = fallback or values
+            elif rng.random() < _digit_weight(op, values, range(3)):
                 return values
-        return None
+        return fallback
     # Two free cells: enumerate one, solve the other, pick among all consistent triples.
     first, second = rng.sample(free, 2)
     options, boring = [], []
