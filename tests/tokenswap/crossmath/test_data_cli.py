@@ -68,10 +68,9 @@ def test_records_rebuild_byte_for_byte(style):
         record = json.loads(line)
         assert json.dumps(Puzzle.from_record(record).to_record(style), ensure_ascii=False) == line
     # The ÷-bug puzzle prints `154 + 11 = 14`: its released solutions follow the hidden ÷, ours the print.
-    assert (
-        json.loads(lines[2])["solving_steps"]
-        != Puzzle.from_record(json.loads(lines[2])).to_record(style)["solving_steps"]
-    )
+    assert json.loads(lines[2])["solving_steps"] != Puzzle.from_record(json.loads(lines[2])).to_record(style)[
+        "solving_steps"
+    ]
 
 
 def test_inconsistent_released_puzzles_are_skipped_and_counted():
@@ -145,9 +144,7 @@ def test_generate_end_to_end_and_resume(tmp_path, capsys):
     expected = [json.dumps(p.to_record("original"), ensure_ascii=False) for p in generate_puzzles(6, seed=3)]
     assert jsonl.read_text(encoding="utf-8").splitlines() == expected
     alt = out / "Altstyle" / "crossmath.jsonl"
-    assert [puzzle_id_from_image(r["img_blank"]) for r in read_jsonl(alt)] == [
-        f"crossmath_3_{i:06d}" for i in range(6)
-    ]
+    assert [puzzle_id_from_image(r["img_blank"]) for r in read_jsonl(alt)] == [f"crossmath_3_{i:06d}" for i in range(6)]
     assert alt.read_bytes().startswith(before_alt)  # nothing redone
 
     # A complete last line whose newline was lost is redone rather than glued to the next record.
