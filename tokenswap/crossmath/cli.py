@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -252,8 +251,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         "modality": args.modality,
         "n": len(records),
         "no_answer": sum(p is None for p in preds),
-        # JSON has no NaN: a hop bucket without blanks is null.
-        "metrics": {key: None if math.isnan(value) else value for key, value in run.items()},
+        "metrics": run,
     }
     (out / f"metrics_{args.modality}.json").write_text(json.dumps(report, indent=2) + "\n")
     table = format_metrics_table({args.modality: summary})

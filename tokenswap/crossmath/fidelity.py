@@ -10,6 +10,7 @@ folder); nothing of it is shipped here. docs/crossmath_fidelity.md records the f
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -25,14 +26,21 @@ from tokenswap.crossmath.solver import solve
 
 __all__ = [
     "RELEASED_FILES",
+    "RELEASED_SHAPE",
+    "SHAPE_ROWS",
     "PuzzleStats",
     "fidelity_report",
+    "format_shape_table",
     "format_statistics_table",
     "hop_label_agreement",
     "pixel_parity",
     "puzzle_stats",
+    "mean_z",
+    "proportion_z",
     "record_roundtrip",
     "released_jsonl",
+    "shape_counts",
+    "shape_row",
     "summarize",
 ]
 
@@ -77,6 +85,11 @@ class PuzzleStats:
         number_range: the record's ``[lo, hi]``.
         largest: the largest number in the solved grid.
         operators: operator cells by glyph.
+        blank_positions: blanks at ``a``, ``b`` and ``c`` of their equations (a blank on a crossing counts
+            once in each of its two equations).
+        filled: non-empty cells.
+        crossings: number cells shared by two equations.
+        digits: number cells (solved values, each cell once) by digit count, ``[1, 2, 3+]``.
     """
 
     difficulty: str
@@ -89,6 +102,10 @@ class PuzzleStats:
     number_range: tuple[int, int]
     largest: int
     operators: dict[str, int]
+    blank_positions: tuple[int, int, int] = (0, 0, 0)
+    filled: int = 0
+    crossings: int = 0
+    digits: tuple[int, int, int] = (0, 0, 0)
 
 
 def puzzle_stats(record: dict) -> PuzzleStats:
@@ -105,6 +122,9 @@ def puzzle_stats(record: dict) -> PuzzleStats:
     values = [int(v) for row in answer for v in row if v.isdigit()]
     values += [int(v) for row in grid for v in row if v.isdigit()]
     lo, hi = record["range"]
+    owners = Counter(cell for eq in equations for cell in eq.numbers)
+    solved = {cell: answer[cell[0]][cell[1]] if cell in blanks else grid[cell[0]][cell[1]] for cell in owners}
+    lengths = Counter(min(len(v), 3) for v in solved.values())
     return PuzzleStats(
         difficulty=record["difficulty"],
         rows=len(grid),
@@ -116,6 +136,10 @@ def puzzle_stats(record: dict) -> PuzzleStats:
         number_range=(int(lo), int(hi)),
         largest=max(values),
         operators=dict(Counter(eq.op for eq in equations)),
+        blank_positions=tuple(sum(eq.numbers[k] in blanks for eq in equations) for k in range(3)),
+        filled=sum(1 for row in grid for cell in row if cell),
+        crossings=sum(1 for n in owners.values() if n > 1),
+        digits=(lengths[1], lengths[2], lengths[3]),
     )
 
 
@@ -208,6 +232,193 @@ def format_statistics_table(ours: dict[str, dict], released: dict[str, dict]) ->
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------------------------
+# Shape: the figures issue 20 measured (blank position, grid size and density, digits, operators per
+# difficulty), with the counts a two-sample z needs.
+
+SHAPE_GROUPS = ("all", "easy", "medium", "hard")
+
+
+def shape_counts(stats: list[PuzzleStats]) -> dict[str, dict]:
+    """Per difficulty and ``all``: the counts and moments behind the shape rows of the report.
+
+    Returns:
+        ``{group: {"n": puzzles, "blank_position": [a, b, c], "digits": [1, 2, 3+], "operators": [+, -, ×, ÷],
+        "<share key>_se": [standard error of each share], "rows" / "cols" / "density" / "crossings": [mean,
+        sample std], "rows_min": int, "five_rows": puzzles only 5 rows tall}}``; counts are cells (equation
+        slots for blank positions), means are over puzzles. A share's standard error treats the puzzle as the
+        unit sampled (its cells share one number range and layout), the ratio estimator's
+        ``sqrt(n / (n - 1) * sum_i (x_i - p * m_i)^2) / sum_i m_i``.
+    """
+    groups: dict[str, list[PuzzleStats]] = {"all": list(stats)}
+    for s in stats:
+        groups.setdefault(s.difficulty, []).append(s)
+    out = {}
+    for name, group in groups.items():
+
+        def moments(values: list[float]) -> list[float]:
+            return [float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0]
+
+        shares = {
+            "blank_position": np.array([s.blank_positions for s in group], float),
+            "digits": np.array([s.digits for s in group], float),
+            "operators": np.array([[s.operators.get(op, 0) for op in OPERATORS] for s in group], float),
+        }
+        out[name] = {"n": len(group)}
+        for key, counts in shares.items():
+            totals, n = counts.sum(1), len(group)
+            share = counts.sum(0) / totals.sum()
+            spread = ((counts - share * totals[:, None]) ** 2).sum(0) * n / max(n - 1, 1)
+            out[name][key] = [int(x) for x in counts.sum(0)]
+            out[name][f"{key}_se"] = [round(float(x), 5) for x in np.sqrt(spread) / totals.sum()]
+        out[name] |= {
+            "rows": moments([s.rows for s in group]),
+            "cols": moments([s.cols for s in group]),
+            "density": moments([s.filled / (s.rows * s.cols) for s in group]),
+            "crossings": moments([s.crossings for s in group]),
+            "rows_min": min(s.rows for s in group),
+            "five_rows": sum(s.rows == 5 for s in group),
+        }
+    return out
+
+
+RELEASED_SHAPE: dict[str, dict] = {
+    "all": {
+        "n": 250,
+        "blank_position": [1103, 782, 1284],
+        "blank_position_se": [0.00792, 0.00752, 0.00875],
+        "digits": [889, 3353, 1053],
+        "digits_se": [0.00423, 0.00967, 0.01105],
+        "operators": [966, 891, 426, 290],
+        "operators_se": [0.00985, 0.0093, 0.00585, 0.00413],
+        "rows": [11.312, 2.7387],
+        "cols": [12.048, 3.0163],
+        "density": [0.3166, 0.0653],
+        "crossings": [9.696, 3.5038],
+        "rows_min": 5,
+        "five_rows": 4,
+    },
+    "easy": {
+        "n": 90,
+        "blank_position": [310, 299, 332],
+        "blank_position_se": [0.0172, 0.0161, 0.01745],
+        "digits": [327, 1197, 414],
+        "digits_se": [0.00733, 0.01666, 0.01904],
+        "operators": [337, 333, 165, 106],
+        "operators_se": [0.0144, 0.01423, 0.00884, 0.00742],
+        "rows": [11.2889, 2.7242],
+        "cols": [12.2222, 2.8865],
+        "density": [0.3161, 0.0642],
+        "crossings": [9.8333, 3.5672],
+        "rows_min": 5,
+        "five_rows": 2,
+    },
+    "medium": {
+        "n": 85,
+        "blank_position": [364, 182, 471],
+        "blank_position_se": [0.0129, 0.00925, 0.01485],
+        "digits": [282, 1121, 314],
+        "digits_se": [0.00651, 0.01601, 0.01835],
+        "operators": [343, 269, 133, 89],
+        "operators_se": [0.01683, 0.01511, 0.0111, 0.00673],
+        "rows": [11.2118, 2.8623],
+        "cols": [11.6824, 3.0481],
+        "density": [0.3181, 0.0744],
+        "crossings": [9.2353, 3.4457],
+        "rows_min": 5,
+        "five_rows": 2,
+    },
+    "hard": {
+        "n": 75,
+        "blank_position": [429, 301, 481],
+        "blank_position_se": [0.01166, 0.01003, 0.0117],
+        "digits": [280, 1035, 325],
+        "digits_se": [0.00817, 0.01733, 0.0199],
+        "operators": [286, 289, 128, 95],
+        "operators_se": [0.01978, 0.01909, 0.01063, 0.00716],
+        "rows": [11.4533, 2.6421],
+        "cols": [12.2533, 3.1326],
+        "density": [0.3156, 0.0557],
+        "crossings": [10.0533, 3.4831],
+        "rows_min": 7,
+        "five_rows": 0,
+    },
+}
+"""``shape_counts`` of the released test set (github ``xuyige/CrossMath`` 0e8bef7, Original file, 250 puzzles),
+so that tests and the report can compare without the release at hand."""
+
+
+def proportion_z(x1: int, n1: int, x2: int, n2: int) -> float:
+    """Two-sample z of ``x1/n1`` against ``x2/n2`` (pooled binomial standard error; 0.0 when both are 0 or 1).
+
+    For independent units (puzzles); shares of cells use the puzzle-level standard errors of :func:`shape_counts`.
+
+    >>> round(proportion_z(40, 100, 50, 100), 2)
+    -1.42
+    """
+    pooled = (x1 + x2) / (n1 + n2)
+    se = (pooled * (1 - pooled) * (1 / n1 + 1 / n2)) ** 0.5
+    return (x1 / n1 - x2 / n2) / se if se else 0.0
+
+
+def mean_z(moments1: list[float], n1: int, moments2: list[float], n2: int) -> float:
+    """Welch z of two means from ``[mean, sample std]`` and sizes (0.0 when both spreads are 0)."""
+    se = (moments1[1] ** 2 / n1 + moments2[1] ** 2 / n2) ** 0.5
+    return (moments1[0] - moments2[0]) / se if se else 0.0
+
+
+SHAPE_ROWS: tuple[tuple[str, str, str], ...] = (
+    *((f"blank at a / b / c, % ({g})", "blank_position", g) for g in SHAPE_GROUPS),
+    *((f"grid rows, mean ({g})", "rows", g) for g in SHAPE_GROUPS),
+    *((f"grid columns, mean ({g})", "cols", g) for g in SHAPE_GROUPS),
+    *((f"cells filled, share ({g})", "density", g) for g in SHAPE_GROUPS),
+    *((f"crossings per puzzle, mean ({g})", "crossings", g) for g in SHAPE_GROUPS),
+    *((f"grids only 5 rows tall, % ({g})", "five_rows", g) for g in SHAPE_GROUPS),
+    *((f"numbers with 1 / 2 / 3 digits, % ({g})", "digits", g) for g in SHAPE_GROUPS),
+    *((f"operators + / - / × / ÷, % ({g})", "operators", g) for g in SHAPE_GROUPS),
+)
+"""The shape rows of the report: ``(label, key of shape_counts, group)``."""
+
+
+def shape_row(ours: dict[str, dict], released: dict[str, dict], key: str, group: str) -> tuple[str, str, float]:
+    """``(released figure, our figure, largest |z| of its parts)`` for one row of :data:`SHAPE_ROWS`."""
+    r, o = released[group], ours[group]
+    if key in ("rows", "cols", "density", "crossings"):
+        fmt = "{:.3f}" if key == "density" else "{:.2f}"
+        return fmt.format(r[key][0]), fmt.format(o[key][0]), abs(mean_z(o[key], o["n"], r[key], r["n"]))
+    if key == "five_rows":
+        z = abs(proportion_z(o[key], o["n"], r[key], r["n"]))
+        return f"{100 * r[key] / r['n']:.1f} ({r[key]})", f"{100 * o[key] / o['n']:.1f} ({o[key]})", z
+    total_r, total_o = sum(r[key]), sum(o[key])
+    z = max(
+        abs(x_o / total_o - x_r / total_r) / math.hypot(se_o, se_r) if se_o or se_r else 0.0
+        for x_o, x_r, se_o, se_r in zip(o[key], r[key], o[f"{key}_se"], r[f"{key}_se"])
+    )
+    show = (
+        " / ".join(f"{100 * x / total_r:.1f}" for x in r[key]),
+        " / ".join(f"{100 * x / total_o:.1f}" for x in o[key]),
+    )
+    return *show, z
+
+
+def format_shape_table(ours: dict[str, dict], released: dict[str, dict]) -> str:
+    """A markdown table of :data:`SHAPE_ROWS`: released, ours, and the largest two-sample ``|z|`` of each row.
+
+    Args:
+        ours: :func:`shape_counts` of our puzzles.
+        released: :func:`shape_counts` of the release (or :data:`RELEASED_SHAPE`).
+
+    Returns:
+        The table; a row is left out where either side has no puzzle of its difficulty.
+    """
+    lines = ["| | released | ours | max abs z |", "|---|---|---|---|"]
+    for label, key, group in SHAPE_ROWS:
+        if group in ours and group in released:
+            r, o, z = shape_row(ours, released, key, group)
+            lines.append(f"| {label} | {r} | {o} | {z:.1f} |")
+    return "\n".join(lines)
+
+
 def hop_label_agreement(records: list[dict]) -> tuple[int, int]:
     """``(agreeing, total)`` blanks whose solver hop equals the record's ``markdown_answer_step`` label."""
     agree = total = 0
@@ -249,7 +460,8 @@ def pixel_parity(records: list[dict], root: str | os.PathLike, style: StyleName,
             continue  # the report shows how many were compared
         with Image.open(Path(root) / record["img_blank"]) as image:
             ref = np.asarray(image.convert("RGB"), dtype=np.int16)
-        grid = parse_markdown_table(record["markdown_table"])
+        # As written: the release drew puzzle 0043's "x" cells as numbers, not as × operators.
+        grid = parse_markdown_table(record["markdown_table"], normalize=False)
         ours = np.asarray(render_grid(grid, style), dtype=np.int16)
         out.append(float((np.abs(ref - ours).max(-1) <= tolerance).mean()) if ref.shape == ours.shape else 0.0)
     return out
@@ -268,21 +480,32 @@ def fidelity_report(
         tolerance: per-channel difference that still counts as the same pixel.
 
     Returns:
-        The statistics table (released vs ours), the hop-label agreement and the pixel parity per style.
+        The statistics table (released vs ours), the shape table (released vs ``n`` puzzles of each difficulty,
+        with the two-sample ``|z|`` of each row), the hop-label agreement and the pixel parity per style.
 
     Raises:
         FileNotFoundError: if a released JSONL is missing.
     """
     from tokenswap.crossmath.data import load_crossmath
-    from tokenswap.crossmath.generator import generate_puzzles
+    from tokenswap.crossmath.generator import DIFFICULTIES, generate_puzzles
 
     by_style = {style: load_crossmath(released_jsonl(released, style)) for style in STYLES}
+    released_stats = [puzzle_stats(r) for r in by_style["original"]]
     ours = summarize([puzzle_stats(p.to_record()) for p in generate_puzzles(n, seed)])
+    per_level = [puzzle_stats(p.to_record()) for level in DIFFICULTIES for p in generate_puzzles(n, seed, level)]
     lines = [
         f"## Statistics: released ({len(by_style['original'])} puzzles) vs ours ({n} puzzles, "
         f"`generate --difficulty mixed --seed {seed}`)",
         "",
-        format_statistics_table(ours, summarize([puzzle_stats(r) for r in by_style["original"]])),
+        format_statistics_table(ours, summarize(released_stats)),
+        "",
+        f"## Shape: released vs ours ({n} puzzles of each difficulty, seed {seed})",
+        "",
+        "max abs z: the largest two-sample z of the parts of a row, with the puzzle as the sampled unit (a",
+        "puzzle's cells share one number range and layout): ratio-estimator standard errors for shares, Welch",
+        "for means, binomial over puzzles for 5-row grids. |z| <= 3 is within sampling error.",
+        "",
+        format_shape_table(shape_counts(per_level), shape_counts(released_stats)),
         "",
         "## Hop solver vs released markdown_answer_step",
         "",

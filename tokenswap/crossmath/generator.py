@@ -25,6 +25,7 @@ gives the same puzzle.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Literal
@@ -99,10 +100,43 @@ _RELEASED_DOUBLE_SHARE = {"easy": 0.0, "medium": 0.22, "hard": 0.52}
 # released shares (the search stops within a slack, and deep targets pull blanks out of rounds 1-2).
 _RELEASED_FIRST_HOP_SHARE = {"easy": 1.0, "medium": 0.83, "hard": 0.52}
 _RELEASED_SECOND_HOP_SHARE = {"easy": 0.0, "medium": 0.12, "hard": 0.19}
-# Operator cells in the release: + 966, - 891, × 426, ÷ 290. × and ÷ fit a range less often (exact
-# division, products in range), so their try-first weights are raised until the placed operators come out
-# at the released shares (~37 / 35 / 17 / 11 %).
-_OPERATOR_WEIGHTS = {"+": 966, "-": 891, "×": 937, "÷": 638}
+# Which number of an equation is blank (a / b / c), counted once per equation a blank sits in. Released: easy
+# 310 / 299 / 332, medium 364 / 182 / 471, hard 429 / 301 / 481. The aims are calibrated so that default
+# puzzles land on the released shares (some layouts cannot reach them).
+_BLANK_POSITION_AIM: dict[str, tuple[float, float, float]] = {
+    "easy": (0.33, 0.27, 0.40),
+    "medium": (0.38, 0.03, 0.59),
+    "hard": (0.355, 0.22, 0.425),
+}
+# Operator cells in the release, per difficulty (+ / - / × / ÷): easy 337 / 333 / 165 / 106, medium
+# 343 / 269 / 133 / 89, hard 286 / 289 / 128 / 95. × and ÷ fit a range less often (exact division, products in
+# range), so the try-first weights are calibrated until the placed operators come out at the released shares.
+_OPERATOR_WEIGHTS: dict[str, dict[str, float]] = {
+    "easy": {"+": 966, "-": 891, "×": 850, "÷": 540},
+    "medium": {"+": 1100, "-": 850, "×": 800, "÷": 520},
+    "hard": {"+": 900, "-": 1000, "×": 750, "÷": 540},
+}
+# Layout shape, calibrated so that default puzzles land on the released grid size, density, crossings and
+# loops (tests/tokenswap/crossmath/test_generator.py checks them against the release within sampling error).
+_INWARD_REFUSAL = 0.65
+# Relative odds of a 1-, 2- and 3-digit value at each position of an equation where the generator has a
+# choice. Uniform draws give too many 1-digit numbers (24% against the released 16.8%), mostly in + and -,
+# and ÷ quotients as small as the divisors (the released quotients are mostly 2-digit, the divisors 1-digit).
+_SUM_TERM = (0.08, 1.0, 0.75)
+_DIGIT_WEIGHT: dict[str, tuple[tuple[float, float, float], ...]] = {
+    "+": (_SUM_TERM,) * 3,
+    "-": (_SUM_TERM, _SUM_TERM, (0.02, 1.0, 0.75)),
+    "×": ((1.0, 1.0, 1.0), (1.0, 1.0, 1.0), (0.1, 1.0, 1.0)),
+    "÷": ((0.1, 1.0, 1.0), (1.0, 1.0, 1.0), (0.1, 1.0, 1.0)),
+}
+
+
+def _digit_weight(op: str, values: list[int], positions) -> float:
+    return math.prod(_DIGIT_WEIGHT[op][k][(values[k] >= 10) + (values[k] >= 100)] for k in positions)
+
+
+_TALLER_REFUSAL = 0.1
+_LOOP_SHARE = 0.5
 DEFAULT_ROWS, DEFAULT_COLS = 17, 21
 """The largest released grid: default canvas, cropped to the used cells."""
 DEFAULT_EQUATIONS = (5, 15)
@@ -266,8 +300,18 @@ def _cells(direction: str, line: int, start: int) -> list[Cell]:
     return [(line, start + i) if direction == "across" else (start + i, line) for i in range(5)]
 
 
+def _trivial(op: str, values: list[int]) -> bool:
+    # Multiplying or dividing by 1 gives the answer away; the release has it in 6 of its 716 × and ÷ equations.
+    a, b, c = values
+    return op in "×÷" and (b == 1 or (a == 1 if op == "×" else c == 1))
+
+
 def _complete(op: str, fixed: list[int | None], lo: int, hi: int, rng: random.Random) -> list[int] | None:
-    """Values ``[a, b, c]`` for ``a op b = c`` in ``[lo, hi]`` agreeing with the fixed ones, or None."""
+    """Values ``[a, b, c]`` for ``a op b = c`` in ``[lo, hi]`` agreeing with the fixed ones, or None.
+
+    Uniform over the equations that fit (the released values look drawn that way: ``+`` operands skew small,
+    sums large), avoiding ``× 1`` and ``÷ 1`` unless nothing else fits.
+    """
     free = [p for p in range(3) if fixed[p] is None]
     if not free:
         return list(fixed) if apply_operator(fixed[0], op, fixed[1]) == fixed[2] else None
@@ -277,11 +321,28 @@ def _complete(op: str, fixed: list[int | None], lo: int, hi: int, rng: random.Ra
             return None
         out = list(fixed)
         out[free[0]] = value
-        return out
+        # A forced value is kept with its digit odds, so that forced and chosen values end up alike.
+        return None if _trivial(op, out) or rng.random() >= _digit_weight(op, out, free) else out
     if len(free) == 3:
-        fixed = list(fixed)
-        fixed[rng.choice(free)] = rng.randint(lo, hi)
-        return _complete(op, fixed, lo, hi, rng)
+        # Rejection sampling of the two operands (× and +) or of divisor and quotient (÷) or subtrahend and
+        # difference (-) is uniform over every equation that fits; 1s in × and ÷ are drawn again, and kept
+        # only if nothing else turns up (a range such as 1-3 has no other product).
+        fallback = None
+        for _ in range(400):
+            x, y = rng.randint(lo, hi), rng.randint(lo, hi)
+            values = {
+                "+": [x, y, x + y],
+                "-": [x + y, x, y],
+                "×": [x, y, x * y],
+                "÷": [x * y, x, y],
+            }[op]
+            if values[0 if op in "-÷" else 2] > hi:
+                continue
+            if _trivial(op, values):
+                fallback = fallback or values
+            elif rng.random() < _digit_weight(op, values, range(3)):
+                return values
+        return fallback
     # Two free cells: enumerate one, solve the other, pick among all consistent triples.
     first, second = rng.sample(free, 2)
     options, boring = [], []
@@ -292,35 +353,57 @@ def _complete(op: str, fixed: list[int | None], lo: int, hi: int, rng: random.Ra
         if other is None or not lo <= other <= hi:
             continue
         trial[second] = other
-        # Multiplying or dividing by 1 gives the answer away; keep such equations only as a fallback.
-        (boring if op in "×÷" and (trial[1] == 1 or trial[2] == trial[0]) else options).append(trial)
+        (boring if _trivial(op, trial) else options).append(trial)
     pool = options or boring
-    return rng.choice(pool) if pool else None
+    if not pool:
+        return None
+    weights = [_digit_weight(op, t, (first, second)) for t in pool]
+    return rng.choices(pool, weights=weights)[0]
 
 
-def _operator_order(rng: random.Random, ops: str) -> list[str]:
+def _operator_order(rng: random.Random, ops: str, difficulty: Difficulty) -> list[str]:
     """The operators to try, in a random order weighted by their released frequency."""
     left, order = list(ops), []
     while left:
-        op = rng.choices(left, weights=[_OPERATOR_WEIGHTS[o] for o in left])[0]
+        op = rng.choices(left, weights=[_OPERATOR_WEIGHTS[difficulty][o] for o in left])[0]
         order.append(op)
         left.remove(op)
     return order
 
 
 def _layout(
-    rng: random.Random, rows: int, cols: int, n_equations: int, lo: int, hi: int, ops: str
+    rng: random.Random,
+    rows: int,
+    cols: int,
+    n_equations: int,
+    lo: int,
+    hi: int,
+    ops: str,
+    difficulty: Difficulty,
+    loop: bool = False,
 ) -> tuple[dict[Cell, int], list[_Placed]] | None:
-    """Grow ``n_equations`` crossing equations with valid values, or None if the canvas is too tight."""
+    """Grow ``n_equations`` crossing equations with valid values, or None if the canvas is too tight.
+
+    The released puzzles are trees of equations with at most one loop, spread out (a third of the cropped
+    grid filled) and with hubs (29% of equations cross others at all three numbers, 40% at one). So each new
+    equation crosses one existing number cell of an equation drawn with weight ``(1 + its crossings)^2``;
+    it may cross a second existing cell (closing the one loop) only if ``loop``; and a placement that does
+    not grow the bounding box is refused with probability ``_INWARD_REFUSAL``.
+    """
     numbers: dict[Cell, int] = {}
     directions: dict[Cell, set[str]] = {}
     lines: dict[tuple[str, int], list[int]] = {}
     placed: list[_Placed] = []
+    loops = 0
+    box = [rows, -1, cols, -1]  # top, bottom, left, right of the cells used so far
+    owner: dict[Cell, int] = {}  # the equation that placed each number cell
+    crossings: list[int] = []  # per equation, how many of its numbers another equation shares
 
     def extent(direction: str) -> tuple[int, int]:  # (lines, length along the line)
         return (rows, cols) if direction == "across" else (cols, rows)
 
     def try_place(direction: str, line: int, start: int) -> bool:
+        nonlocal loops
         n_lines, length = extent(direction)
         if start < 0 or start + 4 >= length or line < 0 or line >= n_lines:
             return False
@@ -330,15 +413,32 @@ def _layout(
         cells = _cells(direction, line, start)
         nums = (cells[0], cells[2], cells[4])
         fixed = [numbers.get(cell) for cell in nums]
-        for op in _operator_order(rng, ops):
+        closes = sum(v is not None for v in fixed) - 1 if placed else 0
+        if closes > (1 - loops if loop else 0):
+            return False
+        (top, left), (bottom, right) = cells[0], cells[4]
+        inward = box[0] <= top and bottom <= box[1] and box[2] <= left and right <= box[3]
+        if inward and rng.random() < _INWARD_REFUSAL:
+            return False
+        if (top < box[0] or bottom > box[1]) and rng.random() < _TALLER_REFUSAL:
+            return False
+        for op in _operator_order(rng, ops, difficulty):
             values = _complete(op, fixed, lo, hi, rng)
             if values is None:
                 continue
-            for cell, value in zip(nums, values):
+            crossings.append(0)
+            for cell, value, known in zip(nums, values, fixed):
                 numbers[cell] = value
                 directions.setdefault(cell, set()).add(direction)
+                if known is None:
+                    owner[cell] = len(placed)
+                else:
+                    crossings[owner[cell]] += 1
+                    crossings[-1] += 1
             lines.setdefault((direction, line), []).append(start)
             placed.append(_Placed(numbers=nums, op=op, direction=direction, line=line, start=start))
+            loops += closes
+            box[:] = [min(box[0], top), max(box[1], bottom), min(box[2], left), max(box[3], right)]
             return True
         return False
 
@@ -349,7 +449,8 @@ def _layout(
     for _ in range(30 * n_equations):
         if len(placed) == n_equations:
             break
-        cell = rng.choice(list(numbers))
+        weights = [(1 + n) ** 2 for n in crossings]
+        cell = rng.choice(rng.choices(placed, weights=weights)[0].numbers)
         open_dirs = [d for d in ("across", "down") if d not in directions[cell]]
         if not open_dirs:
             continue
@@ -396,13 +497,15 @@ class _Target:
     doubles: int  # equations with two blanks
     first_hop: int  # blanks solved in round 1
     second_hop: int | None  # blanks solved in round 2 (None: no aim)
+    positions: tuple[float, float, float]  # aimed shares of blanks at a, b and c of their equations
 
 
-_SOFT_SLACK = 2
-"""How far the two statistical aims (equations with two blanks, hop-1 blanks) may be missed per puzzle."""
+_SOFT_SLACK = 4
+"""How far the statistical aims (equations with two blanks, hop-1 and hop-2 blanks, blanks at a/b/c) may be
+missed per puzzle, in blanks."""
 
 
-def _penalty(masks: list[int], blanks: int, target: _Target) -> tuple[int, int]:
+def _penalty(masks: list[int], positions: list[tuple[int, int]], blanks: int, target: _Target) -> tuple[int, float]:
     """``(hard, soft)``: hard counts broken rules (must reach 0), soft how far the statistical aims are missed."""
     per_round, unknown, collapsed = _rounds(masks, blanks)
     per_eq = [(mask & blanks).bit_count() for mask in masks]
@@ -413,6 +516,11 @@ def _penalty(masks: list[int], blanks: int, target: _Target) -> tuple[int, int]:
     soft = abs(two - target.doubles) + abs((per_round[0] if per_round else 0) - target.first_hop)
     if target.second_hop is not None:
         soft += abs((per_round[1] if len(per_round) > 1 else 0) - target.second_hop)
+    # positions[k]: the cells at position k of one of their equations, and of both (counted twice).
+    at = [(blanks & once).bit_count() + (blanks & twice).bit_count() for once, twice in positions]
+    slots = sum(at)
+    # Half the L1 distance: moving one blank from a to c fixes both counts at once.
+    soft += sum(abs(n - share * slots) for n, share in zip(at, target.positions)) / 2
     return hard, soft
 
 
@@ -455,16 +563,23 @@ def _choose_blanks(
 ) -> set[int] | None:
     """Local search for a blank set with the target's shape and depth (None if none found in ``steps`` moves)."""
     masks = [(1 << a) | (1 << b) | (1 << c) for a, b, c in equations]
+    positions = []
+    for k in range(3):
+        once = twice = 0
+        for eq in equations:
+            twice |= once & (1 << eq[k])
+            once |= 1 << eq[k]
+        positions.append((once, twice))
     cells = list(range(n_cells))
     blanks = 0
     start = _one_per_equation(rng, equations, n_cells, target.n_blanks) if target.per_equation == (1,) else None
     for x in start if start is not None else rng.sample(cells, min(target.n_blanks, n_cells)):
         blanks |= 1 << x
+    hard, soft = _penalty(masks, positions, blanks, target)
     if start is not None and all((mask & blanks).bit_count() == 1 for mask in masks):
         # One blank per equation already; on dense layouts no other blank count is possible.
-        if abs(len(start) - target.n_blanks) <= 1:
+        if abs(len(start) - target.n_blanks) <= 1 and soft <= _SOFT_SLACK:
             return set(start)
-    hard, soft = _penalty(masks, blanks, target)
     for _ in range(steps):
         if hard == 0 and soft <= _SOFT_SLACK:
             break
@@ -477,7 +592,7 @@ def _choose_blanks(
             trial |= 1 << rng.choice(outside)
         elif inside:
             trial &= ~(1 << rng.choice(inside))
-        new_hard, new_soft = _penalty(masks, trial, target)
+        new_hard, new_soft = _penalty(masks, positions, trial, target)
         # Sideways moves keep the search moving on plateaus; rare uphill moves get it out of dead ends.
         if 4 * new_hard + new_soft <= 4 * hard + soft or rng.random() < 0.02:
             blanks, hard, soft = trial, new_hard, new_soft
@@ -554,6 +669,7 @@ def _target(rng: random.Random, difficulty: Difficulty, n_eq: int, max_hop: int 
         doubles=doubles,
         first_hop=first,
         second_hop=second,
+        positions=_BLANK_POSITION_AIM[difficulty],
     )
 
 
@@ -603,7 +719,7 @@ def generate_puzzle(
         # shapes), but redrawn now and then: some shapes cannot be built on some equation counts.
         if attempt % 5 == 0:
             target = _target(rng, difficulty, n_eq, max_hop)
-        layout = _layout(rng, rows, cols, n_eq, lo, hi, ops)
+        layout = _layout(rng, rows, cols, n_eq, lo, hi, ops, difficulty, loop=rng.random() < _LOOP_SHARE)
         if layout is None:
             continue
         numbers, placed = layout

@@ -149,14 +149,16 @@ class Equation:
         return sep.join((show[0], self.op, show[1], "=", show[2]))
 
 
-def parse_markdown_table(text: str) -> list[list[str]]:
+def parse_markdown_table(text: str, normalize: bool = True) -> list[list[str]]:
     """Parse the CrossMath markdown table (no header row) into a grid of normalised cell contents.
 
     Args:
         text: rows joined by newlines, each ``| c1 | c2 | ... |``; blank lines are ignored.
+        normalize: map operator aliases to canonical glyphs; ``False`` keeps the cells as written (to draw
+            a released puzzle as it was drawn: 0043's ``x`` cells are number-coloured in its picture).
 
     Returns:
-        The grid; empty cells are ``""``, operator aliases (``x X * /``) are mapped to ``× ÷``.
+        The grid; empty cells are ``""``, operator aliases (``x X * /``) are mapped to ``× ÷`` if ``normalize``.
 
     Raises:
         ValueError: if a line is not wrapped in ``|`` or rows have different lengths.
@@ -171,7 +173,8 @@ def parse_markdown_table(text: str) -> list[list[str]]:
             continue
         if len(line) < 2 or line[0] != "|" or line[-1] != "|":
             raise ValueError(f"markdown_table line {number} must start and end with '|', got {line!r}")
-        grid.append([normalize_glyph(cell.strip()) for cell in line[1:-1].split("|")])
+        cells = [cell.strip() for cell in line[1:-1].split("|")]
+        grid.append([normalize_glyph(cell) for cell in cells] if normalize else cells)
     if not grid:
         raise ValueError("markdown_table is empty")
     widths = {len(row) for row in grid}

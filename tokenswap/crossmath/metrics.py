@@ -7,11 +7,17 @@
 Comparison is an exact string match per position (``"12.0" != "12"``); missing positions are
 wrong, and a response without ``<answer>`` predicts nothing. Runs are summarised as mean ±
 sample standard deviation, ×100.
+
+Every input the official ``calc_metric.py`` (github ``xuyige/CrossMath``) scores is scored the same
+way here: a run with fewer predictions than puzzles is scored on the puzzles it covers (the first
+``len(preds)``) and predictions past the last puzzle are ignored; a hop bucket without blanks scores
+0.0; a single run's standard deviation is 0.0; step labels may read ``step3``, ``Step 3``, ``3`` or
+``third``. The one deliberate difference: for a single run the official summary prints the mean as
+a fraction, here it is ×100 like every other mean.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import statistics
 from collections.abc import Sequence
@@ -65,24 +71,38 @@ def gold_answer(record: dict) -> list[str]:
     return _cells(record["markdown_answer"])
 
 
+_ORDINALS = {"first": 1, "second": 2, "third": 3}
+
+
+def _label_hop(label: str) -> int | None:
+    # The official script's reading: the first integer in the label, else an ordinal word.
+    number = re.search(r"\d+", label)
+    if number:
+        return int(number.group())
+    lowered = label.lower()
+    return next((hop for word, hop in _ORDINALS.items() if word in lowered), None)
+
+
 def gold_hops(record: dict) -> list[int]:
-    """The hop of each gold position, from ``markdown_answer_step`` (``"step3"`` → 3).
+    """The hop of each gold position, from ``markdown_answer_step`` (``"step3"``, ``"Step 3"``, ``"3"`` → 3).
 
     Raises:
         KeyError: if the record has no ``markdown_answer_step``.
-        ValueError: if a cell is not ``step<k>``.
+        ValueError: if a cell names no hop (the official script would bucket it as ``step4+``; the hop
+            also weighs the GRPO reward, so it is not guessed here).
     """
     hops = []
     for cell in _cells(record["markdown_answer_step"]):
-        if not (cell.startswith("step") and cell[4:].isdigit()):
+        hop = _label_hop(cell)
+        if hop is None:
             raise ValueError(f"markdown_answer_step cells must read 'step<k>', got {cell!r}")
-        hops.append(int(cell[4:]))
+        hops.append(hop)
     return hops
 
 
 def hop_bucket(hop: int) -> str:
-    """``step1``, ``step2``, ``step3`` or ``step4+``."""
-    return f"step{hop}" if hop < 4 else "step4+"
+    """``step1``, ``step2``, ``step3`` or ``step4+`` (as in the official script, ``step0`` counts as 4+)."""
+    return f"step{hop}" if 1 <= hop < 4 else "step4+"
 
 
 def position_matches(pred: Sequence[str] | None, gold: Sequence[str]) -> list[bool]:
@@ -91,22 +111,26 @@ def position_matches(pred: Sequence[str] | None, gold: Sequence[str]) -> list[bo
     return [j < len(pred) and pred[j] == g for j, g in enumerate(gold)]
 
 
-def _check(preds: Sequence, golds: Sequence) -> None:
-    if len(preds) != len(golds):
-        raise ValueError(f"got {len(preds)} predictions for {len(golds)} gold answers; pass one per puzzle")
-    if not golds:
-        raise ValueError("no puzzles to score")
-    if any(len(g) == 0 for g in golds):
+def _paired(preds: Sequence, golds: Sequence) -> tuple[Sequence, Sequence]:
+    # The official script scores a partial run on the puzzles it reached (e.g. 120 of 250 after a crash)
+    # and ignores predictions past the last puzzle; the mean is over the puzzles scored.
+    n = min(len(preds), len(golds))
+    if n == 0:
+        raise ValueError(f"no puzzles to score: got {len(preds)} predictions for {len(golds)} gold answers")
+    if any(len(g) == 0 for g in golds[:n]):
         raise ValueError("a gold answer is empty; every puzzle needs at least one blank")
+    return preds[:n], golds[:n]
 
 
 def micro_accuracy(preds: Sequence[Sequence[str] | None], golds: Sequence[Sequence[str]]) -> float:
-    """Mean over puzzles of the fraction of gold positions matched.
+    """Mean over puzzles of the fraction of gold positions matched (over the first ``min(len(preds), len(golds))``).
 
     >>> micro_accuracy([["1", "2"], None], [["1", "3"], ["4"]])
     0.25
+    >>> micro_accuracy([["1", "2"]], [["1", "3"], ["4"]])  # a partial run: the puzzles it covers
+    0.5
     """
-    _check(preds, golds)
+    preds, golds = _paired(preds, golds)
     return sum(sum(position_matches(p, g)) / len(g) for p, g in zip(preds, golds)) / len(golds)
 
 
@@ -116,19 +140,19 @@ def macro_accuracy(preds: Sequence[Sequence[str] | None], golds: Sequence[Sequen
     >>> macro_accuracy([["1", "2"], ["4", "5"]], [["1", "2"], ["4"]])
     0.5
     """
-    _check(preds, golds)
+    preds, golds = _paired(preds, golds)
     return sum(list(p or []) == list(g) for p, g in zip(preds, golds)) / len(golds)
 
 
 def khop_accuracy(
     preds: Sequence[Sequence[str] | None], golds: Sequence[Sequence[str]], hops: Sequence[Sequence[int]]
 ) -> dict[str, float]:
-    """Accuracy pooled over all blanks of each hop bucket; ``nan`` for a bucket with no blanks.
+    """Accuracy pooled over all blanks of each hop bucket; 0.0 for a bucket with no blanks (as the official script).
 
     >>> khop_accuracy([["1", "9", "3"]], [["1", "2", "3"]], [[1, 2, 5]])
-    {'step1': 1.0, 'step2': 0.0, 'step3': nan, 'step4+': 1.0}
+    {'step1': 1.0, 'step2': 0.0, 'step3': 0.0, 'step4+': 1.0}
     """
-    _check(preds, golds)
+    preds, golds = _paired(preds, golds)
     correct = dict.fromkeys(HOP_BUCKETS, 0)
     total = dict.fromkeys(HOP_BUCKETS, 0)
     for p, g, h in zip(preds, golds, hops):
@@ -137,7 +161,7 @@ def khop_accuracy(
         for ok, hop in zip(position_matches(p, g), h):
             total[hop_bucket(hop)] += 1
             correct[hop_bucket(hop)] += ok
-    return {b: correct[b] / total[b] if total[b] else math.nan for b in HOP_BUCKETS}
+    return {b: correct[b] / total[b] if total[b] else 0.0 for b in HOP_BUCKETS}
 
 
 def score_run(
@@ -150,7 +174,7 @@ def score_run(
 
 
 def aggregate_runs(runs: Sequence[dict[str, float]]) -> dict[str, tuple[float, float]]:
-    """Mean and sample standard deviation across runs, ×100; std is ``nan`` for a single run.
+    """Mean and sample standard deviation across runs, ×100; std is 0.0 for a single run (as the official script).
 
     >>> aggregate_runs([{"micro": 0.5}, {"micro": 0.7}])["micro"]
     (60.0, 14.142135623730951)
@@ -160,7 +184,7 @@ def aggregate_runs(runs: Sequence[dict[str, float]]) -> dict[str, tuple[float, f
     out = {}
     for key in runs[0]:
         values = [100 * run[key] for run in runs]
-        std = statistics.stdev(values) if len(values) > 1 else math.nan
+        std = statistics.stdev(values) if len(values) > 1 else 0.0
         out[key] = (statistics.fmean(values), std)
     return out
 
@@ -172,17 +196,11 @@ def format_metrics_table(rows: dict[str, dict[str, tuple[float, float]]]) -> str
         rows: ``{setting: aggregate_runs(...)}``.
 
     Returns:
-        The table; cells read ``mean ± std`` (just ``mean`` when std is ``nan``), ``-`` for ``nan`` means.
+        The table; cells read ``mean ± std``.
     """
     keys = ["micro", "macro", *HOP_BUCKETS]
     lines = ["| setting | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 1)]
     for name, metrics in rows.items():
-        cells = []
-        for key in keys:
-            mean, std = metrics[key]
-            if math.isnan(mean):
-                cells.append("-")
-            else:
-                cells.append(f"{mean:.2f}" if math.isnan(std) else f"{mean:.2f} ± {std:.2f}")
+        cells = [f"{metrics[key][0]:.2f} ± {metrics[key][1]:.2f}" for key in keys]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

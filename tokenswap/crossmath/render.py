@@ -6,14 +6,20 @@ The geometry and colours are measured on the released PNGs (docs/crossmath_fidel
 * each non-empty cell is a box ``(x0, y0, x0+55, y0+55)`` (both ends inclusive), drawn in
   row-major order, so neighbours overlap by one pixel: the outline (2 px Original/Beige, 3 px
   Altstyle) makes shared borders 3 px (Original/Beige) or 5 px (Altstyle) and free edges 2 or 3;
-* every glyph is one font size (numbers 17 px tall in Original, 18 px in Altstyle), centred
-  horizontally, on one baseline 36 px below the cell top; with that font size the operators
-  come out as released (``+`` 12×12, ``×`` 10×10, ``÷`` 12 wide × 9 tall in Original);
-* blanks are empty boxes (no ``?`` glyph).
+* numbers are one font size (17 px tall in Original, 18 px in Altstyle), centred horizontally, on
+  one baseline 36 px below the cell top;
+* blanks are empty boxes (no ``?`` glyph);
+* the operators and ``=`` are drawn as the released strokes (bars and dots at sub-pixel x edges, the
+  two diagonals of ``×``; every released instance of each is the same pixels), at their released ink
+  boxes (Original ``=`` 12×7, ``÷`` 12×9, ``+`` 12×12, ``×`` 10×10, ``-`` 8×2): no size of the packaged
+  fonts gives the released width and height of ``=`` and ``÷``;
+* any other text (released puzzle 0043 prints the letter ``x`` for ``×``) is drawn like a number: number
+  fill, number font and size, as the release draws it.
 
 The released pages were rendered in a browser with Helvetica/Times-metric fonts. The closest
 freely packaged faces are URW's Nimbus Sans / Nimbus Roman (Debian ``fonts-urw-base35``);
-Liberation and then DejaVu are used when those are missing, with the same sizes and positions.
+Liberation and then DejaVu are used for the numbers when those are missing, with the same sizes and
+positions.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from tokenswap.crossmath.grid import BLANK, OPERATORS
@@ -67,6 +74,12 @@ class Style:
         glyphs: per glyph (``"digit"`` for numbers, ``"digit<n>"`` for ``n``-digit numbers where they differ),
             ``(font size px, baseline below the cell top px, horizontal shift px)``; fitted to the released
             PNGs with the first font of ``fonts``.
+        cross: ``×`` drawn as two diagonal strokes, ``(centre x, centre y, half extent, stroke width)`` in pixels
+            from the cell's top-left corner; measured on the released PNGs.
+        strokes: glyphs drawn as rectangles instead of text: per glyph, ``(x0, x1, y0, y1, ink)`` in pixels
+            from the cell's top-left corner, ``x`` continuous (edge pixels get their covered share), rows
+            ``y0 <= y < y1`` and ``ink`` the share of the text colour a fully covered pixel gets; measured
+            on the released PNGs.
         folder: the released data's folder name for this style.
         suffix: the released puzzle image is ``test_images_blank<tag>/<id>_blank<suffix>.png`` and the
             solved one ``test_images<tag>/<id><suffix>.png``, ``tag`` being ``_hr`` for Original, else ``suffix``.
@@ -81,40 +94,89 @@ class Style:
     text: RGB
     fonts: tuple[str, ...]
     glyphs: dict[str, tuple[float, int, float]]
+    cross: tuple[float, float, float, float]
+    strokes: dict[str, tuple[tuple[float, float, int, int, float], ...]]
     folder: str
     suffix: str
 
 
 # Numbers share one size and baseline (one digit height for every digit count: 17 px Original, 18 px
 # Altstyle). Each operator is sized and placed so that its ink box is the released one where the Nimbus
-# glyph allows it (Original: - 8x2, + 12x12, × 10x10; Altstyle: - 7x2, + 15x15, × 11x11) and otherwise
-# for the most pixels within tolerance (=, ÷: Nimbus has no size giving the released 12x7 and 12x9).
-_SANS_GLYPHS = {
-    "digit": (23.5, 36, 0.0),
-    "-": (29, 35, 0.0),
-    "+": (23, 34, 0.0),
-    "=": (29, 33, 0.0),
-    "×": (25, 33, 0.0),
-    "÷": (19, 32, 0.0),
-}
+# glyph allows it (Original: - 8x2, + 12x12, × 10x10; Altstyle: - 7x2, + 15x15, × 11x11).
+_SANS_GLYPHS = {"digit": (23.75, 36, 0.0)}
 _SERIF_GLYPHS = {
-    "digit": (27, 36, 0.5),
-    "digit3": (27, 36, -0.5),  # three-digit numbers sit half a pixel left of the others
-    "-": (28, 33, 0.0),
-    "+": (29, 36, -1.0),
-    "=": (23, 32, 0.0),
-    "×": (22, 33, -1.0),
-    "÷": (19, 32, -1.0),
+    "digit": (27.25, 36, 0.5),
+    "digit3": (27.25, 36, -0.25),  # three-digit numbers: fitted on their own (they sit left of the others)
+}
+# × is also the same pixels in every released cell: two diagonal strokes, 10x10 (Original) and 11x11 (Altstyle).
+# Drawn as such they miss 21 and 6 pixels of a cell at tolerance 8, the font's glyph 61 and 59.
+_SANS_CROSS = (28.0, 27.0, 4.35, 2.0)
+_SERIF_CROSS = (27.6, 27.5, 5.0, 1.05)
+# The straight glyphs are the same pixels in every released cell: Original/Noborder/Beige `=` 12x7 (two 2-px
+# bars), `÷` 13x9 (a 2-px bar, two 2x2 dots), `+` 12x12, `-` 8x2; Altstyle `=` 15x6 and `÷` 15x10 with 1-px
+# bars, `+` 15x15, `-` 7x2. No Nimbus size gives both the width and the height of `=` and `÷` (Nimbus `=` came
+# out 15 wide where the release is 12) and its `+`/`-` edges blend differently, so all four are drawn as the
+# released strokes.
+_SANS_STROKES = {
+    "+": ((27, 29, 22, 34, 1.0), (22.35, 33.7, 27, 29, 1.0)),
+    "-": ((24.75, 31.25, 26, 28, 1.0),),
+    "=": ((22.35, 33.7, 23, 25, 1.0), (22.35, 33.7, 28, 30, 1.0)),
+    "÷": ((26.35, 28.8, 23, 25, 1.0), (21.9, 33.25, 27, 29, 1.0), (26.35, 28.8, 30, 32, 1.0)),
+}
+_SERIF_STROKES = {
+    "+": ((27, 28.1, 22, 35, 0.95), (27, 28.1, 21, 22, 0.55), (27, 28.1, 35, 36, 0.55), (20.5, 34.7, 28, 29, 1.0)),
+    "-": ((24.1, 30.9, 26, 28, 1.0),),
+    "=": ((20.5, 34.7, 23, 24, 1.0), (20.5, 34.7, 28, 29, 1.0)),
+    # The dots are round in the font: their middle column is 95% ink.
+    "÷": ((26.5, 28.3, 22, 24, 0.95), (20.3, 34.5, 27, 28, 1.0), (26.5, 28.3, 30, 32, 0.95)),
 }
 _BLUE, _YELLOW, _WHITE, _BLACK = (218, 232, 245), (255, 249, 218), (255, 255, 255), (0, 0, 0)
 _NOBORDER_BLANK = (245, 245, 245)
 STYLES: dict[str, Style] = {
-    "original": Style(_WHITE, _BLUE, _YELLOW, _WHITE, _BLACK, 2, _BLACK, _SANS, _SANS_GLYPHS, "Original", ""),
+    "original": Style(
+        _WHITE,
+        _BLUE,
+        _YELLOW,
+        _WHITE,
+        _BLACK,
+        2,
+        _BLACK,
+        _SANS,
+        _SANS_GLYPHS,
+        _SANS_CROSS,
+        _SANS_STROKES,
+        "Original",
+        "",
+    ),
     "noborder": Style(
-        _WHITE, _BLUE, _YELLOW, _NOBORDER_BLANK, None, 0, _BLACK, _SANS, _SANS_GLYPHS, "Noborder", "_noborder"
+        _WHITE,
+        _BLUE,
+        _YELLOW,
+        _NOBORDER_BLANK,
+        None,
+        0,
+        _BLACK,
+        _SANS,
+        _SANS_GLYPHS,
+        _SANS_CROSS,
+        _SANS_STROKES,
+        "Noborder",
+        "_noborder",
     ),
     "beige": Style(
-        (249, 244, 232), _BLUE, _YELLOW, _WHITE, _BLACK, 2, _BLACK, _SANS, _SANS_GLYPHS, "Beige", "_hr_beige"
+        (249, 244, 232),
+        _BLUE,
+        _YELLOW,
+        _WHITE,
+        _BLACK,
+        2,
+        _BLACK,
+        _SANS,
+        _SANS_GLYPHS,
+        _SANS_CROSS,
+        _SANS_STROKES,
+        "Beige",
+        "_hr_beige",
     ),
     "altstyle": Style(
         (253, 245, 230),
@@ -126,6 +188,8 @@ STYLES: dict[str, Style] = {
         (25, 25, 112),
         _SERIF,
         _SERIF_GLYPHS,
+        _SERIF_CROSS,
+        _SERIF_STROKES,
         "Altstyle",
         "_altstyle",
     ),
@@ -178,6 +242,37 @@ def _font(style: str, size: float) -> ImageFont.ImageFont | ImageFont.FreeTypeFo
     return ImageFont.load_default(size=size)
 
 
+def _cross_cover(cx: float, cy: float, half: float, width: float) -> np.ndarray:
+    """Per pixel of a cell, the share an ``×`` of two diagonal strokes covers (8x8 samples per pixel)."""
+    samples = 8
+    ys, xs = np.mgrid[0 : CELL_PX * samples, 0 : CELL_PX * samples]
+    u, v = (xs + 0.5) / samples - cx, (ys + 0.5) / samples - cy
+    along, across = np.abs(u + v) / 2**0.5, np.abs(u - v) / 2**0.5
+    reach = half * 2**0.5
+    ink = ((across <= width / 2) & (along <= reach)) | ((along <= width / 2) & (across <= reach))
+    return ink.reshape(CELL_PX, samples, CELL_PX, samples).mean((1, 3))
+
+
+def _rects_cover(rects: tuple[tuple[float, float, int, int, float], ...]) -> np.ndarray:
+    """Per pixel of a cell, the share the rectangles cover (edge columns get their covered share)."""
+    cover = np.zeros((CELL_PX, CELL_PX))
+    for left, right, top, bottom, ink in rects:
+        for x in range(int(left), int(right) + 1):
+            share = ink * (min(right, x + 1) - max(left, x))
+            cover[top:bottom, x] = np.maximum(cover[top:bottom, x], share)
+    return cover
+
+
+@lru_cache(maxsize=32)
+def _stroke_mask(style: str, text: str) -> tuple[Image.Image, tuple[int, int]]:
+    """The coverage of a stroke-drawn glyph as an ``L`` mask cropped to its ink, and its offset in the cell."""
+    spec = STYLES[style]
+    cover = _cross_cover(*spec.cross) if text == "×" else _rects_cover(spec.strokes[text])
+    ys, xs = np.nonzero(cover)
+    crop = cover[ys.min() : ys.max() + 1, xs.min() : xs.max() + 1]
+    return Image.fromarray(np.round(255 * crop).astype(np.uint8), "L"), (int(xs.min()), int(ys.min()))
+
+
 def render_grid(
     grid: list[list[str]],
     style: StyleName = "original",
@@ -187,7 +282,8 @@ def render_grid(
     """Draw a puzzle grid.
 
     Args:
-        grid: cell contents (numbers, ``?``, operators, ``=``, ``""``).
+        grid: cell contents (numbers, ``?``, operators, ``=``, ``""``); any other text (the ``x`` of released
+            puzzle 0043's raw markdown) is drawn like a number, in the number fill, as the release draws it.
         style: one of :data:`STYLES`.
         answers: optional ``{(row, col): value}`` written into blank cells (the solved image).
         answer_color: glyph colour of filled-in answers (the paper marks solutions in red).
@@ -223,9 +319,16 @@ def render_grid(
                 if answers is None or (r, c) not in answers:
                     continue
                 text, color = str(answers[(r, c)]), answer_color
-            key = (
-                text if not text.isdigit() else f"digit{len(text)}" if f"digit{len(text)}" in spec.glyphs else "digit"
-            )
+            if text == "×" or text in spec.strokes:
+                mask, (dx, dy) = _stroke_mask(style, text)
+                image.paste(color, (x0 + dx, y0 + dy, x0 + dx + mask.width, y0 + dy + mask.height), mask)
+                continue
+            if text in spec.glyphs:
+                key = text
+            elif f"digit{len(text)}" in spec.glyphs and text.isdigit():
+                key = f"digit{len(text)}"
+            else:
+                key = "digit"
             size, baseline, shift = spec.glyphs[key]
             font = _font(style, size)
             draw.text((x0 + CELL_PX / 2 + shift, y0 + baseline), text, fill=color, font=font, anchor="ms")

@@ -18,8 +18,8 @@ from tokenswap.crossmath import (
     parse_markdown_table,
     solve,
 )
-from tokenswap.crossmath.fidelity import puzzle_stats, summarize
-from tokenswap.crossmath.generator import mixed_difficulty
+from tokenswap.crossmath.fidelity import RELEASED_SHAPE, SHAPE_ROWS, puzzle_stats, shape_counts, shape_row, summarize
+from tokenswap.crossmath.generator import DIFFICULTIES, mixed_difficulty
 from tokenswap.crossmath.grid import OPERATORS, apply_operator
 
 
@@ -149,6 +149,28 @@ def test_default_statistics_match_the_release(default_collection):
     released_operators = {"+": 37.5, "-": 34.6, "×": 16.6, "÷": 11.3}
     for op, released in released_operators.items():
         assert abs(100 * stats["all"]["operator_share"][op] - released) <= 3.0, stats["all"]["operator_share"]
+
+
+# Two-sample z (binomial for shares, Welch for means) that a shape figure may reach: cells of one puzzle are
+# correlated, so the real spread is larger than the z assumes and 3 is a strict bound.
+SHAPE_SIGMA = 3.0
+
+
+def shape_misses(puzzles) -> dict[str, float]:
+    ours = shape_counts([puzzle_stats(p.to_record()) for p in puzzles])
+    rows = {label: shape_row(ours, RELEASED_SHAPE, key, group) for label, key, group in SHAPE_ROWS if group in ours}
+    return {label: row for label, row in rows.items() if row[2] > SHAPE_SIGMA}
+
+
+def test_default_shape_is_within_sampling_error_of_the_release(default_collection):
+    """Blank position, grid size, density, crossings, digits and operators, per difficulty (issue 20)."""
+    assert shape_misses(default_collection) == {}
+
+
+@pytest.mark.slow
+def test_shape_of_300_puzzles_per_difficulty_is_within_sampling_error_of_the_release():
+    """The issue's protocol: 300 puzzles of each difficulty, seed 2024."""
+    assert shape_misses([p for level in DIFFICULTIES for p in generate_puzzles(300, 2024, level)]) == {}
 
 
 def test_generator_is_configurable_away_from_the_release():

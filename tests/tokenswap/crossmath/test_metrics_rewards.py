@@ -63,13 +63,54 @@ def test_micro_is_an_instance_mean_and_khop_is_pooled():
     assert macro_accuracy(preds, golds) == 0.5
     khop = khop_accuracy(preds, golds, hops)
     assert khop["step1"] == 1.0 and khop["step2"] == 0.5 and khop["step4+"] == 0.0
-    assert math.isnan(khop["step3"])
     run = score_run(preds, golds, hops)
     assert set(run) == {"micro", "macro", "step1", "step2", "step3", "step4+"}
     with pytest.raises(ValueError, match="must align"):
         khop_accuracy(preds, golds, [[1], [1, 2, 3, 4]])
-    with pytest.raises(ValueError, match="one per puzzle"):
-        micro_accuracy(preds, golds[:1])
+
+
+# The official calc_metric.py scores these inputs; each expectation is what it computes for them.
+def test_a_partial_run_is_scored_on_the_puzzles_it_covers():
+    golds = [["1", "2"], ["3"], ["4", "5"]]
+    hops = [[1, 2], [1], [3, 1]]
+    partial = score_run([["1", "9"], ["3"]], golds, hops)  # the run stopped after two puzzles
+    assert partial == score_run([["1", "9"], ["3"]], golds[:2], hops[:2])
+    assert partial["micro"] == pytest.approx(0.75) and partial["macro"] == 0.5
+    # Predictions past the last puzzle are ignored.
+    assert score_run([["1", "2"], ["3"], ["4", "5"], ["6"]], golds, hops)["macro"] == 1.0
+    with pytest.raises(ValueError, match="no puzzles to score"):
+        micro_accuracy([], golds)
+
+
+def test_an_empty_hop_bucket_scores_zero_not_nan():
+    khop = khop_accuracy([["1", "2"]], [["1", "2"]], [[1, 1]])
+    assert khop == {"step1": 1.0, "step2": 0.0, "step3": 0.0, "step4+": 0.0}
+    assert not any(math.isnan(v) for v in aggregate_runs([khop]).values() for v in v)
+
+
+def test_a_single_run_has_zero_std():
+    single = aggregate_runs([{"micro": 0.5, "step3": 0.0}])
+    assert single == {"micro": (50.0, 0.0), "step3": (0.0, 0.0)}
+    assert "| text | 100.00 ± 0.00 |" in format_metrics_table(
+        {"text": aggregate_runs([score_run([GOLD], [GOLD], [HOPS])])}
+    )
+
+
+@pytest.mark.parametrize(
+    "label, bucket",
+    [
+        ("step2", "step2"),
+        ("Step 2", "step2"),
+        ("2", "step2"),
+        ("second", "step2"),
+        ("step7", "step4+"),
+        ("step0", "step4+"),
+    ],
+)
+def test_step_labels_are_read_as_the_official_script_reads_them(label, bucket):
+    record = {"markdown_answer": "| 5 | 6 |", "markdown_answer_step": f"| step1 | {label} |"}
+    khop = khop_accuracy([["5", "6"]], [gold_answer(record)], [gold_hops(record)])
+    assert khop[bucket] == 1.0 and khop["step1"] == 1.0
 
 
 def test_aggregate_runs_uses_sample_std_times_100():
@@ -78,8 +119,6 @@ def test_aggregate_runs_uses_sample_std_times_100():
     )
     assert summary["micro"] == pytest.approx((40.0, 20.0))  # sample std (n - 1), not population (16.33)
     assert summary["macro"] == (0.0, 0.0)
-    single = aggregate_runs([{"micro": 0.5}])
-    assert single["micro"][0] == 50.0 and math.isnan(single["micro"][1])
     table = format_metrics_table(
         {"text": aggregate_runs([score_run([GOLD], [GOLD], [HOPS]), score_run([None], [GOLD], [HOPS])])}
     )
@@ -93,7 +132,7 @@ def test_gold_from_record_matches_the_puzzle():
     assert gold_answer(record) == puzzle.answer
     assert gold_hops(record) == puzzle.hops
     with pytest.raises(ValueError, match="step<k>"):
-        gold_hops({"markdown_answer_step": "| 3 |"})
+        gold_hops({"markdown_answer_step": "| step |"})
 
 
 def test_hop_weighted_reward_worked_example():
