@@ -75,6 +75,19 @@ def test_trainer_field_problems_are_config_errors(override, match):
         load_config(Recipe, None, [override])
 
 
+def test_documented_strategy_values_pass_written_plainly_in_yaml_and_as_overrides(tmp_path):
+    # YAML 1.1 reads `no` as False; the Trainer documents the string "no".
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  save_strategy: no\n  logging_strategy: no\n  bf16: no\n  use_cpu: yes\n"
+                    "  report_to: none\n")
+    for cfg in (load_config(Recipe, path), load_config(Recipe, None, [
+            "train.save_strategy=no", "train.logging_strategy=no", "train.bf16=no", "train.use_cpu=yes",
+            "train.report_to=none"])):
+        assert (cfg.train.save_strategy, cfg.train.logging_strategy, cfg.train.bf16) == ("no", "no", False)
+        args = build_training_arguments(cfg.train, RunConfig(output_dir=str(tmp_path), pair="p", arm="text"))
+        assert args.save_strategy == "no" and args.logging_strategy == "no" and args.use_cpu is True
+
+
 def test_deprecated_gradient_checkpointing_alias_is_honoured():
     assert load_config(Recipe, None, ["train.gradient_checkpointing=false"]).train.activation_checkpointing is False
     assert load_config(Recipe, None, []).train.activation_checkpointing is True
