@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from tokenswap.concepts import Concept, validate_concepts
+from tokenswap.concepts import Concept, concepts_from_sample, sample_texts, text_problem
 from tokenswap.encoding import TemplateEncoder
 from tokenswap.families import VISION_TOKENS, Family, family_of, render_conversation
 from tokenswap.images import DEFAULT_MAX_IMAGE_PIXELS, BadImageError, load_image
@@ -400,6 +400,9 @@ class TokenSwapCollator:
             warnings.warn(message + " (further cases are only counted in collator.stats)", stacklevel=3)
 
     def _check_keys(self, ex: dict) -> None:
+        if not isinstance(ex, dict):
+            raise TypeError(f"TokenSwapCollator example {ex!r:.80}: expected a sample dict with 'id' and 'messages', "
+                            f"got a {type(ex).__name__}")
         keys = set(ex)
         missing = _REQUIRED_KEYS - keys
         unknown = keys - _REQUIRED_KEYS - _OPTIONAL_KEYS
@@ -414,6 +417,11 @@ class TokenSwapCollator:
                 f"Expected {sorted(_REQUIRED_KEYS)} plus optional {sorted(_OPTIONAL_KEYS)} "
                 "(pass remove_unused_columns=False and map other columns away, e.g. with tokenswap.data loaders)"
             )
+        sid = ex["id"]
+        # The id is hashed into swap decisions and written to the sample-id log, so it must be plain text or a number.
+        if isinstance(sid, bool) or not isinstance(sid, (str, int, np.integer)) or (isinstance(sid, str) and text_problem(sid)):
+            raise ValueError(f"TokenSwapCollator example with id {sid!r:.80}: the id must be a string or an integer"
+                             + (f" ({text_problem(sid)})" if isinstance(sid, str) else ""))
 
     def _native_ref(self, image: Any, sample_id: object) -> _ImageRef:
         what = f"native image of sample {sample_id!r}"
@@ -470,11 +478,8 @@ class TokenSwapCollator:
         self._check_keys(ex)
         sid = ex["id"]
         messages = ex["messages"]
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("content"), str) or "role" not in m:
-                raise ValueError(f"sample {sid!r}: message {i} needs a 'role' and a str 'content', got {m!r}")
-        texts = [m["content"] for m in messages]
-        concepts = validate_concepts([Concept.from_dict(c) for c in ex.get("concepts") or []], texts, sid)
+        texts = sample_texts(messages, sid)
+        concepts = concepts_from_sample(ex.get("concepts"), texts, sid)
         roles = [m["role"] for m in messages]
         self.stats["samples"] += 1
         native = ex.get("images") or []

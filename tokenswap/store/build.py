@@ -815,12 +815,9 @@ def _plan(cfg: StoreBuildConfig, world: int) -> dict:
     return {
         "world_size": world,
         "samples_per_shard": cfg.samples_per_shard,
-        "data": {
-            "path": cfg.data.path,
-            "split": cfg.data.split,
-            "max_samples": cfg.data.max_samples,
-            "skip_malformed": cfg.data.skip_malformed,
-        },
+        # Not data.skip_malformed: a build that stopped at a malformed row committed only rows before it, which
+        # skipping lays out identically, so "rerun with data.skip_malformed: true" must resume, not be refused.
+        "data": {"path": cfg.data.path, "split": cfg.data.split, "max_samples": cfg.data.max_samples},
         "extractor": {**settings(cfg.extractor), "llm": llm(cfg.extractor.llm)},
         "sources": list(cfg.sources),
         "source_settings": {name: settings(getattr(cfg, name)) for name in cfg.sources},
@@ -839,6 +836,10 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+class _PlanChanged(ValueError):
+    """A resume with settings other than the folder's plan (nothing is touched)."""
+
+
 def _check_plan(cfg: StoreBuildConfig, state: Path, world: int, rank: int) -> None:
     """Refuse to resume with settings that would re-map samples or concepts, or mix sources.
 
@@ -854,12 +855,14 @@ def _check_plan(cfg: StoreBuildConfig, state: Path, world: int, rank: int) -> No
     if rank != 0:
         _wait_for([path], "writing the build plan", cfg.barrier_timeout_s)
     saved = json.loads(path.read_text())
+    if isinstance(saved.get("data"), dict):
+        saved["data"].pop("skip_malformed", None)  # plans written before it left the plan
     if saved == plan:
         return
     old, new = _flatten(saved), _flatten(plan)
     changed = [k for k in sorted(set(old) | set(new)) if old.get(k, "<absent>") != new.get(k, "<absent>")]
     diff = "; ".join(f"{k}: was {old.get(k, '<absent>')!r}, now {new.get(k, '<absent>')!r}" for k in changed)
-    raise ValueError(
+    raise _PlanChanged(
         f"{path}: this build was started with other settings ({diff}); resuming would mix two builds in one "
         f"folder. Resume with the original settings or use a new output_dir"
     )
@@ -892,7 +895,7 @@ def _validate_inputs(cfg: StoreBuildConfig) -> None:
         if not os.path.exists(value) and looks_like_path(value):
             problems.append(f"`{key}` {value!r} does not exist")
     if problems:
-        raise FileNotFoundError("; ".join(problems) + "; fix the path(s) and rerun (nothing was written)")
+        raise FileNotFoundError("; ".join(problems) + "; fix the path(s) and rerun")
     if cfg.extractor.kind == "lexicon":
         _lexicon_vocabulary(cfg)
     try:
@@ -1035,8 +1038,16 @@ def cli_main(argv: list[str] | None = None) -> int:
     except BuildLockedError as e:
         print(f"build-store: {e}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, ValueError) as e:  # bad inputs, found before anything was written
-        print(f"build-store: error: {e}", file=sys.stderr)
+    except (FileNotFoundError, ValueError) as e:  # bad inputs or data; found before or during the build
+        started = (Path(cfg.output_dir) / "state" / "plan.json").exists()
+        # Say what is true of the folder: a build that stopped mid-way keeps its committed work for a rerun.
+        if isinstance(e, _PlanChanged):
+            after = ""
+        elif started:
+            after = f" ({cfg.output_dir} keeps what the build committed; rerun with the fix to resume from there)"
+        else:
+            after = " (nothing was written)"
+        print(f"build-store: error: {e}{after}", file=sys.stderr)
         return 2
     if "samples_kept" in report:
         print(
