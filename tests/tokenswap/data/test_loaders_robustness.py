@@ -51,8 +51,10 @@ def test_load_llava_rereads_an_edited_file_and_rechecks_images(tmp_path):
         ('[{"id": 1, "conversations": [{"from": "robot", "value": "x"}]}]', r"record 0 \(id 1\) turn 0"),
         ('[{"id": 1}, 5]', r"record 0 \(id 1\) has no 'conversations'"),
         ('[{"id": 1, "conversations": [{"from": "human", "value": "x"}]}, 5]', r"record 1: expected an object"),
+        ('[{"id": 1, "conversations": [{"from": "human", "value": "x \\udcff"}]}]',
+         r"record 0: sample '1': message 0 content: .*lone UTF-16 surrogate"),
     ],
-    ids=["empty", "empty-list", "not-a-list", "bad-role", "no-conversations", "not-an-object"],
+    ids=["empty", "empty-list", "not-a-list", "bad-role", "no-conversations", "not-an-object", "surrogate"],
 )
 def test_load_llava_errors_name_file_and_record_not_dataset_generation_error(tmp_path, content, match):
     path = tmp_path / "llava.json"
