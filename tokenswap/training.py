@@ -731,7 +731,7 @@ def _bnb_supports_cpu() -> bool:
     return (major, minor) >= (0, 50)  # the CPU 4-bit path tokenswap's tests run (tested with 0.50.2)
 
 
-def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None, seed: int | None = None):
+def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None, seed: int = 0):
     """Load a Qwen-VL-family checkpoint with the configured pixels, attention, quantisation, freezing and LoRA.
 
     The model class comes from the family table (:mod:`tokenswap.families`): Qwen2-VL, Qwen2.5-VL,
@@ -747,8 +747,8 @@ def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None, s
             ``model.language_model.layers.*`` in memory) and so silently keeps the initial
             weights; ``from_pretrained`` applies the key mapping. Optimizer, scheduler and RNG
             state still come from the Trainer.
-        seed: seeds the LoRA initialisation, so runs (and the arms of a pair) with the same seed start
-            from identical adapters.
+        seed: seeds the LoRA initialisation, so runs (and the arms of a pair, and every process of a run)
+            with the same seed start from identical adapters. The caller's random state is left as it was.
     """
     import transformers
     from transformers import AutoConfig, AutoProcessor
@@ -799,9 +799,14 @@ def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None, s
     if cfg.lora is not None:
         from peft import get_peft_model
 
-        if seed is not None:
-            transformers.set_seed(seed)
-        model = get_peft_model(model, peft_lora_config(cfg.lora))
+        # Seeded here, not by the caller: without a seed each process of a run drew other adapters (ranks then
+        # disagree before the first step). A forked RNG keeps the caller's random state untouched.
+        cuda = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=cuda):
+            torch.random.default_generator.manual_seed(seed)
+            if cuda:
+                torch.cuda.manual_seed(seed)
+            model = get_peft_model(model, peft_lora_config(cfg.lora))
     return model, processor
 
 

@@ -158,6 +158,18 @@ def test_lora_initialisation_follows_the_seed(tiny_qwen2vl):
     assert any(not torch.equal(a[k], c[k]) for k in a if "lora_A" in k)
 
 
+def test_lora_initialisation_without_a_seed_is_the_same_in_every_process(tiny_qwen2vl):
+    # Each process of a run starts from its own ambient RNG state; the library default must not depend on it.
+    cfg = ModelConfig(name_or_path=tiny_qwen2vl, dtype="float32", attn_implementation="sdpa", lora=LoraConfig(r=4))
+    torch.manual_seed(1)
+    a = _adapters(load_model_and_processor(cfg)[0])
+    torch.manual_seed(2)
+    ambient = torch.get_rng_state()
+    b = _adapters(load_model_and_processor(cfg)[0])
+    assert a and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(torch.get_rng_state(), ambient)  # the caller's random state is not reseeded
+
+
 def test_unsupported_family_names_the_supported_ones(tmp_path):
     from transformers import LlamaConfig
 
