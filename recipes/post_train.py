@@ -47,6 +47,7 @@ from tokenswap.training import (
     build_gap_callback,
     build_image_store,
     build_training_arguments,
+    check_model,
     close_process_group,
     finish_wandb,
     init_wandb,
@@ -94,6 +95,7 @@ def main(cfg: PostTrainConfig) -> None:
     os.makedirs(cfg.run.output_dir, exist_ok=True)
     # paired_mixture already fixed a seeded order shared by the arms of a pair.
     args = build_training_arguments(cfg.train, cfg.run, train_sampling_strategy="sequential")
+    check_model(cfg.model, packing=cfg.collator.packing)  # config.json only: before any data or weights
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         with open(os.path.join(cfg.run.output_dir, "tokenswap_config.json"), "w") as f:

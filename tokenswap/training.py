@@ -49,8 +49,10 @@ __all__ = [
     "install_first",
     "PairedTrainConfig",
     "build_training_arguments",
+    "check_model",
     "close_process_group",
     "load_model_and_processor",
+    "model_family",
     "peft_lora_config",
     "trainer_section",
     "print0",
@@ -263,6 +265,18 @@ _NON_NEGATIVE = ("learning_rate", "weight_decay", "warmup_steps", "max_grad_norm
                  "dataloader_num_workers", "label_smoothing_factor", "beta", "eval_delay")
 
 
+_JSON_KWARGS = ("lr_scheduler_kwargs", "activation_checkpointing_kwargs", "gradient_checkpointing_kwargs",
+                "model_init_kwargs")
+"""``dict | str`` fields whose string form can only be a JSON object (the ``*_config`` ones also take a file path)."""
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
 def _check_trainer_values(self) -> None:
     problems = []
     for f in dataclasses.fields(self):
@@ -282,6 +296,21 @@ def _check_trainer_values(self) -> None:
     for name in ("adam_beta1", "adam_beta2"):
         if not 0.0 <= getattr(self, name) < 1.0:
             problems.append(f"`{name}` must be in [0, 1), got {getattr(self, name)}")
+    if self.eval_strategy != "no":
+        # The Trainer would refuse it only after the data and the model loaded.
+        problems.append(f"`eval_strategy` is {self.eval_strategy!r}, but the recipes give the Trainer no eval_dataset: "
+                        "their in-loop evaluation is `gap_eval` (gap_eval.bench, gap_eval.every_steps); set "
+                        "train.eval_strategy: no")
+    resume = self.resume_from_checkpoint
+    if resume is not None and resume != "latest" and not os.path.isfile(os.path.join(resume, "trainer_state.json")):
+        what = "is not a Trainer checkpoint (no trainer_state.json)" if os.path.isdir(resume) else "does not exist"
+        problems.append(f"`resume_from_checkpoint` {resume!r} {what} (cwd {os.getcwd()}); give a checkpoint-N folder "
+                        "of an earlier run, or `latest` for the newest complete one in run.output_dir")
+    for name in _JSON_KWARGS:
+        v = getattr(self, name, None)
+        if isinstance(v, str) and not _is_json_object(v):
+            # TrainingArguments parses only strings that start with "{" and passes any other string on silently.
+            problems.append(f"`{name}` must be a mapping (e.g. {{min_lr: 1.0e-6}}) or a JSON object string, got {v!r}")
     if problems:
         raise ValueError("; ".join(problems))
     # `gradient_checkpointing` is TrainingArguments' deprecated alias of `activation_checkpointing`: a YAML that
@@ -369,6 +398,11 @@ def build_training_arguments(train, run: RunConfig, **recipe: Any):
     if kwargs.get("use_liger_kernel") and importlib.util.find_spec("liger_kernel") is None:
         # liger-kernel 0.8.5 patches every family tokenswap supports (qwen2_vl ... qwen3_5_moe); it needs Triton + CUDA.
         print("error: train.use_liger_kernel needs liger-kernel: pip install 'tokenswap[gpu]'", file=sys.stderr)
+        raise SystemExit(2)
+    if kwargs.get("fp16") and (kwargs.get("use_cpu") or not torch.cuda.is_available()):
+        # Accepted by TrainingArguments on CPU, where it does not give the fp16 training the user asked for.
+        print("error: train.fp16 needs a CUDA GPU and this run has none (or train.use_cpu is set); on CPU set "
+              "train.fp16: false (train.bf16: true for mixed precision)", file=sys.stderr)
         raise SystemExit(2)
     if kwargs.get("deepspeed"):
         os.environ.setdefault("ACCELERATE_USE_DEEPSPEED", "true")
@@ -700,6 +734,48 @@ def _check_model_path(name_or_path: str) -> None:
         )
 
 
+def model_family(cfg: ModelConfig):
+    """The :class:`~tokenswap.families.Family` of ``cfg.name_or_path``, read from its ``config.json`` (no weights).
+
+    Raises:
+        FileNotFoundError: a local folder that does not exist, or a hub id that cannot be loaded.
+        UnsupportedFamilyError: a model type outside the family table; names the supported ones.
+    """
+    from transformers import AutoConfig
+
+    from tokenswap.families import family_of
+
+    _check_model_path(cfg.name_or_path)
+    try:
+        config = AutoConfig.from_pretrained(cfg.name_or_path)
+    except OSError as e:
+        raise FileNotFoundError(
+            f"model.name_or_path {cfg.name_or_path!r} is neither a local checkpoint folder (cwd {os.getcwd()}) "
+            f"nor loadable as a hub id: {str(e).splitlines()[0]}"
+        ) from None
+    return family_of(config.model_type)
+
+
+def check_model(cfg: ModelConfig, packing: bool = False) -> None:
+    """What the checkpoint's ``config.json`` says against the run's settings, before any data or weights load.
+
+    Like :func:`tokenswap.config.parse_config`, a problem is printed with its fix and the process exits with 2:
+    a missing model folder, a family tokenswap does not support, or ``collator.packing`` for a family whose
+    samples cannot be separated in a packed row (Qwen3.5) would otherwise surface only after the data and the
+    model loaded.
+    """
+    from tokenswap.config import ConfigError
+    from tokenswap.packing import RopeIndex
+
+    try:
+        family = model_family(cfg)
+        if packing:
+            RopeIndex(family.name, 2)  # refuses, naming the family and why, what it cannot pack
+    except (FileNotFoundError, ValueError) as e:  # UnsupportedFamilyError, PackingNotSupportedError: ValueErrors
+        print(f"error: {ConfigError([str(e)], 'model / collator')}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def _quantization_config(cfg: ModelConfig):
     """NF4 with double quantisation and bf16 compute (QLoRA); the vision tower and lm_head stay unquantised."""
     if importlib.util.find_spec("bitsandbytes") is None:
@@ -751,19 +827,9 @@ def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None, s
             with the same seed start from identical adapters. The caller's random state is left as it was.
     """
     import transformers
-    from transformers import AutoConfig, AutoProcessor
+    from transformers import AutoProcessor
 
-    from tokenswap.families import family_of
-
-    _check_model_path(cfg.name_or_path)
-    try:
-        config = AutoConfig.from_pretrained(cfg.name_or_path)
-    except OSError as e:
-        raise FileNotFoundError(
-            f"model.name_or_path {cfg.name_or_path!r} is neither a local checkpoint folder (cwd {os.getcwd()}) "
-            f"nor loadable as a hub id: {str(e).splitlines()[0]}"
-        ) from None
-    family = family_of(config.model_type)
+    family = model_family(cfg)
     processor = AutoProcessor.from_pretrained(cfg.name_or_path, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
     # from_pretrained also files the two under the tokenizer's init kwargs, which every processor call then passes
     # to the image processor as call kwargs (deprecated: a FutureWarning per process; the sizes set above stay).

@@ -116,7 +116,7 @@ def test_training_arguments_carry_the_run_and_the_recipe_values(tmp_path):
 
 def test_a_value_the_trainer_rejects_exits_2_with_the_config_error(tmp_path, capsys):
     cfg = load_config(Recipe, None, ["train.use_cpu=true", "train.bf16=false", "train.load_best_model_at_end=true",
-                                     "train.eval_strategy=steps", "train.save_strategy=epoch"])
+                                     "train.save_strategy=epoch"])
     with pytest.raises(SystemExit) as e:
         build_training_arguments(cfg.train, RunConfig(output_dir=str(tmp_path), pair="p", arm="text"))
     assert e.value.code == 2
