@@ -43,6 +43,7 @@ from tokenswap.throughput import ThroughputCallback, ThroughputConfig
 from tokenswap.training import (
     CheckpointCallback,
     CollatorConfig,
+    EmptyStepCallback,
     ModelConfig,
     ResumableCollator,
     RunConfig,
@@ -162,6 +163,7 @@ def main(cfg: ImageSFTConfig) -> None:
         processing_class=processor,
         callbacks=[CheckpointCallback.resuming(resumable, resume)],
     )
+    trainer.add_callback(EmptyStepCallback(model, cfg.collator.max_empty_step_share, collator))
     if cfg.throughput.enabled:
         install_first(trainer, ThroughputCallback(collator, cfg.throughput.peak_tflops))
     train(trainer, resume)

@@ -35,6 +35,7 @@ from tokenswap.training import (
     CheckpointCallback,
     CollatorConfig,
     DataConfig,
+    EmptyStepCallback,
     EpochCallback,
     GapEvalConfig,
     ModelConfig,
@@ -134,6 +135,7 @@ def main(cfg: PostTrainConfig) -> None:
         callbacks=[EpochCallback(collator), CheckpointCallback.resuming(resumable, resume)],
     )
     install_first(trainer, SwapStatsCallback(collator))
+    trainer.add_callback(EmptyStepCallback(model, cfg.collator.max_empty_step_share, collator))
     if cfg.throughput.enabled:
         install_first(trainer, ThroughputCallback(collator, cfg.throughput.peak_tflops))
     gap_callback = build_gap_callback(cfg.gap_eval, processor, trainer)

@@ -31,6 +31,7 @@ from tokenswap.training import (
     CheckpointCallback,
     CollatorConfig,
     DataConfig,
+    EmptyStepCallback,
     EpochCallback,
     GapEvalConfig,
     ModelConfig,
@@ -129,6 +130,7 @@ def main(cfg: PretrainConfig) -> None:
         callbacks=[EpochCallback(collator), CheckpointCallback.resuming(resumable, resume)],
     )
     install_first(trainer, SwapStatsCallback(collator))
+    trainer.add_callback(EmptyStepCallback(model, cfg.collator.max_empty_step_share, collator))
     if cfg.throughput.enabled:
         install_first(trainer, ThroughputCallback(collator, cfg.throughput.peak_tflops))
     gap_callback = build_gap_callback(cfg.gap_eval, processor, trainer)

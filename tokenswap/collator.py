@@ -239,7 +239,8 @@ class TokenSwapCollator:
       (``samples_skipped_too_long``, ``samples_skipped_too_many_images``).
 
     A batch whose every sample is refused becomes one row with no targets (a placeholder that adds
-    nothing to the loss; counted as ``batches_all_refused``) instead of an exception.
+    nothing to the loss; counted as ``batches_all_refused``) instead of an exception. Any batch without a target
+    token is counted as ``batches_without_targets`` (the recipes stop a run made of such steps: ``EmptyStepCallback``).
 
     Args:
         processor: the model's processor (``AutoProcessor.from_pretrained``).
@@ -701,6 +702,10 @@ class TokenSwapCollator:
             rows_images.append(images)
         if placeholder:  # learn="all" would otherwise learn the placeholder's template text
             rows_labels[0][:] = -100
+        if not any((labels != -100).any() for labels in rows_labels):
+            # Nothing to learn in this batch (refused, or cut before any answer): counted here, and a run made of
+            # such steps is stopped by tokenswap.training.EmptyStepCallback.
+            self.stats["batches_without_targets"] += 1
 
         batch_images = [im for imgs in rows_images for im in imgs]
         dummy = None

@@ -33,10 +33,12 @@ __all__ = [
     "CheckpointCallback",
     "ResumableCollator",
     "CollatorConfig",
+    "EmptyStepCallback",
     "EpochCallback",
     "GapEvalConfig",
     "LoraConfig",
     "ModelConfig",
+    "NoTargetsError",
     "RunConfig",
     "SwapStatsCallback",
     "TrainConfig",
@@ -203,6 +205,12 @@ class CollatorConfig:
     seeded by data.seed, from the text arm's lengths, so both arms of a pair keep the same order. The grouped
     order is read sequentially and is the same every epoch (image SFT: instead of its per-epoch shuffle)."""
 
+    max_empty_step_share: float = 0.01
+    """Share of the run's optimizer steps that may have no target token on any rank (every sample of the step
+    refused by the collator, or cut before its answer) before the run stops with an error naming the refusals. A run
+    whose data gives nothing to learn stops at its first step; a long run may lose a few steps (0.01: 10 of 1000) to
+    bad data. 0: the first such step stops the run; 1: never stop (such steps are only counted and warned)."""
+
     SWAP_ONLY: ClassVar[tuple[str, ...]] = ("swap_prob", "max_images", "resample_each_epoch", "swap_seed", "prepared")
     """Fields read only where concepts are swapped (arm tokenswap with an image store)."""
 
@@ -220,6 +228,8 @@ class CollatorConfig:
         )
         if not 0.0 <= self.swap_prob <= 1.0:
             problems.append(f"`swap_prob` must be in [0, 1], got {self.swap_prob}")
+        if not 0.0 <= self.max_empty_step_share <= 1.0:
+            problems.append(f"`max_empty_step_share` must be in [0, 1], got {self.max_empty_step_share}")
         if self.max_length is not None and self.max_length < 16:
             problems.append(f"`max_length` must be >= 16 or null (no limit), got {self.max_length}")
         _raise(problems)
@@ -572,7 +582,11 @@ def train(trainer, resume: str | None) -> None:
                 trainer._load_from_checkpoint(resume)
                 trainer.state = state
                 return
-        trainer.train(resume_from_checkpoint=resume)
+        try:
+            trainer.train(resume_from_checkpoint=resume)
+        except NoTargetsError as e:  # the data's fault, said in one message: not a traceback from the Trainer
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(1) from None
 
 
 class _DropMessages(logging.Filter):
@@ -975,6 +989,64 @@ class SwapStatsCallback(TrainerCallback):
         # Trainer.log stored a copy of `logs` in log_history before calling on_log: keep log_history.json complete.
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1].update({k: v for k, v in logs.items() if k.startswith("swap/")})
+
+
+class NoTargetsError(RuntimeError):
+    """Too many optimizer steps of a run had no target token (see :class:`EmptyStepCallback`)."""
+
+
+class EmptyStepCallback(TrainerCallback):
+    """Stops a run whose optimizer steps have nothing to learn, instead of training on zero targets with loss 0.
+
+    A forward pre-hook on ``model`` counts the target tokens (``labels != -100``) of every training forward: the
+    micro-batches that actually trained, whatever data-loader workers and prefetching do. At each step end the count
+    is summed over the ranks (so every rank decides alike), and a step without any target counts as empty. Once more
+    than ``max_share`` of the run's ``max_steps`` were empty, :class:`NoTargetsError` names the step and the
+    collator's refusal counts; before that each empty step is warned.
+
+    Args:
+        model: the model given to the Trainer.
+        max_share: ``collator.max_empty_step_share``.
+        collator: the collator, whose ``stats`` name the refusals in the error.
+    """
+
+    def __init__(self, model, max_share: float, collator=None):
+        self.max_share = max_share
+        self.collator = collator
+        self.empty_steps = 0
+        self._targets: torch.Tensor | None = None
+        model.register_forward_pre_hook(self._count, with_kwargs=True)
+
+    def _count(self, module, args, kwargs):
+        labels = kwargs.get("labels")
+        if module.training and torch.is_tensor(labels):
+            n = (labels != -100).sum()  # stays on the device: one sync per step, at step end
+            self._targets = n if self._targets is None else self._targets + n.to(self._targets.device)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        import torch.distributed as dist
+
+        targets = self._targets if self._targets is not None else torch.zeros((), dtype=torch.int64)
+        self._targets = None
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            device = "cpu" if dist.get_backend() == "gloo" else args.device
+            targets = targets.reshape(1).to(device=device, dtype=torch.int64)
+            dist.all_reduce(targets)
+        if int(targets.sum()) > 0:
+            return
+        self.empty_steps += 1
+        refusals = {k: v for k, v in (self.collator.stats if self.collator is not None else {}).items()
+                    if k.startswith(("samples_skipped_", "samples_dropped_", "samples_truncated", "batches_")) and v}
+        what = (f"step {state.global_step} of {state.max_steps} had no target token on any rank (every label -100): its "
+                f"samples were refused or cut before their answers (collator counts in this process: {refusals})")
+        allowed = self.max_share * state.max_steps
+        if self.empty_steps > allowed:
+            raise NoTargetsError(
+                f"{what}. {self.empty_steps} step(s) without targets so far, more than collator.max_empty_step_share="
+                f"{self.max_share} of {state.max_steps} steps allows ({allowed:g}). Fix the data (the collator's "
+                "warnings name the refused samples), or raise collator.max_empty_step_share"
+            )
+        print0(f"[tokenswap] warning: {what}; {self.empty_steps} such step(s) so far, up to {allowed:g} allowed")
 
 
 def install_first(trainer, callback: TrainerCallback) -> None:

@@ -309,3 +309,42 @@ def test_configured_pixels_apply_without_deprecated_call_kwargs(tiny_qwen2vl):
         out = processor(text=["<|vision_start|><|image_pad|><|vision_end|>a"], images=[Image.new("RGB", (300, 300))])
     # smart_resize floors 300 px to 28 under max_pixels=56*56 (the checkpoint's own 224*224 would give 16x16 patches)
     assert out["image_grid_thw"].tolist() == [[1, 2, 2]]
+
+
+# ---------------------------------------------------------------------------- steps without targets
+class _Echo(torch.nn.Module):
+    def forward(self, input_ids=None, labels=None):
+        return input_ids
+
+
+def test_empty_steps_are_counted_from_what_trained_and_stop_the_run_past_the_share():
+    from types import SimpleNamespace
+
+    from tokenswap.training import EmptyStepCallback, NoTargetsError
+
+    model = _Echo()
+    guard = EmptyStepCallback(model, max_share=0.02, collator=SimpleNamespace(stats={"samples_skipped_too_long": 8}))
+    args, state = SimpleNamespace(device=torch.device("cpu")), SimpleNamespace(global_step=0, max_steps=100)
+    empty, learned = torch.full((2, 4), -100), torch.tensor([[-100, 5, 6, -100]])
+
+    def step(*labels, train=True):
+        model.train(train)
+        for lab in labels:
+            model(input_ids=lab, labels=lab)
+        state.global_step += 1
+        guard.on_step_end(args, state, None)
+
+    step(empty, learned)  # one micro-batch with targets: the step trained
+    step(empty, learned, train=False)  # evaluation forwards are not training
+    step(empty)
+    assert guard.empty_steps == 2
+    with pytest.raises(NoTargetsError, match=r"step 4 of 100 had no target token.*samples_skipped_too_long.*3 step\(s\) "
+                                             r"without targets so far, more than collator.max_empty_step_share=0.02"):
+        step(empty, empty)
+
+
+def test_max_empty_step_share_is_a_share():
+    from tokenswap.training import CollatorConfig
+
+    with pytest.raises(ValueError, match=r"`max_empty_step_share` must be in \[0, 1\], got 1.5"):
+        CollatorConfig(max_empty_step_share=1.5)
