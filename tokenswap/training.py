@@ -1000,7 +1000,8 @@ class EmptyStepCallback(TrainerCallback):
 
     A forward pre-hook on ``model`` counts the target tokens (``labels != -100``) of every training forward: the
     micro-batches that actually trained, whatever data-loader workers and prefetching do. At each step end the count
-    is summed over the ranks (so every rank decides alike), and a step without any target counts as empty. Once more
+    is summed over the ranks (so every rank decides alike), and a step without any target counts as empty (a step
+    whose forwards got no ``labels`` at all, as with label smoothing, is not judged). Once more
     than ``max_share`` of the run's ``max_steps`` were empty, :class:`NoTargetsError` names the step and the
     collator's refusal counts; before that each empty step is warned.
 
@@ -1014,25 +1015,28 @@ class EmptyStepCallback(TrainerCallback):
         self.max_share = max_share
         self.collator = collator
         self.empty_steps = 0
-        self._targets: torch.Tensor | None = None
+        self._targets: torch.Tensor | None = None  # (targets, forwards with labels) of this step on this rank
         model.register_forward_pre_hook(self._count, with_kwargs=True)
 
     def _count(self, module, args, kwargs):
         labels = kwargs.get("labels")
         if module.training and torch.is_tensor(labels):
-            n = (labels != -100).sum()  # stays on the device: one sync per step, at step end
+            # Stays on the device: one sync per step, at step end.
+            n = torch.stack([(labels != -100).sum(), torch.ones((), dtype=torch.int64, device=labels.device)])
             self._targets = n if self._targets is None else self._targets + n.to(self._targets.device)
 
     def on_step_end(self, args, state, control, **kwargs):
         import torch.distributed as dist
 
-        targets = self._targets if self._targets is not None else torch.zeros((), dtype=torch.int64)
+        counts = self._targets if self._targets is not None else torch.zeros(2, dtype=torch.int64)
         self._targets = None
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             device = "cpu" if dist.get_backend() == "gloo" else args.device
-            targets = targets.reshape(1).to(device=device, dtype=torch.int64)
-            dist.all_reduce(targets)
-        if int(targets.sum()) > 0:
+            counts = counts.to(device=device, dtype=torch.int64)
+            dist.all_reduce(counts)
+        targets, forwards = (int(v) for v in counts.tolist())
+        # No forward saw labels: the Trainer computes the loss itself (label smoothing pops them), so nothing is known.
+        if targets > 0 or forwards == 0:
             return
         self.empty_steps += 1
         refusals = {k: v for k, v in (self.collator.stats if self.collator is not None else {}).items()
