@@ -51,7 +51,7 @@ from tokenswap.training import (
     WandbConfig,
     build_collator,
     build_training_arguments,
-    check_model,
+    check_inputs,
     close_process_group,
     finish_wandb,
     init_wandb,
@@ -128,7 +128,7 @@ def main(cfg: ImageSFTConfig) -> None:
     # ------------------------------------------------------------------ setup (process state before anything else)
     os.makedirs(cfg.run.output_dir, exist_ok=True)
     args = build_training_arguments(cfg.train, cfg.run)
-    check_model(cfg.model, packing=cfg.collator.packing)  # config.json only: before any data or weights
+    check_inputs(cfg.model, packing=cfg.collator.packing)
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         with open(os.path.join(cfg.run.output_dir, "tokenswap_config.json"), "w") as f:

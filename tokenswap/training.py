@@ -51,7 +51,7 @@ __all__ = [
     "install_first",
     "PairedTrainConfig",
     "build_training_arguments",
-    "check_model",
+    "check_inputs",
     "close_process_group",
     "load_model_and_processor",
     "model_family",
@@ -770,24 +770,40 @@ def model_family(cfg: ModelConfig):
     return family_of(config.model_type)
 
 
-def check_model(cfg: ModelConfig, packing: bool = False) -> None:
-    """What the checkpoint's ``config.json`` says against the run's settings, before any data or weights load.
+def check_inputs(
+    model: ModelConfig,
+    *,
+    packing: bool = False,
+    image_store: str | None = None,
+    paths: dict[str, str | None] | None = None,
+) -> None:
+    """A run's inputs checked against its settings before any data or weights load.
 
-    Like :func:`tokenswap.config.parse_config`, a problem is printed with its fix and the process exits with 2:
-    a missing model folder, a family tokenswap does not support, or ``collator.packing`` for a family whose
-    samples cannot be separated in a packed row (Qwen3.5) would otherwise surface only after the data and the
-    model loaded.
+    Like :func:`tokenswap.config.parse_config`, every problem is printed with its fix and the process exits with 2:
+    a local path that does not exist (``paths``: config key -> path, None skipped), an image store that is missing or
+    damaged, a model folder that is missing, a family tokenswap does not support, or ``collator.packing`` for a family
+    whose samples cannot be separated in a packed row (Qwen3.5). The model is judged from its ``config.json`` alone;
+    each of these would otherwise surface as a traceback after the data and the model loaded.
     """
     from tokenswap.config import ConfigError
     from tokenswap.packing import RopeIndex
 
+    problems = [f"`{key}` {path!r} does not exist (cwd {os.getcwd()})"
+                for key, path in (paths or {}).items() if path is not None and not os.path.exists(path)]
+    if image_store is not None:
+        try:
+            ImageStore(image_store)
+        except (FileNotFoundError, ValueError) as e:  # StoreFormatError is a ValueError
+            problems.append(f"`image_store`: {e}")
     try:
-        family = model_family(cfg)
+        family = model_family(model)
         if packing:
             RopeIndex(family.name, 2)  # refuses, naming the family and why, what it cannot pack
     except (FileNotFoundError, ValueError) as e:  # UnsupportedFamilyError, PackingNotSupportedError: ValueErrors
-        print(f"error: {ConfigError([str(e)], 'model / collator')}", file=sys.stderr)
-        raise SystemExit(2) from None
+        problems.append(str(e))
+    if problems:
+        print(f"error: {ConfigError(problems, 'the run inputs')}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def _quantization_config(cfg: ModelConfig):

@@ -60,3 +60,18 @@ def test_a_mistyped_alias_is_a_config_error_of_build_store(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "`extractor.aliases.kitty` must be a string, got 5" in err and "Traceback" not in err
     assert not (tmp_path / "b").exists()
+
+
+def test_missing_data_and_a_missing_or_damaged_store_are_named_together_before_any_load(post, tiny_qwen2vl, tmp_path,
+                                                                                      capsys):
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "store.json").write_text("[1, 2]")
+    cfg = parse_config(post.PostTrainConfig, [*argv(tmp_path, tiny_qwen2vl), "run.arm=tokenswap",
+                                              f"image_store={tmp_path / 'store'}"])
+    with pytest.raises(SystemExit) as e:
+        post.main(cfg)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "3 problem(s) in the run inputs" in err
+    assert f"`data.llava_json` '{tmp_path / 'absent.json'}' does not exist" in err
+    assert f"`data.swap_dataset` '{tmp_path / 'absent.jsonl'}' does not exist" in err
+    assert "`image_store`: " in err and "expected a JSON object" in err
