@@ -515,8 +515,16 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The rows of a build's own JSONL file; a damaged one is a ValueError naming the file and line."""
+    from tokenswap.data.magpie import MalformedLine, jsonl_rows
+
+    rows = []
+    for _, row in jsonl_rows(path):
+        if isinstance(row, MalformedLine):
+            # Written atomically by the build, so a disk or a hand broke it: its part cannot be trusted to resume.
+            raise ValueError(f"{row}; this build file is damaged: build again in a new output_dir") from None
+        rows.append(row)
+    return rows
 
 
 def _parts(folder: Path, rank: int | None = None) -> list[Path]:
@@ -969,22 +977,18 @@ def read_swap_dataset(path: str | os.PathLike) -> list[dict]:
     """All samples of a swap dataset folder (``dataset/``), shard by shard in name order.
 
     Raises:
-        ValueError: a torn line or a bad span; names the shard file and line.
+        ValueError: a torn or non-UTF-8 line, or a bad sample; names the shard file and line.
     """
+    from tokenswap.data.magpie import MalformedLine, jsonl_rows
     from tokenswap.data.schema import check_sample
 
     rows = []
     for part in _parts(Path(path)):
-        with open(part, encoding="utf-8", errors="strict") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{part} line {number}: not valid JSON ({e})") from None
-                check_sample(row, f"{part} line {number}")
-                rows.append(row)
+        for where, row in jsonl_rows(part):  # a torn or non-UTF-8 line is named by file and line
+            if isinstance(row, MalformedLine):
+                raise row
+            check_sample(row, where)
+            rows.append(row)
     return rows
 
 

@@ -111,3 +111,16 @@ def test_a_damaged_store_json_is_named_with_what_is_wrong(tmp_path, content, mat
     if "format" not in match:  # a writer reads store.json to merge its info into it
         with pytest.raises(StoreFormatError, match=str(info)):
             StoreWriter(tmp_path)
+
+
+def test_a_damaged_swap_dataset_shard_is_named_by_file_and_line(tmp_path):
+    from tokenswap.store import read_swap_dataset
+
+    part = tmp_path / "part-r000-000000.jsonl"
+    good = '{"id": "s0", "messages": [{"role": "user", "content": "a cat"}], "concepts": [], "images": []}\n'
+    part.write_bytes(good.encode() + b'{"id": "s1", "messages": "\xff\xfe"}\n')
+    with pytest.raises(ValueError, match=rf"{part} line 2: not UTF-8"):
+        read_swap_dataset(tmp_path)
+    part.write_bytes(good.encode() + good[:20].encode() + b"\n")
+    with pytest.raises(ValueError, match=rf"{part} line 2: not valid JSON"):
+        read_swap_dataset(tmp_path)
