@@ -420,7 +420,8 @@ class TokenSwapCollator:
             )
         sid = ex["id"]
         # The id is hashed into swap decisions and written to the sample-id log, so it must be plain text or a number.
-        if isinstance(sid, bool) or not isinstance(sid, (str, int, np.integer)) or (isinstance(sid, str) and text_problem(sid)):
+        plain = isinstance(sid, (str, int, np.integer)) and not isinstance(sid, bool)
+        if not plain or (isinstance(sid, str) and text_problem(sid)):
             raise ValueError(f"TokenSwapCollator example with id {sid!r:.80}: the id must be a string or an integer"
                              + (f" ({text_problem(sid)})" if isinstance(sid, str) else ""))
 
