@@ -43,6 +43,7 @@ from tokenswap.throughput import ThroughputCallback, ThroughputConfig
 from tokenswap.training import (
     CheckpointCallback,
     CollatorConfig,
+    EmptyStepCallback,
     ModelConfig,
     ResumableCollator,
     RunConfig,
@@ -50,6 +51,7 @@ from tokenswap.training import (
     WandbConfig,
     build_collator,
     build_training_arguments,
+    check_inputs,
     close_process_group,
     finish_wandb,
     init_wandb,
@@ -126,6 +128,7 @@ def main(cfg: ImageSFTConfig) -> None:
     # ------------------------------------------------------------------ setup (process state before anything else)
     os.makedirs(cfg.run.output_dir, exist_ok=True)
     args = build_training_arguments(cfg.train, cfg.run)
+    check_inputs(cfg.model, packing=cfg.collator.packing)
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         with open(os.path.join(cfg.run.output_dir, "tokenswap_config.json"), "w") as f:
@@ -160,6 +163,7 @@ def main(cfg: ImageSFTConfig) -> None:
         processing_class=processor,
         callbacks=[CheckpointCallback.resuming(resumable, resume)],
     )
+    trainer.add_callback(EmptyStepCallback(model, cfg.collator.max_empty_step_share, collator))
     if cfg.throughput.enabled:
         install_first(trainer, ThroughputCallback(collator, cfg.throughput.peak_tflops))
     train(trainer, resume)

@@ -31,6 +31,7 @@ from tokenswap.training import (
     CheckpointCallback,
     CollatorConfig,
     DataConfig,
+    EmptyStepCallback,
     EpochCallback,
     GapEvalConfig,
     ModelConfig,
@@ -43,6 +44,7 @@ from tokenswap.training import (
     build_gap_callback,
     build_image_store,
     build_training_arguments,
+    check_inputs,
     close_process_group,
     finish_wandb,
     init_wandb,
@@ -92,6 +94,9 @@ def main(cfg: PretrainConfig) -> None:
     os.makedirs(cfg.run.output_dir, exist_ok=True)
     # paired_mixture already fixed a seeded order shared by the arms of a pair.
     args = build_training_arguments(cfg.train, cfg.run, train_sampling_strategy="sequential")
+    store_root = cfg.image_store if cfg.run.arm == "tokenswap" else None
+    data_paths = {f"data.{k}": getattr(cfg.data, k) for k in ("llava_image_root", "swap_dataset")}
+    check_inputs(cfg.model, packing=cfg.collator.packing, image_store=store_root, paths=data_paths)
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         with open(os.path.join(cfg.run.output_dir, "tokenswap_config.json"), "w") as f:
@@ -127,6 +132,7 @@ def main(cfg: PretrainConfig) -> None:
         callbacks=[EpochCallback(collator), CheckpointCallback.resuming(resumable, resume)],
     )
     install_first(trainer, SwapStatsCallback(collator))
+    trainer.add_callback(EmptyStepCallback(model, cfg.collator.max_empty_step_share, collator))
     if cfg.throughput.enabled:
         install_first(trainer, ThroughputCallback(collator, cfg.throughput.peak_tflops))
     gap_callback = build_gap_callback(cfg.gap_eval, processor, trainer)

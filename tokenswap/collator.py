@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from tokenswap.concepts import Concept, validate_concepts
+from tokenswap.concepts import Concept, concepts_from_sample, sample_texts, text_problem
 from tokenswap.encoding import TemplateEncoder
 from tokenswap.families import VISION_TOKENS, Family, family_of, render_conversation
 from tokenswap.images import DEFAULT_MAX_IMAGE_PIXELS, BadImageError, load_image
@@ -239,7 +239,8 @@ class TokenSwapCollator:
       (``samples_skipped_too_long``, ``samples_skipped_too_many_images``).
 
     A batch whose every sample is refused becomes one row with no targets (a placeholder that adds
-    nothing to the loss; counted as ``batches_all_refused``) instead of an exception.
+    nothing to the loss; counted as ``batches_all_refused``) instead of an exception. Any batch without a target
+    token is counted as ``batches_without_targets`` (the recipes stop a run made of such steps: ``EmptyStepCallback``).
 
     Args:
         processor: the model's processor (``AutoProcessor.from_pretrained``).
@@ -400,6 +401,9 @@ class TokenSwapCollator:
             warnings.warn(message + " (further cases are only counted in collator.stats)", stacklevel=3)
 
     def _check_keys(self, ex: dict) -> None:
+        if not isinstance(ex, dict):
+            raise TypeError(f"TokenSwapCollator example {ex!r:.80}: expected a sample dict with 'id' and 'messages', "
+                            f"got a {type(ex).__name__}")
         keys = set(ex)
         missing = _REQUIRED_KEYS - keys
         unknown = keys - _REQUIRED_KEYS - _OPTIONAL_KEYS
@@ -414,6 +418,12 @@ class TokenSwapCollator:
                 f"Expected {sorted(_REQUIRED_KEYS)} plus optional {sorted(_OPTIONAL_KEYS)} "
                 "(pass remove_unused_columns=False and map other columns away, e.g. with tokenswap.data loaders)"
             )
+        sid = ex["id"]
+        # The id is hashed into swap decisions and written to the sample-id log, so it must be plain text or a number.
+        plain = isinstance(sid, (str, int, np.integer)) and not isinstance(sid, bool)
+        if not plain or (isinstance(sid, str) and text_problem(sid)):
+            raise ValueError(f"TokenSwapCollator example with id {sid!r:.80}: the id must be a string or an integer"
+                             + (f" ({text_problem(sid)})" if isinstance(sid, str) else ""))
 
     def _native_ref(self, image: Any, sample_id: object) -> _ImageRef:
         what = f"native image of sample {sample_id!r}"
@@ -470,11 +480,8 @@ class TokenSwapCollator:
         self._check_keys(ex)
         sid = ex["id"]
         messages = ex["messages"]
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("content"), str) or "role" not in m:
-                raise ValueError(f"sample {sid!r}: message {i} needs a 'role' and a str 'content', got {m!r}")
-        texts = [m["content"] for m in messages]
-        concepts = validate_concepts([Concept.from_dict(c) for c in ex.get("concepts") or []], texts, sid)
+        texts = sample_texts(messages, sid)
+        concepts = concepts_from_sample(ex.get("concepts"), texts, sid)
         roles = [m["role"] for m in messages]
         self.stats["samples"] += 1
         native = ex.get("images") or []
@@ -696,6 +703,10 @@ class TokenSwapCollator:
             rows_images.append(images)
         if placeholder:  # learn="all" would otherwise learn the placeholder's template text
             rows_labels[0][:] = -100
+        if not any((labels != -100).any() for labels in rows_labels):
+            # Nothing to learn in this batch (refused, or cut before any answer): counted here, and a run made of
+            # such steps is stopped by tokenswap.training.EmptyStepCallback.
+            self.stats["batches_without_targets"] += 1
 
         batch_images = [im for imgs in rows_images for im in imgs]
         dummy = None

@@ -3,11 +3,14 @@
 A concept is a character span ``[start, end)`` inside one message of a conversation, plus the
 normalized key under which the image store files its pictures. Extractors find concepts in
 text; :func:`validate_concepts` is the single place that checks spans against the text they
-claim to cover, so every consumer (collator, store build, bench builder) fails the same way.
+claim to cover, so every consumer (collator, store build, bench builder) fails the same way;
+:func:`sample_texts` and :func:`concepts_from_sample` check a raw sample where it enters (a loader
+or the collator), naming the sample, so nothing malformed fails later without a name.
 """
 
 from __future__ import annotations
 
+import numbers
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -15,12 +18,19 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 __all__ = [
+    "ROLES",
     "Concept",
     "ConceptExtractor",
     "LexiconExtractor",
+    "concepts_from_sample",
     "normalize_concept",
+    "sample_texts",
+    "text_problem",
     "validate_concepts",
 ]
+
+ROLES = ("system", "user", "assistant")
+"""Message roles of the sample schema (each family's template renders these three)."""
 
 _ARTICLES = ("a ", "an ", "the ")
 _WS = re.compile(r"\s+")
@@ -65,12 +75,30 @@ class Concept:
 
     @classmethod
     def from_dict(cls, d: dict) -> Concept:
+        """``{"message", "start", "end", "key"}`` -> Concept; offsets must be integers (``11.9`` is not cut to 11).
+
+        Raises:
+            KeyError: a key is missing.
+            TypeError: ``d`` is not a mapping, an offset is not an integer or ``key`` is not a string.
+        """
+        if not isinstance(d, dict):
+            raise TypeError(f"a concept must be an object with message/start/end/key, got {d!r:.80}")
         try:
-            return cls(message=int(d["message"]), start=int(d["start"]), end=int(d["end"]), key=str(d["key"]))
+            values = {name: d[name] for name in ("message", "start", "end", "key")}
         except KeyError as e:
             raise KeyError(
                 f"concept entry is missing {e.args[0]!r}; expected keys message/start/end/key, got {sorted(d)}"
             ) from None
+        for name in ("message", "start", "end"):
+            v = values[name]
+            # 5.0 is 5 (some JSON writers emit floats); 11.9 or "11" is a schema mismatch, never cut to an offset.
+            integral = isinstance(v, numbers.Integral) or (isinstance(v, float) and v.is_integer())
+            if isinstance(v, bool) or not integral:
+                raise TypeError(f"concept `{name}` must be an integer (a character offset), got {v!r}")
+        if not isinstance(values["key"], str):
+            raise TypeError(f"concept `key` must be a string, got {values['key']!r}")
+        return cls(message=int(values["message"]), start=int(values["start"]), end=int(values["end"]),
+                   key=values["key"])
 
 
 def validate_concepts(
@@ -104,6 +132,65 @@ def validate_concepts(
             )
         prev = c
     return ordered
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` is not text every later stage can write and tokenize, or None.
+
+    A JSON ``"\\udcff"`` escape decodes to a lone surrogate: a Python ``str`` that no UTF-8 writer, tokenizer or
+    Arrow column accepts, so it must be refused where the row enters, not where it is first written.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (f"character {e.start} is {text[e.start]!r}, a lone UTF-16 surrogate (a JSON '\\ud8xx' escape "
+                "without its pair?), which is not text")
+    return None
+
+
+def sample_texts(messages: object, sample_id: object = "?") -> list[str]:
+    """The contents of a sample's ``messages``, checked.
+
+    Raises:
+        ValueError: naming the sample and the message: ``messages`` is not a list of ``{role, content}`` objects
+            with a role in :data:`ROLES` and string content that is text (:func:`text_problem`).
+    """
+    if not isinstance(messages, list):
+        raise ValueError(f"sample {sample_id!r}: `messages` must be a list of {{role, content}} objects, got "
+                         f"{type(messages).__name__}")
+    texts = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise ValueError(f"sample {sample_id!r}: message {i} needs a 'role' and a str 'content', got {m!r:.120}")
+        if m.get("role") not in ROLES:
+            raise ValueError(f"sample {sample_id!r}: message {i} has role {m.get('role')!r}; expected one of "
+                             f"{list(ROLES)}")
+        problem = text_problem(m["content"])
+        if problem is not None:
+            raise ValueError(f"sample {sample_id!r}: message {i} content: {problem}")
+        texts.append(m["content"])
+    return texts
+
+
+def concepts_from_sample(raw: object, texts: Sequence[str], sample_id: object = "?") -> list[Concept]:
+    """A sample's ``concepts`` entry as checked spans, sorted by position (:func:`validate_concepts`).
+
+    Raises:
+        ValueError: naming the sample and the concept: ``raw`` is not a list of ``{message, start, end, key}``
+            objects with integer offsets and a string key, or a span is out of range or overlaps another.
+    """
+    if raw is None:
+        return []
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError(f"sample {sample_id!r}: `concepts` must be a list of {{message, start, end, key}} objects, "
+                         f"got {type(raw).__name__}")
+    concepts = []
+    for k, c in enumerate(raw):
+        try:
+            concepts.append(Concept.from_dict(c))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"sample {sample_id!r}: concepts[{k}]: {e.args[0]}") from None
+    return validate_concepts(concepts, texts, sample_id)
 
 
 class ConceptExtractor(Protocol):

@@ -66,15 +66,54 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+class _YamlBool(str):
+    """A plain YAML scalar that YAML 1.1 reads as a boolean (``no``, ``on``, ``True``, ...), as written.
+
+    ``save_strategy: no`` documents the string "no"; ``bf16: no`` means False. The loader cannot tell the two
+    apart, the field's declared type can: :func:`_coerce` gives a string-valued field the word and any other
+    field the boolean.
+    """
+
+    value: bool
+
+    def __new__(cls, text: str, value: bool) -> _YamlBool:
+        obj = super().__new__(cls, text)
+        obj.value = value
+        return obj
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that keeps the word of YAML 1.1 booleans (:class:`_YamlBool`)."""
+
+    def construct_yaml_bool(self, node):
+        return _YamlBool(node.value, super().construct_yaml_bool(node))
+
+
+_Loader.add_constructor("tag:yaml.org,2002:bool", _Loader.construct_yaml_bool)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every :class:`_YamlBool` read as YAML 1.1 reads it (for untyped values: ``Any``, bare dicts)."""
+    if isinstance(value, _YamlBool):
+        return value.value
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
 def _coerce(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
     """Convert a YAML value to ``tp`` or record why it cannot be."""
     origin = get_origin(tp)
     if tp is Any:
-        return value
+        return _plain(value)
     if origin in (typing.Union, types.UnionType):
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
+        if isinstance(value, _YamlBool) and bool in args:  # `str | bool` fields: `no` keeps its YAML meaning
+            value = value.value
         real = [a for a in args if a is not type(None)]
         if len(real) == 1 and dataclasses.is_dataclass(real[0]) and isinstance(value, dict):
             return _coerce(value, real[0], key, problems)  # an optional section: report its own field checks
@@ -88,11 +127,15 @@ def _coerce(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
         problems.append(f"`{key}` must be {_type_name(tp)}, got {value!r}")
         return value
     if origin is Literal:
+        if isinstance(value, _YamlBool):
+            value = str(value) if str(value) in get_args(tp) else value.value
         if value not in get_args(tp):
             problems.append(f"`{key}` must be one of {list(get_args(tp))}, got {value!r}")
         return value
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         choices = [m.value for m in tp]
+        if isinstance(value, _YamlBool):
+            value = str(value) if str(value) in choices else value.value
         if value not in choices:
             close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -113,14 +156,26 @@ def _coerce(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, dict):
-            problems.append(f"`{key}` must be a mapping, got {value!r}")
-        return value
+            problems.append(f"`{key}` must be a mapping, got {_plain(value)!r}")
+            return value
+        key_tp, value_tp = get_args(tp) or (Any, Any)
+        return {_coerce(k, key_tp, f"{key} key {k!r}", problems): _coerce(v, value_tp, f"{key}.{k}", problems)
+                for k, v in value.items()}
+    if tp is str:
+        if not isinstance(value, str):
+            problems.append(f"`{key}` must be a string, got {value!r}")
+        return str(value) if isinstance(value, str) else value
+    if isinstance(value, _YamlBool):  # every other type takes the boolean YAML 1.1 reads
+        value = value.value
     if tp is bool:
         if not isinstance(value, bool):
             problems.append(f"`{key}` must be true or false, got {value!r}")
         return value
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool):  # float(True) is 1.0: `lr: yes` must not train at 1.0
+            problems.append(f"`{key}` must be a number, got {value!r}")
+            return value
+        if not isinstance(value, (int, float)):
             # YAML reads 1e-5 as a string (no dot); accept numeric strings.
             try:
                 value = float(value)
@@ -135,11 +190,7 @@ def _coerce(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             problems.append(f"`{key}` must be an integer, got {value!r}")
         return value
-    if tp is str:
-        if not isinstance(value, str):
-            problems.append(f"`{key}` must be a string, got {value!r}")
-        return value
-    return value
+    return _plain(value)
 
 
 def _build(cls: type[T], data: dict, prefix: str, problems: list[str]) -> T:
@@ -203,7 +254,7 @@ def load_config(cls: type[T], path: str | os.PathLike | None = None, overrides: 
             problems.append(f"override {item!r}: the key must look like `section.key`")
             continue
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = yaml.load(raw, Loader=_Loader) if raw != "" else ""
         except yaml.YAMLError as e:
             problems.append(f"override {item!r}: the value is not valid YAML ({_yaml_problem(e)}); quote it")
             continue
@@ -233,13 +284,13 @@ def _read_yaml(path: Path) -> dict:
     except OSError as e:
         raise ConfigError([f"cannot read the file: {e.strerror or e}"], str(path)) from None
     try:
-        loaded = yaml.safe_load(text)
+        loaded = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
         raise ConfigError([f"YAML syntax error: {_yaml_problem(e)}"], str(path)) from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
-        raise ConfigError([f"the top level must be a mapping, got {type(loaded).__name__}"], str(path))
+        raise ConfigError([f"the top level must be a mapping, got {type(_plain(loaded)).__name__}"], str(path))
     return loaded
 
 

@@ -33,10 +33,12 @@ __all__ = [
     "CheckpointCallback",
     "ResumableCollator",
     "CollatorConfig",
+    "EmptyStepCallback",
     "EpochCallback",
     "GapEvalConfig",
     "LoraConfig",
     "ModelConfig",
+    "NoTargetsError",
     "RunConfig",
     "SwapStatsCallback",
     "TrainConfig",
@@ -49,8 +51,10 @@ __all__ = [
     "install_first",
     "PairedTrainConfig",
     "build_training_arguments",
+    "check_inputs",
     "close_process_group",
     "load_model_and_processor",
+    "model_family",
     "peft_lora_config",
     "trainer_section",
     "print0",
@@ -201,6 +205,12 @@ class CollatorConfig:
     seeded by data.seed, from the text arm's lengths, so both arms of a pair keep the same order. The grouped
     order is read sequentially and is the same every epoch (image SFT: instead of its per-epoch shuffle)."""
 
+    max_empty_step_share: float = 0.01
+    """Share of the run's optimizer steps that may have no target token on any rank (every sample of the step
+    refused by the collator, or cut before its answer) before the run stops with an error naming the refusals. A run
+    whose data gives nothing to learn stops at its first step; a long run may lose a few steps (0.01: 10 of 1000) to
+    bad data. 0: the first such step stops the run; 1: never stop (such steps are only counted and warned)."""
+
     SWAP_ONLY: ClassVar[tuple[str, ...]] = ("swap_prob", "max_images", "resample_each_epoch", "swap_seed", "prepared")
     """Fields read only where concepts are swapped (arm tokenswap with an image store)."""
 
@@ -218,6 +228,8 @@ class CollatorConfig:
         )
         if not 0.0 <= self.swap_prob <= 1.0:
             problems.append(f"`swap_prob` must be in [0, 1], got {self.swap_prob}")
+        if not 0.0 <= self.max_empty_step_share <= 1.0:
+            problems.append(f"`max_empty_step_share` must be in [0, 1], got {self.max_empty_step_share}")
         if self.max_length is not None and self.max_length < 16:
             problems.append(f"`max_length` must be >= 16 or null (no limit), got {self.max_length}")
         _raise(problems)
@@ -263,6 +275,18 @@ _NON_NEGATIVE = ("learning_rate", "weight_decay", "warmup_steps", "max_grad_norm
                  "dataloader_num_workers", "label_smoothing_factor", "beta", "eval_delay")
 
 
+_JSON_KWARGS = ("lr_scheduler_kwargs", "activation_checkpointing_kwargs", "gradient_checkpointing_kwargs",
+                "model_init_kwargs")
+"""``dict | str`` fields whose string form can only be a JSON object (the ``*_config`` ones also take a file path)."""
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
 def _check_trainer_values(self) -> None:
     problems = []
     for f in dataclasses.fields(self):
@@ -282,6 +306,21 @@ def _check_trainer_values(self) -> None:
     for name in ("adam_beta1", "adam_beta2"):
         if not 0.0 <= getattr(self, name) < 1.0:
             problems.append(f"`{name}` must be in [0, 1), got {getattr(self, name)}")
+    if self.eval_strategy != "no":
+        # The Trainer would refuse it only after the data and the model loaded.
+        problems.append(f"`eval_strategy` is {self.eval_strategy!r}, but the recipes give the Trainer no eval_dataset: "
+                        "their in-loop evaluation is `gap_eval` (gap_eval.bench, gap_eval.every_steps); set "
+                        "train.eval_strategy: no")
+    resume = self.resume_from_checkpoint
+    if resume is not None and resume != "latest" and not os.path.isfile(os.path.join(resume, "trainer_state.json")):
+        what = "is not a Trainer checkpoint (no trainer_state.json)" if os.path.isdir(resume) else "does not exist"
+        problems.append(f"`resume_from_checkpoint` {resume!r} {what} (cwd {os.getcwd()}); give a checkpoint-N folder "
+                        "of an earlier run, or `latest` for the newest complete one in run.output_dir")
+    for name in _JSON_KWARGS:
+        v = getattr(self, name, None)
+        if isinstance(v, str) and not _is_json_object(v):
+            # TrainingArguments parses only strings that start with "{" and passes any other string on silently.
+            problems.append(f"`{name}` must be a mapping (e.g. {{min_lr: 1.0e-6}}) or a JSON object string, got {v!r}")
     if problems:
         raise ValueError("; ".join(problems))
     # `gradient_checkpointing` is TrainingArguments' deprecated alias of `activation_checkpointing`: a YAML that
@@ -369,6 +408,11 @@ def build_training_arguments(train, run: RunConfig, **recipe: Any):
     if kwargs.get("use_liger_kernel") and importlib.util.find_spec("liger_kernel") is None:
         # liger-kernel 0.8.5 patches every family tokenswap supports (qwen2_vl ... qwen3_5_moe); it needs Triton + CUDA.
         print("error: train.use_liger_kernel needs liger-kernel: pip install 'tokenswap[gpu]'", file=sys.stderr)
+        raise SystemExit(2)
+    if kwargs.get("fp16") and (kwargs.get("use_cpu") or not torch.cuda.is_available()):
+        # Accepted by TrainingArguments on CPU, where it does not give the fp16 training the user asked for.
+        print("error: train.fp16 needs a CUDA GPU and this run has none (or train.use_cpu is set); on CPU set "
+              "train.fp16: false (train.bf16: true for mixed precision)", file=sys.stderr)
         raise SystemExit(2)
     if kwargs.get("deepspeed"):
         os.environ.setdefault("ACCELERATE_USE_DEEPSPEED", "true")
@@ -538,7 +582,11 @@ def train(trainer, resume: str | None) -> None:
                 trainer._load_from_checkpoint(resume)
                 trainer.state = state
                 return
-        trainer.train(resume_from_checkpoint=resume)
+        try:
+            trainer.train(resume_from_checkpoint=resume)
+        except NoTargetsError as e:  # the data's fault, said in one message: not a traceback from the Trainer
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(1) from None
 
 
 class _DropMessages(logging.Filter):
@@ -700,6 +748,64 @@ def _check_model_path(name_or_path: str) -> None:
         )
 
 
+def model_family(cfg: ModelConfig):
+    """The :class:`~tokenswap.families.Family` of ``cfg.name_or_path``, read from its ``config.json`` (no weights).
+
+    Raises:
+        FileNotFoundError: a local folder that does not exist, or a hub id that cannot be loaded.
+        UnsupportedFamilyError: a model type outside the family table; names the supported ones.
+    """
+    from transformers import AutoConfig
+
+    from tokenswap.families import family_of
+
+    _check_model_path(cfg.name_or_path)
+    try:
+        config = AutoConfig.from_pretrained(cfg.name_or_path)
+    except OSError as e:
+        raise FileNotFoundError(
+            f"model.name_or_path {cfg.name_or_path!r} is neither a local checkpoint folder (cwd {os.getcwd()}) "
+            f"nor loadable as a hub id: {str(e).splitlines()[0]}"
+        ) from None
+    return family_of(config.model_type)
+
+
+def check_inputs(
+    model: ModelConfig,
+    *,
+    packing: bool = False,
+    image_store: str | None = None,
+    paths: dict[str, str | None] | None = None,
+) -> None:
+    """A run's inputs checked against its settings before any data or weights load.
+
+    Like :func:`tokenswap.config.parse_config`, every problem is printed with its fix and the process exits with 2:
+    a local path that does not exist (``paths``: config key -> path, None skipped), an image store that is missing or
+    damaged, a model folder that is missing, a family tokenswap does not support, or ``collator.packing`` for a family
+    whose samples cannot be separated in a packed row (Qwen3.5). The model is judged from its ``config.json`` alone;
+    each of these would otherwise surface as a traceback after the data and the model loaded.
+    """
+    from tokenswap.config import ConfigError
+    from tokenswap.packing import RopeIndex
+
+    problems = [f"`{key}` {path!r} does not exist (cwd {os.getcwd()})"
+                for key, path in (paths or {}).items() if path is not None and not os.path.exists(path)]
+    if image_store is not None:
+        try:
+            ImageStore(image_store)
+        except (FileNotFoundError, ValueError) as e:  # StoreFormatError is a ValueError
+            problems.append(f"`image_store`: {e}")
+    try:
+        family = model_family(model)
+        if packing:
+            RopeIndex(family.name, 2)  # refuses, naming the family and why, what it cannot pack
+    except (FileNotFoundError, ValueError) as e:  # UnsupportedFamilyError, PackingNotSupportedError: ValueErrors
+        problems.append(str(e))
+    if problems:
+        print(f"error: {ConfigError(problems, 'the run inputs')}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def _quantization_config(cfg: ModelConfig):
     """NF4 with double quantisation and bf16 compute (QLoRA); the vision tower and lm_head stay unquantised."""
     if importlib.util.find_spec("bitsandbytes") is None:
@@ -731,7 +837,7 @@ def _bnb_supports_cpu() -> bool:
     return (major, minor) >= (0, 50)  # the CPU 4-bit path tokenswap's tests run (tested with 0.50.2)
 
 
-def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None, seed: int | None = None):
+def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None, seed: int = 0):
     """Load a Qwen-VL-family checkpoint with the configured pixels, attention, quantisation, freezing and LoRA.
 
     The model class comes from the family table (:mod:`tokenswap.families`): Qwen2-VL, Qwen2.5-VL,
@@ -747,23 +853,13 @@ def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None, s
             ``model.language_model.layers.*`` in memory) and so silently keeps the initial
             weights; ``from_pretrained`` applies the key mapping. Optimizer, scheduler and RNG
             state still come from the Trainer.
-        seed: seeds the LoRA initialisation, so runs (and the arms of a pair) with the same seed start
-            from identical adapters.
+        seed: seeds the LoRA initialisation, so runs (and the arms of a pair, and every process of a run)
+            with the same seed start from identical adapters. The caller's random state is left as it was.
     """
     import transformers
-    from transformers import AutoConfig, AutoProcessor
+    from transformers import AutoProcessor
 
-    from tokenswap.families import family_of
-
-    _check_model_path(cfg.name_or_path)
-    try:
-        config = AutoConfig.from_pretrained(cfg.name_or_path)
-    except OSError as e:
-        raise FileNotFoundError(
-            f"model.name_or_path {cfg.name_or_path!r} is neither a local checkpoint folder (cwd {os.getcwd()}) "
-            f"nor loadable as a hub id: {str(e).splitlines()[0]}"
-        ) from None
-    family = family_of(config.model_type)
+    family = model_family(cfg)
     processor = AutoProcessor.from_pretrained(cfg.name_or_path, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
     # from_pretrained also files the two under the tokenizer's init kwargs, which every processor call then passes
     # to the image processor as call kwargs (deprecated: a FutureWarning per process; the sizes set above stay).
@@ -799,9 +895,14 @@ def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None, s
     if cfg.lora is not None:
         from peft import get_peft_model
 
-        if seed is not None:
-            transformers.set_seed(seed)
-        model = get_peft_model(model, peft_lora_config(cfg.lora))
+        # Seeded here, not by the caller: without a seed each process of a run drew other adapters (ranks then
+        # disagree before the first step). A forked RNG keeps the caller's random state untouched.
+        cuda = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=cuda):
+            torch.random.default_generator.manual_seed(seed)
+            if cuda:
+                torch.cuda.manual_seed(seed)
+            model = get_peft_model(model, peft_lora_config(cfg.lora))
     return model, processor
 
 
@@ -904,6 +1005,68 @@ class SwapStatsCallback(TrainerCallback):
         # Trainer.log stored a copy of `logs` in log_history before calling on_log: keep log_history.json complete.
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1].update({k: v for k, v in logs.items() if k.startswith("swap/")})
+
+
+class NoTargetsError(RuntimeError):
+    """Too many optimizer steps of a run had no target token (see :class:`EmptyStepCallback`)."""
+
+
+class EmptyStepCallback(TrainerCallback):
+    """Stops a run whose optimizer steps have nothing to learn, instead of training on zero targets with loss 0.
+
+    A forward pre-hook on ``model`` counts the target tokens (``labels != -100``) of every training forward: the
+    micro-batches that actually trained, whatever data-loader workers and prefetching do. At each step end the count
+    is summed over the ranks (so every rank decides alike), and a step without any target counts as empty (a step
+    whose forwards got no ``labels`` at all, as with label smoothing, is not judged). Once more
+    than ``max_share`` of the run's ``max_steps`` were empty, :class:`NoTargetsError` names the step and the
+    collator's refusal counts; before that each empty step is warned.
+
+    Args:
+        model: the model given to the Trainer.
+        max_share: ``collator.max_empty_step_share``.
+        collator: the collator, whose ``stats`` name the refusals in the error.
+    """
+
+    def __init__(self, model, max_share: float, collator=None):
+        self.max_share = max_share
+        self.collator = collator
+        self.empty_steps = 0
+        self._targets: torch.Tensor | None = None  # (targets, forwards with labels) of this step on this rank
+        model.register_forward_pre_hook(self._count, with_kwargs=True)
+
+    def _count(self, module, args, kwargs):
+        labels = kwargs.get("labels")
+        if module.training and torch.is_tensor(labels):
+            # Stays on the device: one sync per step, at step end.
+            n = torch.stack([(labels != -100).sum(), torch.ones((), dtype=torch.int64, device=labels.device)])
+            self._targets = n if self._targets is None else self._targets + n.to(self._targets.device)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        import torch.distributed as dist
+
+        counts = self._targets if self._targets is not None else torch.zeros(2, dtype=torch.int64)
+        self._targets = None
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            device = "cpu" if dist.get_backend() == "gloo" else args.device
+            counts = counts.to(device=device, dtype=torch.int64)
+            dist.all_reduce(counts)
+        targets, forwards = (int(v) for v in counts.tolist())
+        # No forward saw labels: the Trainer computes the loss itself (label smoothing pops them), so nothing is known.
+        if targets > 0 or forwards == 0:
+            return
+        self.empty_steps += 1
+        refusals = {k: v for k, v in (self.collator.stats if self.collator is not None else {}).items()
+                    if k.startswith(("samples_skipped_", "samples_dropped_", "samples_truncated", "batches_")) and v}
+        what = (f"step {state.global_step} of {state.max_steps} had no target token on any rank (every label -100): its "
+                f"samples were refused or cut before their answers (collator counts in this process: {refusals})")
+        allowed = self.max_share * state.max_steps
+        if self.empty_steps > allowed:
+            raise NoTargetsError(
+                f"{what}. {self.empty_steps} step(s) without targets so far, more than collator.max_empty_step_share="
+                f"{self.max_share} of {state.max_steps} steps allows ({allowed:g}). Fix the data (the collator's "
+                "warnings name the refused samples), or raise collator.max_empty_step_share"
+            )
+        print0(f"[tokenswap] warning: {what}; {self.empty_steps} such step(s) so far, up to {allowed:g} allowed")
 
 
 def install_first(trainer, callback: TrainerCallback) -> None:

@@ -268,6 +268,32 @@ def test_bad_spans_raise_with_sample_id(collator, concepts, match):
     assert "bad-7" in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"concepts": [{"message": 0, "start": 2, "key": "cat"}]}, r"concepts\[0\]: concept entry is missing 'end'"),
+        ({"concepts": [{"message": 0, "start": "abc", "end": 5, "key": "cat"}]}, r"concepts\[0\]: concept `start` must be an integer"),
+        ({"concepts": [{"message": 0, "start": 1.9, "end": 5, "key": "cat"}]}, r"concepts\[0\]: concept `start` must be an integer.*1\.9"),
+        ({"concepts": {"message": 0, "start": 2, "end": 5, "key": "cat"}}, r"`concepts` must be a list"),
+        ({"messages": [{"role": "user", "content": "a cat \udcff"}, {"role": "assistant", "content": "ok"}]},
+         r"message 0 content: .*lone UTF-16 surrogate"),
+        ({"messages": [{"role": "robot", "content": "a cat"}, {"role": "assistant", "content": "ok"}]},
+         r"message 0 has role 'robot'; expected one of \['system', 'user', 'assistant'\]"),
+        ({"messages": [{"role": None, "content": "a cat"}, {"role": "assistant", "content": "ok"}]},
+         r"message 0 has role None"),
+    ],
+    ids=["no-end", "start-abc", "start-float", "concepts-dict", "surrogate", "role-robot", "role-none"],
+)
+def test_malformed_samples_raise_naming_the_sample(collator, change, match):
+    with pytest.raises(ValueError, match=r"sample 'bad-8': " + match):
+        collator([sample("ok", "a cat"), {**sample("bad-8", "a cat"), **change}])
+
+
+def test_an_example_that_is_not_a_dict_is_named(collator):
+    with pytest.raises(TypeError, match=r"example \['bad', 9\]: expected a sample dict .* got a list"):
+        collator([sample("ok", "a cat"), ["bad", 9]])
+
+
 def test_unknown_and_missing_keys_list_keys_seen(collator):
     with pytest.raises(KeyError, match=r"unknown \['uuid'\].*keys seen"):
         collator([{**sample("k", "hi"), "uuid": "x"}])

@@ -70,7 +70,10 @@ def test_validate_errors_name_the_sample(concepts, match):
 def test_concept_dict_round_trip_and_missing_key():
     c = Concept(0, 2, 5, "cat")
     assert Concept.from_dict(c.to_dict()) == c
-    assert Concept.from_dict({"message": "0", "start": "2", "end": 5.0, "key": "cat"}) == c
+    assert Concept.from_dict({"message": 0, "start": 2, "end": 5.0, "key": "cat"}) == c
+    for bad in ({"start": 2.9}, {"start": "2"}, {"message": True}, {"key": 7}):  # never cut or cast silently
+        with pytest.raises(TypeError, match="must be"):
+            Concept.from_dict({**c.to_dict(), **bad})
     with pytest.raises(KeyError, match="missing 'end'.*message/start/end/key"):
         Concept.from_dict({"message": 0, "start": 2, "key": "cat"})
 

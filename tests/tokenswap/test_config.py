@@ -195,3 +195,57 @@ def test_cli_reports_every_config_problem_and_exits_2(capsys):
     err = capsys.readouterr().err
     assert "3 problem(s)" in err and "`steps` must be an integer" in err and "did you mean `name`" in err
     assert "`name` is required" in err
+
+
+# ---------------------------------------------------------------------------- YAML 1.1 booleans
+@dataclass(kw_only=True)
+class Words:
+    strategy: Literal["no", "steps", "epoch"] = "steps"
+    """A choice whose documented value is a YAML 1.1 boolean word."""
+    label: str = "x"
+    """Free text."""
+    labels: list[str] = field(default_factory=list)
+    """Free texts."""
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Surface form -> key."""
+    flag: bool = True
+    """A real boolean."""
+    either: str | bool = "all"
+    """Like TrainingArguments.include_num_input_tokens_seen: a word or a boolean."""
+    free: dict = field(default_factory=dict)
+    """Untyped (a Trainer kwargs dict)."""
+
+
+@pytest.mark.parametrize("word", ["no", "off", "yes", "on", "No", "OFF"])
+def test_yaml_boolean_words_are_the_word_for_string_keys_and_the_boolean_for_the_rest(tmp_path, word):
+    as_bool = word.lower() in ("yes", "on")
+    text = f"label: {word}\nlabels: [{word}]\naliases: {{{word}: {word}}}\nflag: {word}\neither: {word}\nfree: {{k: {word}}}\n"
+    for cfg in (load_config(Words, write(tmp_path, text)),
+                load_config(Words, None, [f"label={word}", f"labels=[{word}]", f"aliases={{{word}: {word}}}",
+                                          f"flag={word}", f"either={word}", f"free={{k: {word}}}"])):
+        assert cfg.label == word and type(cfg.label) is str and cfg.labels == [word]
+        assert cfg.aliases == {word: word}
+        assert cfg.flag is as_bool and cfg.either is as_bool and cfg.free == {"k": as_bool}
+
+
+def test_a_choice_written_as_a_yaml_boolean_word_is_that_choice(tmp_path):
+    assert load_config(Words, write(tmp_path, "strategy: no\n")).strategy == "no"
+    assert load_config(Words, None, ["strategy=no"]).strategy == "no"
+    with pytest.raises(ConfigError) as e:
+        load_config(Words, None, ["strategy=yes"])
+    assert problems_of(e) == ["`strategy` must be one of ['no', 'steps', 'epoch'], got True"]
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("optim.lr=yes", "`optim.lr` must be a number, got True"),  # float(True) would have trained at 1.0
+        ("aliases={kitty: 5}", "`aliases.kitty` must be a string, got 5"),
+        ("aliases={3: cat}", "`aliases key 3` must be a string, got 3"),
+    ],
+)
+def test_booleans_and_mistyped_mapping_entries_are_refused_by_name(override, expected):
+    cls = Toy if override.startswith("optim") else Words
+    with pytest.raises(ConfigError) as e:
+        load_config(cls, None, ["name=x", override] if cls is Toy else [override])
+    assert problems_of(e) == [expected]

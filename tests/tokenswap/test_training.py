@@ -75,6 +75,19 @@ def test_trainer_field_problems_are_config_errors(override, match):
         load_config(Recipe, None, [override])
 
 
+def test_documented_strategy_values_pass_written_plainly_in_yaml_and_as_overrides(tmp_path):
+    # YAML 1.1 reads `no` as False; the Trainer documents the string "no".
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  save_strategy: no\n  logging_strategy: no\n  bf16: no\n  use_cpu: yes\n"
+                    "  report_to: none\n")
+    for cfg in (load_config(Recipe, path), load_config(Recipe, None, [
+            "train.save_strategy=no", "train.logging_strategy=no", "train.bf16=no", "train.use_cpu=yes",
+            "train.report_to=none"])):
+        assert (cfg.train.save_strategy, cfg.train.logging_strategy, cfg.train.bf16) == ("no", "no", False)
+        args = build_training_arguments(cfg.train, RunConfig(output_dir=str(tmp_path), pair="p", arm="text"))
+        assert args.save_strategy == "no" and args.logging_strategy == "no" and args.use_cpu is True
+
+
 def test_deprecated_gradient_checkpointing_alias_is_honoured():
     assert load_config(Recipe, None, ["train.gradient_checkpointing=false"]).train.activation_checkpointing is False
     assert load_config(Recipe, None, []).train.activation_checkpointing is True
@@ -103,7 +116,7 @@ def test_training_arguments_carry_the_run_and_the_recipe_values(tmp_path):
 
 def test_a_value_the_trainer_rejects_exits_2_with_the_config_error(tmp_path, capsys):
     cfg = load_config(Recipe, None, ["train.use_cpu=true", "train.bf16=false", "train.load_best_model_at_end=true",
-                                     "train.eval_strategy=steps", "train.save_strategy=epoch"])
+                                     "train.save_strategy=epoch"])
     with pytest.raises(SystemExit) as e:
         build_training_arguments(cfg.train, RunConfig(output_dir=str(tmp_path), pair="p", arm="text"))
     assert e.value.code == 2
@@ -143,6 +156,18 @@ def test_lora_initialisation_follows_the_seed(tiny_qwen2vl):
     assert a and a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert any(not torch.equal(a[k], c[k]) for k in a if "lora_A" in k)
+
+
+def test_lora_initialisation_without_a_seed_is_the_same_in_every_process(tiny_qwen2vl):
+    # Each process of a run starts from its own ambient RNG state; the library default must not depend on it.
+    cfg = ModelConfig(name_or_path=tiny_qwen2vl, dtype="float32", attn_implementation="sdpa", lora=LoraConfig(r=4))
+    torch.manual_seed(1)
+    a = _adapters(load_model_and_processor(cfg)[0])
+    torch.manual_seed(2)
+    ambient = torch.get_rng_state()
+    b = _adapters(load_model_and_processor(cfg)[0])
+    assert a and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(torch.get_rng_state(), ambient)  # the caller's random state is not reseeded
 
 
 def test_unsupported_family_names_the_supported_ones(tmp_path):
@@ -284,3 +309,48 @@ def test_configured_pixels_apply_without_deprecated_call_kwargs(tiny_qwen2vl):
         out = processor(text=["<|vision_start|><|image_pad|><|vision_end|>a"], images=[Image.new("RGB", (300, 300))])
     # smart_resize floors 300 px to 28 under max_pixels=56*56 (the checkpoint's own 224*224 would give 16x16 patches)
     assert out["image_grid_thw"].tolist() == [[1, 2, 2]]
+
+
+# ---------------------------------------------------------------------------- steps without targets
+class _Echo(torch.nn.Module):
+    def forward(self, input_ids=None, labels=None):
+        return input_ids
+
+
+def test_empty_steps_are_counted_from_what_trained_and_stop_the_run_past_the_share():
+    from types import SimpleNamespace
+
+    from tokenswap.training import EmptyStepCallback, NoTargetsError
+
+    model = _Echo()
+    guard = EmptyStepCallback(model, max_share=0.02, collator=SimpleNamespace(stats={"samples_skipped_too_long": 8}))
+    args, state = SimpleNamespace(device=torch.device("cpu")), SimpleNamespace(global_step=0, max_steps=100)
+    empty, learned = torch.full((2, 4), -100), torch.tensor([[-100, 5, 6, -100]])
+
+    def step(*labels, train=True):
+        model.train(train)
+        for lab in labels:
+            model(input_ids=lab, labels=lab)
+        state.global_step += 1
+        guard.on_step_end(args, state, None)
+
+    step(empty, learned)  # one micro-batch with targets: the step trained
+    step(empty)
+    assert guard.empty_steps == 1
+    step(learned, train=False)  # evaluation forwards are not training: nothing to judge
+    model.train()
+    model(input_ids=empty)  # labels popped by the Trainer (label smoothing): not judged either
+    state.global_step += 1
+    guard.on_step_end(args, state, None)
+    step(empty, empty)
+    assert guard.empty_steps == 2  # 2 of 100 steps: within max_share=0.02
+    with pytest.raises(NoTargetsError, match=r"step 6 of 100 had no target token.*samples_skipped_too_long.*3 step\(s\) "
+                                             r"without targets so far, more than collator.max_empty_step_share=0.02"):
+        step(empty)
+
+
+def test_max_empty_step_share_is_a_share():
+    from tokenswap.training import CollatorConfig
+
+    with pytest.raises(ValueError, match=r"`max_empty_step_share` must be in \[0, 1\], got 1.5"):
+        CollatorConfig(max_empty_step_share=1.5)

@@ -15,6 +15,7 @@ from typing import Literal
 from datasets import Dataset
 from datasets.exceptions import DatasetGenerationError
 
+from tokenswap.concepts import sample_texts
 from tokenswap.data.schema import SAMPLE_FEATURES
 
 __all__ = ["load_llava"]
@@ -61,6 +62,11 @@ def _rows(json_path: str, image_root: str | None, limit: int | None, on_missing_
                     f"and a str value, got {turn!r}"
                 )
             messages.append({"role": role, "content": turn["value"]})
+        sid = str(rec.get("id", i))
+        try:
+            sample_texts(messages, sid)  # text a writer and a tokenizer accept (no lone surrogates), checked here
+        except ValueError as e:
+            raise ValueError(f"{json_path} record {i}: {e}") from None
         images = [rec["image"]] if rec.get("image") else []
         if images and not isinstance(images[0], str):
             raise ValueError(f"{json_path} record {i} (id {rec.get('id')!r}): 'image' must be a path, got {images[0]!r}")
@@ -69,7 +75,7 @@ def _rows(json_path: str, image_root: str | None, limit: int | None, on_missing_
             if on_missing_image == "drop":
                 continue
         count += 1
-        yield {"id": str(rec.get("id", i)), "messages": messages, "concepts": [], "images": images}
+        yield {"id": sid, "messages": messages, "concepts": [], "images": images}
     if missing and on_missing_image == "error":
         raise _missing_error(missing, image_root)
 

@@ -29,26 +29,36 @@ MAGPIE_HUB_ID = "Magpie-Align/Magpie-Pro-300K-Filtered"
 ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 
 
-def magpie_to_sample(row: dict[str, Any], index: int | None = None) -> dict:
+def magpie_to_sample(row: dict[str, Any], index: int | None = None, where: str | None = None) -> dict:
     """Convert one raw Magpie row to a sample.
+
+    Everything a later stage relies on is checked here, where the row enters: types, roles, and that every
+    string is text a UTF-8 writer and a tokenizer accept (:func:`tokenswap.concepts.text_problem`).
 
     Args:
         row: ``{"uuid", "conversations": [{"from", "value"}]}`` (extra keys ignored).
         index: the row's position in its source, used in error messages.
+        where: names the row in error messages instead of ``index`` (e.g. ``"data.jsonl line 7"``).
 
     Raises:
-        ValueError: a missing or mistyped field; the message names the row and the field.
+        ValueError: a missing or mistyped field, or a string that is not text; the message names the row and
+            the field.
 
     >>> magpie_to_sample({"uuid": "u1", "conversations": [{"from": "human", "value": "Hi"},
     ...                                                   {"from": "gpt", "value": "Hello"}]})["messages"]
     [{'role': 'user', 'content': 'Hi'}, {'role': 'assistant', 'content': 'Hello'}]
     """
-    where = f"Magpie row {index}" if index is not None else "Magpie row"
+    from tokenswap.concepts import text_problem
+
+    if where is None:
+        where = f"Magpie row {index}" if index is not None else "Magpie row"
     if not isinstance(row, dict):
         raise ValueError(f"{where}: expected a dict with 'uuid' and 'conversations', got {type(row).__name__}")
     uuid = row.get("uuid")
     if not isinstance(uuid, str) or not uuid:
         raise ValueError(f"{where}: field 'uuid' must be a non-empty string, got {uuid!r}; keys are {sorted(row)}")
+    if text_problem(uuid):
+        raise ValueError(f"{where}: field 'uuid' {uuid!r}: {text_problem(uuid)}")
     where = f"{where} (uuid {uuid!r})"
     turns = row.get("conversations")
     if not isinstance(turns, list) or not turns:
@@ -64,6 +74,8 @@ def magpie_to_sample(row: dict[str, Any], index: int | None = None) -> dict:
             )
         if not isinstance(value, str):
             raise ValueError(f"{where}: conversations[{t}].value must be a string, got {type(value).__name__}")
+        if text_problem(value):
+            raise ValueError(f"{where}: conversations[{t}].value: {text_problem(value)}")
         messages.append({"role": ROLE_MAP[speaker], "content": value})
     if not any(m["role"] == "user" for m in messages):
         raise ValueError(f"{where}: field 'conversations' has no human turn")
@@ -100,7 +112,15 @@ def jsonl_rows(path: str | Path) -> Iterator[tuple[str, dict | MalformedLine]]:
             yield where, row
 
 
-def _load_raw(path: str, split: str, streaming: bool):
+def _load_raw(path: str, split: str, streaming: bool) -> Iterator[tuple[str, Any]]:
+    """``(where, row)`` for each raw row; ``where`` is ``"{file} line {n}"`` for JSONL, else ``"{path} row {i}"``."""
+    local = Path(path)
+    if local.is_file() and local.suffix.lower() == ".jsonl":
+        return jsonl_rows(local)
+    return ((f"{path} row {i}", row) for i, row in enumerate(_load_dataset(path, split, streaming)))
+
+
+def _load_dataset(path: str, split: str, streaming: bool):
     import datasets
 
     local = Path(path)
@@ -110,8 +130,6 @@ def _load_raw(path: str, split: str, streaming: bool):
             builder = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(suffix)
             if builder is None:
                 raise ValueError(f"Magpie file {local} must end in .jsonl, .json or .parquet, got {suffix!r}")
-            if suffix == ".jsonl":
-                return (row for _, row in jsonl_rows(local))
             return datasets.load_dataset(builder, data_files=str(local), split="train", streaming=streaming)
         if (local / "dataset_info.json").exists() or (local / "state.json").exists():
             ds = datasets.load_from_disk(str(local))
@@ -136,32 +154,35 @@ def iter_magpie(
         split: split to read (local files have a single ``train`` split).
         streaming: stream instead of downloading and preparing the whole dataset first.
         max_samples: stop after this many rows; None for all.
-        skip_malformed: skip malformed rows instead of raising: bad fields, and in ``.jsonl`` files
-            also truncated, non-UTF-8 and non-object lines. They still count towards
+        skip_malformed: skip malformed rows instead of raising: bad fields, strings that are not text (lone
+            surrogates from ``\\udcff`` escapes), and in ``.jsonl`` files also truncated, non-UTF-8 and
+            non-object lines. They still count towards
             ``max_samples`` (so the output does not depend on where they are), are counted in
             ``stats`` and reported in one warning at the end.
         stats: if given, receives ``rows`` (rows read), ``malformed`` (rows skipped) and
             ``malformed_examples`` (the first five reasons).
 
     Raises:
-        ValueError: a malformed row (names the file, row or line, uuid and field), or a source
+        ValueError: a malformed row (names the file and line, or the row, the uuid and the field), or a source
             with no rows at all.
     """
     if max_samples is not None and max_samples < 1:
         raise ValueError(f"max_samples must be >= 1 or None (all rows), got {max_samples}")
     stats = {} if stats is None else stats
     stats.update(rows=0, malformed=0, malformed_examples=[])
-    for i, row in enumerate(_load_raw(path, split, streaming)):
+    for i, (where, row) in enumerate(_load_raw(path, split, streaming)):
         if max_samples is not None and i >= max_samples:
             break
         stats["rows"] += 1
         try:
             if isinstance(row, MalformedLine):
                 raise row
-            sample = magpie_to_sample(row, i)
+            sample = magpie_to_sample(row, i, where=where)
         except ValueError as e:
             if not skip_malformed:
-                raise ValueError(f"{path}: {e}" if not isinstance(e, MalformedLine) else str(e)) from None
+                raise ValueError(
+                    f"{e}; set data.skip_malformed: true (iter_magpie: skip_malformed=True) to skip and count such rows"
+                ) from None
             stats["malformed"] += 1
             if len(stats["malformed_examples"]) < 5:
                 stats["malformed_examples"].append(str(e))

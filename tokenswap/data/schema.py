@@ -49,25 +49,24 @@ def check_sample(row: object, where: str) -> None:
         where: names the row in errors, e.g. ``"swap/part-r000-000001.jsonl line 17"``.
 
     Raises:
-        ValueError: the row is not an object, has no ``messages`` list of ``{role, content}``
-            strings, or has a concept span that is malformed, out of range or overlapping;
+        ValueError: the row is not an object, its id is not a string or integer, its ``messages`` are not
+            ``{role, content}`` with a known role and text content, or a concept span is malformed, out of range
+            or overlapping (:func:`tokenswap.concepts.sample_texts`, :func:`~tokenswap.concepts.concepts_from_sample`);
             the message starts with ``where`` and the sample id.
     """
-    from tokenswap.concepts import Concept, validate_concepts
+    from tokenswap.concepts import concepts_from_sample, sample_texts, text_problem
 
     if not isinstance(row, dict):
         raise ValueError(f"{where}: expected a JSON object per sample, got {type(row).__name__}")
     sid = row.get("id")
-    messages = row.get("messages")
-    if not isinstance(messages, list) or not all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
-    ):
-        raise ValueError(f"{where} (id {sid!r}): `messages` must be a list of {{role, content}} strings")
+    if isinstance(sid, bool) or not isinstance(sid, (str, int)) or (isinstance(sid, str) and text_problem(sid)):
+        why = f" ({text_problem(sid)})" if isinstance(sid, str) else ""
+        raise ValueError(f"{where}: `id` must be a string or an integer, got {sid!r:.80}{why}")
     try:
-        concepts = [Concept.from_dict(c) for c in row.get("concepts") or []]
-        validate_concepts(concepts, [m["content"] for m in messages], sid)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{where}: {e.args[0] if e.args else e}") from None
+        texts = sample_texts(row.get("messages"), sid)
+        concepts_from_sample(row.get("concepts"), texts, sid)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def _check_jsonl(path: str) -> int:

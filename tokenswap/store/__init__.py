@@ -1,7 +1,7 @@
 """The image store (concept key -> scored images), its image sources and its resumable builder."""
 
 from .build import build_embedded_store, build_store, load_swap_dataset, read_swap_dataset
-from .image_store import CorruptImageError, ImageStore, StoreImage, StoreWriter
+from .image_store import CorruptImageError, ImageStore, StoreFormatError, StoreImage, StoreWriter
 from .sources import GenerationSource, OpenMojiSource, RenderedTextSource, RetrievalSource, concept_seed
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "OpenMojiSource",
     "RenderedTextSource",
     "RetrievalSource",
+    "StoreFormatError",
     "StoreImage",
     "StoreWriter",
     "build_embedded_store",

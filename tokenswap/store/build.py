@@ -515,8 +515,16 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The rows of a build's own JSONL file; a damaged one is a ValueError naming the file and line."""
+    from tokenswap.data.magpie import MalformedLine, jsonl_rows
+
+    rows = []
+    for _, row in jsonl_rows(path):
+        if isinstance(row, MalformedLine):
+            # Written atomically by the build, so a disk or a hand broke it: its part cannot be trusted to resume.
+            raise ValueError(f"{row}; this build file is damaged: build again in a new output_dir") from None
+        rows.append(row)
+    return rows
 
 
 def _parts(folder: Path, rank: int | None = None) -> list[Path]:
@@ -815,12 +823,9 @@ def _plan(cfg: StoreBuildConfig, world: int) -> dict:
     return {
         "world_size": world,
         "samples_per_shard": cfg.samples_per_shard,
-        "data": {
-            "path": cfg.data.path,
-            "split": cfg.data.split,
-            "max_samples": cfg.data.max_samples,
-            "skip_malformed": cfg.data.skip_malformed,
-        },
+        # Not data.skip_malformed: a build that stopped at a malformed row committed only rows before it, which
+        # skipping lays out identically, so "rerun with data.skip_malformed: true" must resume, not be refused.
+        "data": {"path": cfg.data.path, "split": cfg.data.split, "max_samples": cfg.data.max_samples},
         "extractor": {**settings(cfg.extractor), "llm": llm(cfg.extractor.llm)},
         "sources": list(cfg.sources),
         "source_settings": {name: settings(getattr(cfg, name)) for name in cfg.sources},
@@ -839,6 +844,10 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+class _PlanChanged(ValueError):
+    """A resume with settings other than the folder's plan (nothing is touched)."""
+
+
 def _check_plan(cfg: StoreBuildConfig, state: Path, world: int, rank: int) -> None:
     """Refuse to resume with settings that would re-map samples or concepts, or mix sources.
 
@@ -854,12 +863,14 @@ def _check_plan(cfg: StoreBuildConfig, state: Path, world: int, rank: int) -> No
     if rank != 0:
         _wait_for([path], "writing the build plan", cfg.barrier_timeout_s)
     saved = json.loads(path.read_text())
+    if isinstance(saved.get("data"), dict):
+        saved["data"].pop("skip_malformed", None)  # plans written before it left the plan
     if saved == plan:
         return
     old, new = _flatten(saved), _flatten(plan)
     changed = [k for k in sorted(set(old) | set(new)) if old.get(k, "<absent>") != new.get(k, "<absent>")]
     diff = "; ".join(f"{k}: was {old.get(k, '<absent>')!r}, now {new.get(k, '<absent>')!r}" for k in changed)
-    raise ValueError(
+    raise _PlanChanged(
         f"{path}: this build was started with other settings ({diff}); resuming would mix two builds in one "
         f"folder. Resume with the original settings or use a new output_dir"
     )
@@ -892,7 +903,7 @@ def _validate_inputs(cfg: StoreBuildConfig) -> None:
         if not os.path.exists(value) and looks_like_path(value):
             problems.append(f"`{key}` {value!r} does not exist")
     if problems:
-        raise FileNotFoundError("; ".join(problems) + "; fix the path(s) and rerun (nothing was written)")
+        raise FileNotFoundError("; ".join(problems) + "; fix the path(s) and rerun")
     if cfg.extractor.kind == "lexicon":
         _lexicon_vocabulary(cfg)
     try:
@@ -966,22 +977,18 @@ def read_swap_dataset(path: str | os.PathLike) -> list[dict]:
     """All samples of a swap dataset folder (``dataset/``), shard by shard in name order.
 
     Raises:
-        ValueError: a torn line or a bad span; names the shard file and line.
+        ValueError: a torn or non-UTF-8 line, or a bad sample; names the shard file and line.
     """
+    from tokenswap.data.magpie import MalformedLine, jsonl_rows
     from tokenswap.data.schema import check_sample
 
     rows = []
     for part in _parts(Path(path)):
-        with open(part, encoding="utf-8", errors="strict") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{part} line {number}: not valid JSON ({e})") from None
-                check_sample(row, f"{part} line {number}")
-                rows.append(row)
+        for where, row in jsonl_rows(part):  # a torn or non-UTF-8 line is named by file and line
+            if isinstance(row, MalformedLine):
+                raise row
+            check_sample(row, where)
+            rows.append(row)
     return rows
 
 
@@ -1035,8 +1042,16 @@ def cli_main(argv: list[str] | None = None) -> int:
     except BuildLockedError as e:
         print(f"build-store: {e}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, ValueError) as e:  # bad inputs, found before anything was written
-        print(f"build-store: error: {e}", file=sys.stderr)
+    except (FileNotFoundError, ValueError) as e:  # bad inputs or data; found before or during the build
+        started = (Path(cfg.output_dir) / "state" / "plan.json").exists()
+        # Say what is true of the folder: a build that stopped mid-way keeps its committed work for a rerun.
+        if isinstance(e, _PlanChanged):
+            after = ""
+        elif started:
+            after = f" ({cfg.output_dir} keeps what the build committed; rerun with the fix to resume from there)"
+        else:
+            after = " (nothing was written)"
+        print(f"build-store: error: {e}{after}", file=sys.stderr)
         return 2
     if "samples_kept" in report:
         print(

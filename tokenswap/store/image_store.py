@@ -33,7 +33,15 @@ from PIL import Image
 from tokenswap.concepts import normalize_concept
 from tokenswap.images import BadImageError, check_image_size, load_image
 
-__all__ = ["CorruptImageError", "ImageStore", "StoreImage", "StoreWriter", "atomic_write", "image_id_of"]
+__all__ = [
+    "CorruptImageError",
+    "ImageStore",
+    "StoreFormatError",
+    "StoreImage",
+    "StoreWriter",
+    "atomic_write",
+    "image_id_of",
+]
 
 FORMAT = "tokenswap-image-store"
 VERSION = 1
@@ -55,6 +63,45 @@ _SHARD = re.compile(r"part-r(\d{3})-(\d{6})\.arrow$")
 
 class CorruptImageError(BadImageError):
     """Stored bytes that do not decode as a usable image (a :class:`~tokenswap.images.BadImageError`)."""
+
+
+class StoreFormatError(ValueError):
+    """A store file (``store.json`` or a shard) that is not what the format says; the message names the file."""
+
+
+def _read_info(path: Path) -> dict:
+    """``store.json`` as a dict, or a :class:`StoreFormatError` naming the file and what is wrong with it."""
+    try:
+        info = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise StoreFormatError(f"{path}: cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise StoreFormatError(f"{path}: not UTF-8 text (byte {e.start}); the file is damaged") from None
+    except json.JSONDecodeError as e:
+        raise StoreFormatError(f"{path}: not valid JSON ({e}); the file is damaged (truncated or overwritten?)") from None
+    if not isinstance(info, dict):
+        raise StoreFormatError(
+            f"{path}: expected a JSON object with \"format\": {FORMAT!r}, got a JSON {type(info).__name__}"
+        )
+    return info
+
+
+def _read_shard(path: Path) -> pa.Table:
+    """One shard as an Arrow table with every column of :data:`SCHEMA`, or a :class:`StoreFormatError`."""
+    fix = "restore the file, or delete it (its concepts then have no images) and rebuild them"
+    try:
+        table = pa.ipc.open_stream(pa.memory_map(str(path))).read_all()
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise StoreFormatError(
+            f"{path}: not a readable Arrow IPC stream ({type(e).__name__}: {e}); the shard is damaged "
+            f"(truncated or overwritten): {fix}"
+        ) from None
+    wrong = [f"{f.name} ({table.schema.field(f.name).type if f.name in table.schema.names else 'missing'}, "
+             f"expected {f.type})" for f in SCHEMA if f.name not in table.schema.names
+             or not table.schema.field(f.name).type.equals(f.type)]
+    if wrong:
+        raise StoreFormatError(f"{path}: not an image-store shard, wrong columns: {', '.join(wrong)}; {fix}")
+    return table
 
 
 def image_id_of(data: bytes) -> str:
@@ -119,14 +166,14 @@ class ImageStore:
                 f"{self.root} is not an image store (no store.json); build one with "
                 "`tokenswap build-store --config store_embedded.yaml` or tokenswap.store.build_embedded_store()"
             )
-        self.info = json.loads(info_path.read_text())
+        self.info = _read_info(info_path)
         if self.info.get("format") != FORMAT:
-            raise ValueError(f"{info_path}: format is {self.info.get('format')!r}, expected {FORMAT!r}")
+            raise StoreFormatError(f"{info_path}: format is {self.info.get('format')!r}, expected {FORMAT!r}")
         self._tables: list[pa.Table] = []
         self._index: dict[str, list[StoreImage]] = {}
         self._attempted: set[str] = set()
         for path in _list_shards(self.root):
-            table = pa.ipc.open_stream(pa.memory_map(str(path))).read_all()
+            table = _read_shard(path)
             shard = len(self._tables)
             self._tables.append(table)
             cols = {n: table.column(n).to_pylist() for n in ("key", "image_id", "source", "score", "meta")}
@@ -138,13 +185,20 @@ class ImageStore:
                 images = self._index.setdefault(key, [])
                 if any(im.image_id == cols["image_id"][row] for im in images):
                     continue  # same picture written twice (e.g. two ranks); keep one
+                try:
+                    meta = json.loads(cols["meta"][row] or "{}")
+                    if not isinstance(meta, dict) or not isinstance(key, str) or cols["score"][row] is None:
+                        raise ValueError(f"expected a key, a score and a JSON object as meta, got key {key!r}, "
+                                         f"score {cols['score'][row]!r}, meta {cols['meta'][row]!r:.80}")
+                except ValueError as e:  # json.JSONDecodeError too
+                    raise StoreFormatError(f"{path} row {row}: {e}; the shard is damaged: restore or delete it") from None
                 images.append(
                     StoreImage(
                         image_id=cols["image_id"][row],
                         key=key,
                         source=cols["source"][row],
                         score=float(cols["score"][row]),
-                        meta=json.loads(cols["meta"][row] or "{}"),
+                        meta=meta,
                         _store=self,
                         _loc=(shard, row),
                     )
@@ -181,7 +235,10 @@ class ImageStore:
         """All shards as one memory-mapped ``datasets.Dataset`` (for saving, sharding, pushing)."""
         from datasets import Dataset, concatenate_datasets
 
-        parts = [Dataset.from_file(str(p)) for p in _list_shards(self.root)]
+        parts = []
+        for p in _list_shards(self.root):
+            _read_shard(p)  # datasets' own error names no file
+            parts.append(Dataset.from_file(str(p)))
         if not parts:
             return Dataset.from_dict({n: [] for n in SCHEMA.names})
         return concatenate_datasets(parts)
@@ -232,7 +289,7 @@ class StoreWriter:
 
     def _update_info(self, extra: dict) -> None:
         path = self.root / "store.json"
-        info = json.loads(path.read_text()) if path.exists() else {"format": FORMAT, "version": VERSION}
+        info = _read_info(path) if path.exists() else {"format": FORMAT, "version": VERSION}
         for k, v in extra.items():
             if isinstance(v, dict) and isinstance(info.get(k), dict):
                 info[k] = {**info[k], **v}

@@ -51,8 +51,10 @@ def test_load_llava_rereads_an_edited_file_and_rechecks_images(tmp_path):
         ('[{"id": 1, "conversations": [{"from": "robot", "value": "x"}]}]', r"record 0 \(id 1\) turn 0"),
         ('[{"id": 1}, 5]', r"record 0 \(id 1\) has no 'conversations'"),
         ('[{"id": 1, "conversations": [{"from": "human", "value": "x"}]}, 5]', r"record 1: expected an object"),
+        ('[{"id": 1, "conversations": [{"from": "human", "value": "x \\udcff"}]}]',
+         r"record 0: sample '1': message 0 content: .*lone UTF-16 surrogate"),
     ],
-    ids=["empty", "empty-list", "not-a-list", "bad-role", "no-conversations", "not-an-object"],
+    ids=["empty", "empty-list", "not-a-list", "bad-role", "no-conversations", "not-an-object", "surrogate"],
 )
 def test_load_llava_errors_name_file_and_record_not_dataset_generation_error(tmp_path, content, match):
     path = tmp_path / "llava.json"
@@ -106,6 +108,42 @@ def test_skip_malformed_counts_truncated_non_utf8_and_list_lines(tmp_path):
     assert any("line 3: not UTF-8" in e for e in stats["malformed_examples"])
     with pytest.raises(ValueError, match=r"magpie\.jsonl line 2: not valid JSON"):
         list(iter_magpie(str(path)))
+
+
+def test_a_lone_surrogate_is_malformed_where_the_row_enters(tmp_path):
+    # json.loads turns the escape into a str that no UTF-8 writer or tokenizer takes: refused on reading, not later.
+    path = tmp_path / "magpie.jsonl"
+    path.write_bytes(_magpie_line(0) + b'{"uuid": "u1", "conversations": [{"from": "human", "value": "a cat \\udcff"},'
+                     b' {"from": "gpt", "value": "ok"}]}\n' + b'{"uuid": "u\\ud800", "conversations": [{"from": '
+                     b'"human", "value": "x"}]}\n' + _magpie_line(3))
+    with pytest.raises(ValueError, match=r"magpie\.jsonl line 2 \(uuid 'u1'\): conversations\[0\]\.value: .*lone "
+                                         r"UTF-16 surrogate.*data\.skip_malformed: true"):
+        list(iter_magpie(str(path)))
+    stats: dict = {}
+    with pytest.warns(UserWarning, match="skipped 2 malformed of 4 rows"):
+        assert [s["id"] for s in iter_magpie(str(path), skip_malformed=True, stats=stats)] == ["u0", "u3"]
+    assert any("line 3: field 'uuid'" in e for e in stats["malformed_examples"])
+
+
+@pytest.mark.parametrize(
+    "row, match",
+    [
+        ({"concepts": [{"message": 0, "start": 0, "key": "cat"}]}, r"sample 's0': concepts\[0\]: .*missing 'end'"),
+        ({"concepts": [{"message": 0, "start": "abc", "end": 3, "key": "cat"}]}, r"sample 's0': .*`start` must be an int"),
+        ({"concepts": [{"message": 0, "start": 0.9, "end": 3, "key": "cat"}]}, r"sample 's0': .*`start` must be an int"),
+        ({"concepts": {"message": 0, "start": 0, "end": 3, "key": "cat"}}, r"sample 's0': `concepts` must be a list"),
+        ({"messages": [{"role": "robot", "content": "cat here"}]}, r"sample 's0': message 0 has role 'robot'"),
+        ({"messages": [{"role": None, "content": "cat here"}]}, r"sample 's0': message 0 has role None"),
+        ({"messages": [{"role": "user", "content": "cat \udcff"}]}, r"sample 's0': message 0 content: .*surrogate"),
+        ({"id": "s\udcff"}, r"`id` must be a string or an integer.*surrogate"),
+    ],
+    ids=["no-end", "start-abc", "start-float", "concepts-dict", "role-robot", "role-none", "surrogate", "id-surrogate"],
+)
+def test_load_samples_names_file_line_and_sample_of_every_malformed_row(tmp_path, row, match):
+    path = tmp_path / "swap.jsonl"
+    path.write_text(json.dumps(_sample(1)) + "\n" + json.dumps({**_sample(0), **row}) + "\n")
+    with pytest.raises(ValueError, match=r"swap\.jsonl line 2: " + match):
+        load_samples(str(path))
 
 
 def test_empty_magpie_file_is_a_clear_error(tmp_path):

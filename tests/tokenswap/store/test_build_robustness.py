@@ -77,6 +77,27 @@ def test_a_typo_in_data_path_writes_nothing_so_the_fixed_command_runs(tmp_path, 
     assert cli_main([*argv, "data.max_samples=10"]) == 0
 
 
+def test_a_malformed_row_is_named_then_skipped_and_counted_when_asked(tmp_path, capsys):
+    data = tmp_path / "magpie.jsonl"
+    rows = [json.dumps({"uuid": f"u{i}", "conversations": [{"from": "human", "value": f"a cat and a dog {i}"},
+                                                          {"from": "gpt", "value": "ok"}]}) for i in range(6)]
+    rows[3] = rows[3].replace("a cat", "a cat \\udcff")  # the JSON escape of a lone surrogate
+    data.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    argv = ["--config", "store_embedded.yaml", f"output_dir={out}", f"data.path={data}", "samples_per_shard=2"]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{data} line 4 (uuid 'u3')" in err and "surrogate" in err and "data.skip_malformed: true" in err
+    assert (out / "state" / "plan.json").exists() and "nothing was written" not in err
+    # The rows before the bad one were committed; skipping resumes the same build instead of refusing it.
+    assert cli_main([*argv, "data.skip_malformed=true"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["rows_malformed_skipped"] == 1 and report["samples_read"] == 5
+    ref = tmp_path / "ref"
+    assert cli_main([*argv[:2], f"output_dir={ref}", *argv[3:], "data.skip_malformed=true"]) == 0
+    assert read_swap_dataset(out / "dataset") == read_swap_dataset(ref / "dataset")
+
+
 @pytest.mark.parametrize(
     "override", ["data.max_samples=-1", "data.max_samples=0", "extractor.max_concepts=-1", "openmoji.size=0",
                  "barrier_timeout_s=.nan", "rendered_text.size=-5"]

@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from tokenswap.store import CorruptImageError, ImageStore, StoreWriter
-from tokenswap.store.image_store import SCHEMA
+from tokenswap.store.image_store import SCHEMA, StoreFormatError
 
 
 def test_leftover_tmp_shard_is_ignored_and_cleaned(tmp_path):
@@ -45,3 +45,82 @@ def test_corrupt_bytes_raise_on_load(tmp_path):
     (im,) = ImageStore(tmp_path).get("cat")
     with pytest.raises(CorruptImageError, match="cat"):
         im.load()
+
+
+# ---------------------------------------------------------------------------- damaged store files
+def _store_with_two_shards(root):
+    with StoreWriter(root, shard_size=1) as w:
+        w.add("cat", Image.new("RGB", (8, 8), "red"), source="test")
+        w.add("dog", Image.new("RGB", (8, 8), "blue"), source="test")
+    return sorted((root / "shards").glob("*.arrow"))
+
+
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "not a readable Arrow IPC stream"),
+        (lambda p: p.write_bytes(b"garbage" * 100), "not a readable Arrow IPC stream"),
+        (lambda p: p.write_bytes(b""), "not a readable Arrow IPC stream"),
+    ],
+    ids=["truncated", "garbage", "empty"],
+)
+def test_a_damaged_shard_is_named_with_what_is_wrong(tmp_path, damage, match):
+    shard = _store_with_two_shards(tmp_path)[1]
+    opened = ImageStore(tmp_path)
+    damage(shard)
+    with pytest.raises(StoreFormatError, match=rf"{shard}: {match}"):
+        opened.to_dataset()
+    with pytest.raises(StoreFormatError, match=rf"{shard}: {match}.*restore the file, or delete it"):
+        ImageStore(tmp_path)
+    StoreWriter(tmp_path).close()  # a writer reads no shard: it keeps working on a store with a damaged one
+
+
+def test_a_shard_with_other_columns_or_a_bad_row_is_named(tmp_path):
+    shard = _store_with_two_shards(tmp_path)[0]
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, pa.schema([("key", pa.string())])) as writer:
+        writer.write_table(pa.table({"key": ["cat"]}))
+    shard.write_bytes(sink.getvalue().to_pybytes())
+    with pytest.raises(StoreFormatError, match=rf"{shard}: not an image-store shard, wrong columns: concept \(missing"):
+        ImageStore(tmp_path)
+    row = {n: None for n in SCHEMA.names} | {"key": "cat", "image_id": "x", "image": b"x", "score": 1.0, "meta": "{no"}
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, SCHEMA) as writer:
+        writer.write_table(pa.Table.from_pylist([row], schema=SCHEMA))
+    shard.write_bytes(sink.getvalue().to_pybytes())
+    with pytest.raises(StoreFormatError, match=rf"{shard} row 0: .*the shard is damaged"):
+        ImageStore(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        ("{not json", r"not valid JSON"),
+        ('["a", "list"]', r"expected a JSON object with \"format\": 'tokenswap-image-store', got a JSON list"),
+        ('{"format": "other"}', r"format is 'other', expected 'tokenswap-image-store'"),
+        (b"\xff\xfe{}", r"not UTF-8 text"),
+    ],
+    ids=["invalid-json", "list", "other-format", "not-utf8"],
+)
+def test_a_damaged_store_json_is_named_with_what_is_wrong(tmp_path, content, match):
+    _store_with_two_shards(tmp_path)
+    info = tmp_path / "store.json"
+    info.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(StoreFormatError, match=rf"{info}: {match}"):
+        ImageStore(tmp_path)
+    if "format" not in match:  # a writer reads store.json to merge its info into it
+        with pytest.raises(StoreFormatError, match=str(info)):
+            StoreWriter(tmp_path)
+
+
+def test_a_damaged_swap_dataset_shard_is_named_by_file_and_line(tmp_path):
+    from tokenswap.store import read_swap_dataset
+
+    part = tmp_path / "part-r000-000000.jsonl"
+    good = '{"id": "s0", "messages": [{"role": "user", "content": "a cat"}], "concepts": [], "images": []}\n'
+    part.write_bytes(good.encode() + b'{"id": "s1", "messages": "\xff\xfe"}\n')
+    with pytest.raises(ValueError, match=rf"{part} line 2: not UTF-8"):
+        read_swap_dataset(tmp_path)
+    part.write_bytes(good.encode() + good[:20].encode() + b"\n")
+    with pytest.raises(ValueError, match=rf"{part} line 2: not valid JSON"):
+        read_swap_dataset(tmp_path)

@@ -1,0 +1,77 @@
+"""Config errors are exit code 2 with the fix, before any data or weights load (never a late traceback).
+
+The data paths point at files that do not exist: a check that came after loading the data would fail there instead.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenswap.config import parse_config
+from tokenswap.store.build import cli_main
+
+
+@pytest.fixture(scope="module")
+def post(load_recipe):
+    return load_recipe("post_train")
+
+
+def argv(tmp_path, model, *extra):
+    return ["--config", "tiny/post_text.yaml", f"run.output_dir={tmp_path / 'out'}", f"model.name_or_path={model}",
+            f"data.llava_json={tmp_path / 'absent.json'}", f"data.swap_dataset={tmp_path / 'absent.jsonl'}", *extra]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["train.eval_strategy=steps"], "`eval_strategy` is 'steps', but the recipes give the Trainer no eval_dataset"),
+        (["train.resume_from_checkpoint=/nonexistent/c"],
+         "`resume_from_checkpoint` '/nonexistent/c' does not exist"),
+        (["train.lr_scheduler_kwargs=notadict"], "`lr_scheduler_kwargs` must be a mapping"),
+    ],
+    ids=["eval-without-eval-set", "resume-missing", "scheduler-kwargs-not-a-dict"],
+)
+def test_trainer_settings_the_run_cannot_use_are_config_errors(post, tiny_qwen2vl, tmp_path, capsys, extra, message):
+    with pytest.raises(SystemExit) as e:
+        post.main(parse_config(post.PostTrainConfig, argv(tmp_path, tiny_qwen2vl, *extra)))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err
+    assert "Repo id must" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["collator.packing=true"], "collator.packing is not supported for the model family 'qwen3_5'"),
+        (["train.fp16=true", "train.bf16=false"], "train.fp16 needs a CUDA GPU"),
+    ],
+    ids=["qwen3_5-packing", "fp16-on-cpu"],
+)
+def test_settings_the_model_or_machine_cannot_run_stop_before_data_and_model(post, tiny_family, tmp_path, capsys,
+                                                                            extra, message):
+    cfg = parse_config(post.PostTrainConfig, argv(tmp_path, tiny_family("qwen3_5"), *extra))
+    with pytest.raises(SystemExit) as e:
+        post.main(cfg)  # the data files do not exist: reaching them would raise FileNotFoundError instead
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_mistyped_alias_is_a_config_error_of_build_store(tmp_path, capsys):
+    code = cli_main(["--config", "store_embedded.yaml", f"output_dir={tmp_path / 'b'}", "extractor.aliases={kitty: 5}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "`extractor.aliases.kitty` must be a string, got 5" in err and "Traceback" not in err
+    assert not (tmp_path / "b").exists()
+
+
+def test_missing_data_and_a_missing_or_damaged_store_are_named_together_before_any_load(post, tiny_qwen2vl, tmp_path,
+                                                                                      capsys):
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "store.json").write_text("[1, 2]")
+    cfg = parse_config(post.PostTrainConfig, [*argv(tmp_path, tiny_qwen2vl), "run.arm=tokenswap",
+                                              f"image_store={tmp_path / 'store'}"])
+    with pytest.raises(SystemExit) as e:
+        post.main(cfg)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "3 problem(s) in the run inputs" in err
+    assert f"`data.llava_json` '{tmp_path / 'absent.json'}' does not exist" in err
+    assert f"`data.swap_dataset` '{tmp_path / 'absent.jsonl'}' does not exist" in err
+    assert "`image_store`: " in err and "expected a JSON object" in err
