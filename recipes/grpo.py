@@ -118,7 +118,7 @@ def main(cfg: GRPORecipeConfig) -> None:
         cfg.run,
         reward_weights=[1.0, cfg.reward.format_weight] if cfg.reward.format_weight > 0 else None,
     )
-    check_inputs(cfg.model)
+    check_inputs(cfg.model, device="cpu" if args.use_cpu else None)
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         with open(os.path.join(cfg.run.output_dir, "tokenswap_config.json"), "w") as f:

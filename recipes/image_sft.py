@@ -128,7 +128,7 @@ def main(cfg: ImageSFTConfig) -> None:
     # ------------------------------------------------------------------ setup (process state before anything else)
     os.makedirs(cfg.run.output_dir, exist_ok=True)
     args = build_training_arguments(cfg.train, cfg.run)
-    check_inputs(cfg.model, packing=cfg.collator.packing)
+    check_inputs(cfg.model, packing=cfg.collator.packing, device="cpu" if args.use_cpu else None)
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         with open(os.path.join(cfg.run.output_dir, "tokenswap_config.json"), "w") as f:

@@ -776,15 +776,18 @@ def check_inputs(
     packing: bool = False,
     image_store: str | None = None,
     paths: dict[str, str | None] | None = None,
+    device: str | None = None,
 ) -> None:
     """A run's inputs checked against its settings before any data or weights load.
 
     Like :func:`tokenswap.config.parse_config`, every problem is printed with its fix and the process exits with 2:
     a local path that does not exist (``paths``: config key -> path, None skipped), an image store that is missing or
     damaged, a model folder that is missing, a family tokenswap does not support, or ``collator.packing`` for a family
-    whose samples cannot be separated in a packed row (Qwen3.5). The model is judged from its ``config.json`` alone;
+    whose samples cannot be separated in a packed row (Qwen3.5), or a ``model.attn_implementation`` named that
+    cannot run on ``device`` (default CUDA when available). The model is judged from its ``config.json`` alone;
     each of these would otherwise surface as a traceback after the data and the model loaded.
     """
+    from tokenswap.attention import packed_attention_choice
     from tokenswap.config import ConfigError
     from tokenswap.packing import RopeIndex
 
@@ -801,6 +804,12 @@ def check_inputs(
             RopeIndex(family.name, 2)  # refuses, naming the family and why, what it cannot pack
     except (FileNotFoundError, ValueError) as e:  # UnsupportedFamilyError, PackingNotSupportedError: ValueErrors
         problems.append(str(e))
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if packing or model.attn_implementation == "flash_attention_2":
+        try:
+            packed_attention_choice(model.attn_implementation, device)
+        except ValueError as e:
+            problems.append(str(e))
     if problems:
         print(f"error: {ConfigError(problems, 'the run inputs')}", file=sys.stderr)
         raise SystemExit(2)

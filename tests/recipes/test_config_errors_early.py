@@ -75,3 +75,13 @@ def test_missing_data_and_a_missing_or_damaged_store_are_named_together_before_a
     assert f"`data.llava_json` '{tmp_path / 'absent.json'}' does not exist" in err
     assert f"`data.swap_dataset` '{tmp_path / 'absent.jsonl'}' does not exist" in err
     assert "`image_store`: " in err and "expected a JSON object" in err
+
+
+def test_a_packed_attention_kernel_that_cannot_run_here_is_a_config_error(post, tiny_qwen2vl, tmp_path, capsys):
+    cfg = parse_config(post.PostTrainConfig, [*argv(tmp_path, tiny_qwen2vl), "collator.packing=true",
+                                              "model.attn_implementation=varlen"])
+    with pytest.raises(SystemExit) as e:
+        post.main(cfg)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "model.attn_implementation=varlen cannot run packed rows here" in err
+    assert "model.attn_implementation=auto" in err
