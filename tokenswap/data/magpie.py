@@ -10,7 +10,7 @@ become samples::
     {"id": uuid, "messages": [{"role": "user" | "assistant" | "system", "content": str}],
      "concepts": [], "images": []}
 
-Concept spans are filled later by the store build (or :func:`load_fixture` for the packaged
+Concept spans are filled later by the store build (or :func:`tokenswap.store.embedded.load_fixture` for the packaged
 fixture). Other columns of the raw data are ignored.
 """
 
@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAGPIE_HUB_ID", "ROLE_MAP", "fixture_path", "iter_magpie", "load_fixture", "magpie_to_sample"]
+__all__ = ["MAGPIE_HUB_ID", "ROLE_MAP", "fixture_path", "iter_magpie", "magpie_to_sample"]
 
 MAGPIE_HUB_ID = "Magpie-Align/Magpie-Pro-300K-Filtered"
 ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
@@ -201,39 +201,3 @@ def iter_magpie(
 def fixture_path() -> Path:
     """Path of the packaged Magpie-format fixture (``tokenswap/assets/magpie_fixture.jsonl``)."""
     return Path(str(resources.files("tokenswap") / "assets" / "magpie_fixture.jsonl"))
-
-
-def load_fixture(store=None) -> list[dict]:
-    """The packaged fixture as samples, with concepts found by the lexicon of the embedded store.
-
-    Only samples with at least one concept are returned, every concept key has images in the
-    store, and spans are validated.
-
-    Args:
-        store: an :class:`tokenswap.store.ImageStore`; default the embedded store built (once,
-            then cached) by :func:`tokenswap.store.build_embedded_store` in its default folder.
-    """
-    from tokenswap.concepts import Concept, validate_concepts
-    from tokenswap.store import build_embedded_store
-    from tokenswap.store.extract import build_lexicon
-
-    if store is None:
-        store = build_embedded_store()
-    lexicon = build_lexicon(store.keys())
-    samples = []
-    with open(fixture_path(), encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            sample = magpie_to_sample(json.loads(line), i)
-            concepts = [
-                Concept(m, s, e, k)
-                for m, msg in enumerate(sample["messages"])
-                if msg["role"] == "user"
-                for s, e, k in lexicon.extract(msg["content"])
-                if store.get(k)
-            ]
-            if not concepts:
-                continue
-            texts = [m["content"] for m in sample["messages"]]
-            sample["concepts"] = [c.to_dict() for c in validate_concepts(concepts, texts, sample["id"])]
-            samples.append(sample)
-    return samples

@@ -36,7 +36,8 @@ from typing import Literal
 from tokenswap.concepts import Concept, ConceptExtractor, validate_concepts
 from tokenswap.eval.mc import MCItem, build_conversation, evaluate, format_prompt, substitute_spans
 from tokenswap.llm import ChatModel, parse_json_response
-from tokenswap.store.build import ExtractorConfig, LLMConfig, build_chat_model
+from tokenswap.store.build_config import ExtractorConfig, LLMConfig
+from tokenswap.store.builders import build_chat_model
 from tokenswap.store.image_store import ImageStore
 from tokenswap.swap import SwapPolicy
 

@@ -8,7 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tokenswap.data.magpie import fixture_path, iter_magpie, load_fixture, magpie_to_sample
+from tokenswap.data.magpie import fixture_path, iter_magpie, magpie_to_sample
+from tokenswap.store.embedded import load_fixture
 
 ROWS = [
     {

@@ -1,0 +1,116 @@
+"""Builders that turn the store build's config sections into the objects the stages use.
+
+Chat models for the LLM extractor and judge, the image sources by name, and the concept extractor
+(lexicon or LLM). Picking an implementation is a plain dict (:data:`SOURCE_BUILDERS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from tokenswap.concepts import ConceptExtractor
+from tokenswap.store.build_config import LLMConfig, StoreBuildConfig
+
+from .sources import (
+    GenerationSource,
+    ImageSource,
+    OpenMojiSource,
+    RenderedTextSource,
+    RetrievalSource,
+)
+
+
+def build_chat_model(cfg: LLMConfig, cache_path: Path):
+    """The chat client an ``llm`` config section describes (OpenAI-compatible endpoint or local transformers)."""
+    from tokenswap.llm import OpenAIChatModel, TransformersChatModel
+
+    if cfg.backend == "openai":
+        return OpenAIChatModel(
+            base_url=cfg.base_url,
+            model=cfg.model,
+            api_key_env=cfg.api_key_env,
+            temperature=cfg.temperature,
+            max_tokens=cfg.max_tokens,
+            timeout=cfg.timeout,
+            max_retries=cfg.max_retries,
+            cache_path=cache_path,
+        )
+    return TransformersChatModel(cfg.model, max_new_tokens=cfg.max_new_tokens, cache_path=cache_path)
+
+
+def _build_openmoji(cfg: StoreBuildConfig, state: Path) -> ImageSource:
+    return OpenMojiSource(size=cfg.openmoji.size)
+
+
+def _build_rendered_text(cfg: StoreBuildConfig, state: Path) -> ImageSource:
+    c = cfg.rendered_text
+    return RenderedTextSource(size=c.size, font_path=c.font_path, score=c.score)
+
+
+def _build_retrieval(cfg: StoreBuildConfig, state: Path) -> ImageSource:
+    c = cfg.retrieval
+    assert c is not None
+    return RetrievalSource(
+        clip_path=c.clip_path,
+        corpus=c.corpus,
+        index_dir=c.index_dir or state / "retrieval_index",
+        image_column=c.image_column,
+        split=c.split,
+        prompt=c.prompt,
+        top_k=c.top_k,
+        min_score=c.min_score,
+        batch_size=c.batch_size,
+        chunk_size=c.chunk_size,
+    )
+
+
+def _build_generation(cfg: StoreBuildConfig, state: Path) -> ImageSource:
+    c = cfg.generation
+    assert c is not None
+    return GenerationSource(
+        pipeline_path=c.pipeline_path,
+        prompt=c.prompt,
+        num_images=c.num_images,
+        num_inference_steps=c.num_inference_steps,
+        guidance_scale=c.guidance_scale,
+        height=c.height,
+        width=c.width,
+        batch_size=c.batch_size,
+        seed=c.seed,
+        dtype=c.dtype,
+    )
+
+
+SOURCE_BUILDERS: dict[str, Callable[[StoreBuildConfig, Path], ImageSource]] = {
+    "openmoji": _build_openmoji,
+    "rendered_text": _build_rendered_text,
+    "retrieval": _build_retrieval,
+    "generation": _build_generation,
+}
+
+
+def _lexicon_vocabulary(cfg: StoreBuildConfig) -> list[str]:
+    vocab = list(cfg.extractor.vocabulary)
+    if cfg.extractor.vocabulary_file:
+        lines = Path(cfg.extractor.vocabulary_file).read_text(encoding="utf-8").splitlines()
+        vocab += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    if "openmoji" in cfg.sources:
+        vocab += OpenMojiSource(size=cfg.openmoji.size).vocabulary()
+    if not vocab:
+        raise ValueError(
+            "the lexicon extractor has no vocabulary: add `openmoji` to `sources`, or set "
+            "`extractor.vocabulary` / `extractor.vocabulary_file`, or use `extractor.kind: llm`"
+        )
+    return vocab
+
+
+def _build_extractor(cfg: StoreBuildConfig, state: Path, rank: int) -> ConceptExtractor:
+    from .extract import LLMConceptExtractor, build_lexicon
+
+    ex = cfg.extractor
+    if ex.kind == "lexicon":
+        return build_lexicon(_lexicon_vocabulary(cfg), aliases=ex.aliases, plurals=ex.plurals)
+    assert ex.llm is not None
+    chat = build_chat_model(ex.llm, state / "cache" / f"extract-r{rank:03d}.jsonl")
+    return LLMConceptExtractor(chat, max_concepts=ex.max_concepts)

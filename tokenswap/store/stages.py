@@ -1,0 +1,316 @@
+"""The three resumable stages of a store build (extract, images, dataset) and its report.
+
+Each stage commits its work in atomic units (candidate chunks, store shards, dataset shards) and
+skips what a previous run committed; :func:`tokenswap.store.build.build_store` runs them in order.
+The dataset stage's output is read back by :func:`read_swap_dataset` / :func:`load_swap_dataset`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from tokenswap.concepts import Concept, validate_concepts
+from tokenswap.store.build_config import FIXTURE, DataConfig, StoreBuildConfig
+from tokenswap.store.builders import SOURCE_BUILDERS, _build_extractor, build_chat_model
+from tokenswap.swap import unit_hash
+
+from .image_store import ImageStore, StoreWriter, atomic_write
+from .sources import (
+    RetrievalSource,
+)
+
+_PART = re.compile(r"part-r(\d{3})-(\d{6})\.jsonl$")
+
+
+def _iter_samples(cfg: DataConfig, stats: dict | None = None) -> Iterator[dict]:
+    from tokenswap.data.magpie import fixture_path, iter_magpie
+
+    path = str(fixture_path()) if cfg.path == FIXTURE else cfg.path
+    yield from iter_magpie(
+        path,
+        split=cfg.split,
+        streaming=cfg.streaming,
+        max_samples=cfg.max_samples,
+        skip_malformed=cfg.skip_malformed,
+        stats=stats,
+    )
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    atomic_write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """The rows of a build's own JSONL file; a damaged one is a ValueError naming the file and line."""
+    from tokenswap.data.magpie import MalformedLine, jsonl_rows
+
+    rows = []
+    for _, row in jsonl_rows(path):
+        if isinstance(row, MalformedLine):
+            # Written atomically by the build, so a disk or a hand broke it: its part cannot be trusted to resume.
+            raise ValueError(f"{row}; this build file is damaged: build again in a new output_dir") from None
+        rows.append(row)
+    return rows
+
+
+def _parts(folder: Path, rank: int | None = None) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return sorted(
+        p for p in folder.iterdir() if (m := _PART.search(p.name)) and (rank is None or int(m.group(1)) == rank)
+    )
+
+
+def _owner(key: str, world: int) -> int:
+    return min(int(unit_hash("store", key) * world), world - 1)
+
+
+def _progress(total: int | None, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, leave=False)
+
+
+def _stage_extract(cfg: StoreBuildConfig, state: Path, rank: int, world: int) -> dict:
+    folder = state / "candidates"
+    folder.mkdir(parents=True, exist_ok=True)
+    done = folder / f"done-r{rank:03d}.json"
+    if done.exists():
+        return {"skipped": True}
+    for tmp in folder.glob(f"part-r{rank:03d}-*.tmp"):
+        tmp.unlink()
+    committed = {int(_PART.search(p.name).group(2)) for p in _parts(folder, rank)}
+    extractor = None  # built lazily: a resumed rank with every chunk committed needs no model
+    size = cfg.samples_per_shard
+    rows: list[dict] = []
+    local = 0
+    chunk = 0
+    bar = _progress(cfg.data.max_samples, f"[r{rank}] extract", cfg.progress and rank == 0)
+    data_stats: dict = {}
+    for i, sample in enumerate(_iter_samples(cfg.data, data_stats)):
+        bar.update(1)
+        if i % world != rank:
+            continue
+        chunk, local = local // size, local + 1
+        if chunk in committed:
+            continue
+        if extractor is None:
+            extractor = _build_extractor(cfg, state, rank)
+        candidates = [
+            {"message": m, "start": s, "end": e, "key": k}
+            for m, msg in enumerate(sample["messages"])
+            if msg["role"] == "user"
+            for s, e, k in extractor.extract(msg["content"])
+        ]
+        if candidates:
+            rows.append({"id": sample["id"], "messages": sample["messages"], "candidates": candidates})
+        if local % size == 0:
+            _write_jsonl(folder / f"part-r{rank:03d}-{chunk:06d}.jsonl", rows)
+            rows = []
+    if local % size != 0 and chunk not in committed:
+        _write_jsonl(folder / f"part-r{rank:03d}-{chunk:06d}.jsonl", rows)
+    bar.close()
+    # Every rank reads every row, so each rank's count is the whole source's.
+    info = {"samples_read": local, "malformed_skipped": data_stats.get("malformed", 0)}
+    stats = getattr(extractor, "stats", None)  # only the LLM extractor keeps stats
+    if stats is not None:
+        info["llm_extraction"] = vars(stats)
+    atomic_write(done, json.dumps(info).encode())
+    return info
+
+
+def _collect_concepts(state: Path) -> dict[str, tuple[str, int, int]]:
+    """Distinct candidate keys -> one context (text, start, end) for the judge, in a stable order."""
+    contexts: dict[str, tuple[str, int, int]] = {}
+    for path in _parts(state / "candidates"):
+        for row in _read_jsonl(path):
+            for c in row["candidates"]:
+                if c["key"] not in contexts:
+                    contexts[c["key"]] = (row["messages"][c["message"]]["content"], c["start"], c["end"])
+    return dict(sorted(contexts.items()))
+
+
+def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, world: int) -> dict:
+    folder = state / "images"
+    folder.mkdir(parents=True, exist_ok=True)
+    done = folder / f"done-r{rank:03d}.json"
+    if done.exists():
+        return {"skipped": True, "source_s": 0.0, "judge_s": 0.0}
+    store_dir = out / "store"
+    contexts = _collect_concepts(state)
+    mine = [k for k in contexts if _owner(k, world) == rank]
+    attempted = ImageStore(store_dir) if (store_dir / "store.json").exists() else None
+    todo = [k for k in mine if attempted is None or not attempted.attempted(k)]
+    info = {"concepts": len(mine), "fetched": len(todo), "source_s": 0.0, "judge_s": 0.0, "by_source": {}}
+    build_info = {"build": {"tool": "tokenswap build-store", "sources": list(cfg.sources)}}
+    if not todo:
+        if rank == 0 and attempted is None:
+            StoreWriter(store_dir, rank=0, info=build_info).close()  # an empty but valid store
+        atomic_write(done, json.dumps(info).encode())
+        return info
+    sources = [SOURCE_BUILDERS[name](cfg, state) for name in cfg.sources]
+    for source in sources:
+        if isinstance(source, RetrievalSource):
+            source.build_index(progress=cfg.progress and rank == 0)
+            atomic_write(folder / "rejected-corpus.json", json.dumps(source.index_rejected).encode())
+    judge = None
+    if cfg.judge is not None:
+        from .judge import ValidityJudge
+
+        judge = ValidityJudge(build_chat_model(cfg.judge.llm, state / "cache" / f"judge-r{rank:03d}.jsonl"))
+    build_info["sources_info"] = {s.name: s.info for s in sources}
+    if any(s.name == "openmoji" for s in sources):
+        build_info["attribution"] = sources[[s.name for s in sources].index("openmoji")].info["attribution"]
+    # shard_size is effectively infinite: we flush once per concept batch so that a batch, with
+    # every source's images for its concepts, is one atomic shard.
+    writer = StoreWriter(store_dir, rank=rank, shard_size=1 << 62, info=build_info)
+    bar = _progress(len(todo), f"[r{rank}] images", cfg.progress and rank == 0)
+    n_images = 0
+    for b in range(0, len(todo), cfg.concept_batch_size):
+        batch = todo[b : b + cfg.concept_batch_size]
+        found: dict[str, list[tuple]] = {k: [] for k in batch}
+        for source in sources:
+            t0 = time.perf_counter()
+            result = source.images_for(batch)
+            dt = time.perf_counter() - t0
+            info["source_s"] += dt
+            info["by_source"][source.name] = info["by_source"].get(source.name, 0.0) + dt
+            for key in batch:
+                found[key] += [(img, score, dict(meta), source.name) for img, score, meta in result.get(key, [])]
+        if judge is not None:
+            t0 = time.perf_counter()
+            for key in batch:
+                text, start, end = contexts[key]
+                kept = []
+                for img, score, meta, name in found[key]:
+                    meta["judge"] = judge.judge(text, start, end, key, img)
+                    if not (cfg.judge.drop_invalid and meta["judge"]["valid"] is False):
+                        kept.append((img, score, meta, name))
+                found[key] = kept
+            info["judge_s"] += time.perf_counter() - t0
+        for key in batch:
+            if not found[key]:
+                writer.add(key, None, source="none", score=0.0)
+            for img, score, meta, name in found[key]:
+                writer.add(key, img, source=name, score=score, meta=meta)
+                n_images += 1
+        # Named after the shard about to be committed: a batch redone after a kill overwrites its
+        # own list, so every rejection is counted once.
+        rejected = [r for s in sources for r in s.rejected]
+        atomic_write(folder / f"rejected-r{rank:03d}-{writer.next_shard:06d}.json", json.dumps(rejected).encode())
+        for s in sources:
+            s.rejected.clear()
+        writer.flush()
+        bar.update(len(batch))
+    bar.close()
+    info["images"] = n_images
+    atomic_write(done, json.dumps(info).encode())
+    return info
+
+
+def _stage_dataset(cfg: StoreBuildConfig, out: Path, state: Path, rank: int) -> dict:
+    folder = out / "dataset"
+    folder.mkdir(parents=True, exist_ok=True)
+    done = state / "dataset" / f"done-r{rank:03d}.json"
+    done.parent.mkdir(parents=True, exist_ok=True)
+    if done.exists():
+        return {"skipped": True}
+    for tmp in folder.glob(f"part-r{rank:03d}-*.tmp"):
+        tmp.unlink()
+    store = ImageStore(out / "store")
+    written = 0
+    for path in _parts(state / "candidates", rank):
+        target = folder / path.name
+        if target.exists():
+            continue
+        rows = []
+        for row in _read_jsonl(path):
+            kept = [Concept(**c) for c in row["candidates"] if store.get(c["key"])]
+            if len(kept) < cfg.min_concepts:
+                continue
+            texts = [m["content"] for m in row["messages"]]
+            concepts = validate_concepts(kept, texts, row["id"])
+            rows.append(
+                {
+                    "id": row["id"],
+                    "messages": row["messages"],
+                    "concepts": [c.to_dict() for c in concepts],
+                    "images": [],
+                }
+            )
+        _write_jsonl(target, rows)
+        written += len(rows)
+    info = {"samples_written": written}
+    atomic_write(done, json.dumps(info).encode())
+    return info
+
+
+def _report(cfg: StoreBuildConfig, out: Path, state: Path, world: int, times: dict, total_s: float, image_info: dict):
+    samples = read_swap_dataset(out / "dataset")
+    candidate_keys = _collect_concepts(state)
+    store = ImageStore(out / "store")
+    n_spans = sum(len(s["concepts"]) for s in samples)
+    used_keys = {c["key"] for s in samples for c in s["concepts"]}
+    extract_markers = [json.loads((state / "candidates" / f"done-r{r:03d}.json").read_text()) for r in range(world)]
+    image_markers = [json.loads((state / "images" / f"done-r{r:03d}.json").read_text()) for r in range(world)]
+    samples_read = sum(m.get("samples_read", 0) for m in extract_markers)
+    source_s = image_info.get("source_s", 0.0)
+    rejected = [r for p in sorted((state / "images").glob("rejected-*.json")) for r in json.loads(p.read_text())]
+    report = {
+        "output_dir": str(out),
+        "world_size": world,
+        "samples_read": samples_read,
+        "samples_kept": len(samples),
+        "sample_coverage": len(samples) / samples_read if samples_read else 0.0,
+        "concepts_found": len(candidate_keys),
+        "concepts_with_images": len(store),
+        "concept_coverage": len(store) / len(candidate_keys) if candidate_keys else 0.0,
+        "concepts_used": len(used_keys),
+        "store_images": store.num_images,
+        "images_per_sample": n_spans / len(samples) if samples else 0.0,
+        "spans": n_spans,
+        "rows_malformed_skipped": max((m.get("malformed_skipped", 0) for m in extract_markers), default=0),
+        "images_rejected": len(rejected),
+        "rejected_images": rejected[:100],
+        "time_s": {**times, "total": total_s},
+        "source_s": source_s,
+        "source_s_by_name": image_info.get("by_source", {}),
+        "judge_s": image_info.get("judge_s", 0.0),
+        "overhead_s": total_s - source_s,
+        "overhead_frac_of_total": (total_s - source_s) / total_s if total_s else 0.0,
+        "ranks": {"extract": extract_markers, "images": image_markers},
+        "complete": True,
+    }
+    atomic_write(out / "report.json", json.dumps(report, indent=2).encode())
+    return report
+
+
+def read_swap_dataset(path: str | os.PathLike) -> list[dict]:
+    """All samples of a swap dataset folder (``dataset/``), shard by shard in name order.
+
+    Raises:
+        ValueError: a torn or non-UTF-8 line, or a bad sample; names the shard file and line.
+    """
+    from tokenswap.data.magpie import MalformedLine, jsonl_rows
+    from tokenswap.data.schema import check_sample
+
+    rows = []
+    for part in _parts(Path(path)):
+        for where, row in jsonl_rows(part):  # a torn or non-UTF-8 line is named by file and line
+            if isinstance(row, MalformedLine):
+                raise row
+            check_sample(row, where)
+            rows.append(row)
+    return rows
+
+
+def load_swap_dataset(path: str | os.PathLike):
+    """A swap dataset folder as a ``datasets.Dataset`` (same rows as :func:`read_swap_dataset`)."""
+    from datasets import Dataset
+
+    return Dataset.from_list(read_swap_dataset(path))
