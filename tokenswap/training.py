@@ -986,8 +986,8 @@ def close_process_group() -> None:
     without an active exception", SIGABRT, and a launcher reporting a failure after the run had finished and saved
     (a core dump of such an abort: ``ProcessGroupGloo::runLoop`` -> ``~AsyncAllgatherWork`` ->
     ``TensorImpl::decref_pyobject`` -> ``take_gil`` -> ``PyThread_exit_thread``). How often depends on scheduling:
-    about 1 in 30 2-rank ZeRO-3 CPU runs here. Without finalization there is no moment at which a thread may not
-    take the GIL, so buffered output is flushed and the process ends with ``os._exit``.
+    1 in 42 2-rank ZeRO-3 CPU launches of the tiny run here. Without finalization there is no moment at which a
+    thread may not take the GIL, so buffered output is flushed and the process ends with ``os._exit``.
     """
     import torch.distributed as dist
 
