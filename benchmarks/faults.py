@@ -1,6 +1,6 @@
 """Fault injection on CPU with tiny models: does tokenswap survive what a multi-day run meets?
 
-    python benchmarks/faults.py                      # all sections, ~8 min on 2 cores
+    python benchmarks/faults.py                      # all sections, ~3 min on 2 cores
     python benchmarks/faults.py --sections llm,data  # a subset
     python benchmarks/faults.py --workdir /tmp/f --keep
 
