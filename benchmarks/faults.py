@@ -1,6 +1,6 @@
 """Fault injection on CPU with tiny models: does tokenswap survive what a multi-day run meets?
 
-    python benchmarks/faults.py                      # all sections, ~5 min on 2 cores
+    python benchmarks/faults.py                      # all sections, ~3 min on 2 cores
     python benchmarks/faults.py --sections llm,data  # a subset
     python benchmarks/faults.py --workdir /tmp/f --keep
 
@@ -19,13 +19,23 @@ uninterrupted run); otherwise it is *lost*, and the reason is printed. Sections:
   tiny processor: the sample is dropped and counted (native) or the concept stays text (store).
 - ``data``: malformed Magpie lines with ``skip_malformed`` (counted), and without (line named);
   bad spans and torn lines in a swap dataset; empty/edited/odd LLaVA files.
+- ``malformed``: a Magpie JSONL file with lone surrogates (``"\\udcff"`` escapes), wrong field types, an unknown
+  role, null, truncated and non-UTF-8 rows through ``tokenswap build-store`` with ``data.skip_malformed=true``
+  (each skipped and counted, every good row kept) and without it (exit 2 naming file and line).
 - ``llm``: a misbehaving HTTP server on 127.0.0.1 (``tokenswap.testing.ScriptedLLMServer``, the tests'
   own): redirect to another host, slow drip, huge replies, garbage/non-UTF-8/cut bodies, null reply,
   429 with Retry-After, 500 storm, no server.
 - ``training``: ``recipes/post_train.py`` on the tiny config SIGKILLed at random moments and
   right as a checkpoint folder appears (mid-save), resumed with ``train.resume_from_checkpoint=latest``;
   the final losses, ``sample_ids.rank0.txt`` and ``swap_stats.json`` must equal an uninterrupted run.
-  Each kill is handled only if the run it belongs to ends equal to the reference.
+  Each kill is handled only if the run it belongs to ends equal to the reference. A kill counts as mid-save
+  only when the checkpoint it hit was left partial; fewer kills landed than asked are said in a note.
+- ``workers``: the tiny post-training run with ``train.dataloader_num_workers=2`` (also stopped after its
+  first checkpoint and resumed): losses, ``sample_ids.rank0.txt``, ``swap_stats.json`` and each checkpoint's
+  collator state must equal the run with 0 workers.
+
+The script checks the checkout it sits in (it puts that first on ``sys.path`` and on the subprocesses'
+``PYTHONPATH``), not whatever ``tokenswap`` is installed.
 
 Bounded in time: every subprocess has a timeout, and a section past ``--budget-s`` stops.
 The last line of the output is exactly ``faults: N tried, H handled, L lost``.
@@ -51,13 +61,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokenswap.testing import ScriptedLLMServer, llm_answer, llm_reply
-
 REPO = Path(__file__).resolve().parents[1]
+# The checkout this script sits in is the code it checks: an installed tokenswap (a wheel, another checkout's
+# editable install) must answer neither in this process nor in the subprocesses it starts.
+sys.path.insert(0, str(REPO))
+
+import tokenswap  # noqa: E402
+from tokenswap.testing import ScriptedLLMServer, llm_answer, llm_reply  # noqa: E402
+
+if Path(tokenswap.__file__).resolve().parent != REPO / "tokenswap":
+    raise SystemExit(f"faults.py checks {REPO / 'tokenswap'} but imported {tokenswap.__file__}")
+
 PY = sys.executable
 ENV = {
     **os.environ,
-    "PYTHONPATH": str(REPO),
+    "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
     "TOKENIZERS_PARALLELISM": "false",
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
@@ -91,11 +109,17 @@ class Trial:
 @dataclass
 class Tally:
     trials: list[Trial] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def add(self, section: str, what: str, handled: bool, detail: str = "") -> None:
         self.trials.append(Trial(section, what, bool(handled), detail))
         mark = "ok  " if handled else "LOST"
         print(f"  [{mark}] {section}: {what}" + (f"  ({detail})" if detail and not handled else ""), flush=True)
+
+    def note(self, section: str, text: str) -> None:
+        """Something the totals alone would hide (fewer faults landed than asked); repeated above the closing line."""
+        self.notes.append(f"{section}: {text}")
+        print(f"  note: {section}: {text}", flush=True)
 
 
 OUTCOMES = {
@@ -107,9 +131,13 @@ OUTCOMES = {
     "image: the concept stays text (`concepts_text_corrupt_image`)",
     "data": "skip_malformed: skipped and counted (`rows_malformed_skipped`); otherwise exit 2 / ValueError naming file "
     "and line or record; edited LLaVA file re-read",
+    "malformed": "skip_malformed: every malformed row (lone surrogates, wrong field types, unknown role, null, "
+    "truncated, non-UTF-8) skipped and counted, every good row kept; otherwise exit 2 naming file and line",
     "llm": "refused (redirect, oversize) or retried with backoff/Retry-After and recovered; deadline per attempt holds; "
     "errors name the URL; null reply not cached",
     "training": "resume from the newest complete checkpoint; losses, sample_ids and swap_stats equal an uninterrupted run",
+    "workers": "dataloader_num_workers=2, also stopped and resumed: losses, sample_ids, swap_stats and the checkpoints' "
+    "collator state equal a run with 0 workers",
 }
 
 
@@ -203,6 +231,8 @@ def section_store(t: Tally, work: Path, rng: random.Random, n_kills: int) -> Non
     problem = refused or (final.stderr[-300:] if final.returncode else "") or same_build(out, ref)
     for k in kills:
         t.add("store", f"SIGKILL of a store build {k}, resumed", not problem, problem)
+    if len(kills) < n_kills:
+        t.note("store", f"only {len(kills)} of {n_kills} store-build kills landed before the build finished")
 
     # Two builds on one folder at (nearly) the same time.
     for trial, delay in enumerate([0.0, 0.0, 0.5, 1.5]):
@@ -577,6 +607,8 @@ def compare_logs(out: Path, ref: dict) -> str:
 
 
 def section_training(t: Tally, work: Path, rng: random.Random, model: Path, store: Path, n_kills: int) -> None:
+    from tokenswap.training import COMPLETE_MARKER
+
     ref_out = work / "train-ref"
     proc = run(train_cmd(ref_out, model, store), 600)
     if proc.returncode != 0:
@@ -589,42 +621,52 @@ def section_training(t: Tally, work: Path, rng: random.Random, model: Path, stor
     step_s = max(h["train_runtime"] for h in history if "train_runtime" in h) / TRAIN_STEPS
 
     out = work / "train-killed"
-    kinds = ["save", "random"] * n_kills
+    # Half the kills (rounded up) must land mid-save: while a new checkpoint folder is still partial.
+    want = {"save": (n_kills + 1) // 2, "random": n_kills // 2}
+    landed = {"save": 0, "random": 0}
     kills: list[str] = []
     problem = ""
     finished = False
     for attempt in range(3 * n_kills):
-        if len(kills) >= n_kills:
+        if landed["save"] >= want["save"] and landed["random"] >= want["random"]:
             break
         resume = ["train.resume_from_checkpoint=latest"] if any(out.glob("checkpoint-*")) else []
         seen = {p.name for p in out.glob("*checkpoint-*")} if out.exists() else set()
         log = work / f"train-attempt-{attempt}.log"
         with open(log, "w") as f:
             p = subprocess.Popen(train_cmd(out, model, store, *resume), cwd=REPO, env=ENV, stdout=f, stderr=f)
-        kind = kinds[len(kills)]
+        kind = "save" if landed["save"] < want["save"] and (
+            landed["random"] >= want["random"] or landed["save"] <= landed["random"]) else "random"
         deadline = time.monotonic() + 300
-        detail = ""
         if kind == "save":  # kill the moment a new checkpoint folder appears: mid-save
             while p.poll() is None and time.monotonic() < deadline:
-                new = [d for d in (out.glob("*checkpoint-*") if out.exists() else []) if d.name not in seen]
-                if new:
-                    time.sleep(rng.uniform(0.0, 0.05))
-                    complete = all((d / "trainer_state.json").exists() for d in new)
-                    detail = f"during the save of {new[0].name} ({'complete' if complete else 'partial'} at kill)"
+                if any(d.name not in seen for d in (out.glob("*checkpoint-*") if out.exists() else [])):
+                    time.sleep(rng.uniform(0.0, 0.005))
                     break
                 time.sleep(0.002)
         else:  # a random moment within the next few steps, once this attempt has started training
             ids = out / "sample_ids.rank0.txt"
-            # The first batch writes the id log, or a resumed run rewinds it first: either changes it.
+            # The first batch trained writes the id log, or a resumed run rewinds it first: either changes it.
             start = _file_state(ids)
             while p.poll() is None and time.monotonic() < deadline and _file_state(ids) == start:
                 time.sleep(0.005)
             time.sleep(rng.uniform(0.5, 3.0) * step_s)
-            detail = "at a random moment in training"
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
             p.wait()
-            kills.append(detail)
+            # What the kill hit is read from the folder it froze, not guessed before the signal.
+            new = sorted(d for d in (out.glob("*checkpoint-*") if out.exists() else []) if d.name not in seen)
+            partial = [d.name for d in new if not (d / COMPLETE_MARKER).exists()]
+            if kind == "save" and partial:
+                landed["save"] += 1
+                kills.append(f"during the save of {partial[0]} (partial at the kill)")
+            elif kind == "save":
+                landed["random"] += 1  # a kill all the same, but not mid-save
+                kills.append(f"just after {new[0].name} was complete (not counted as mid-save)")
+            else:
+                landed["random"] += 1
+                where = f", {partial[0]} partial" if partial else ""
+                kills.append(f"at a random moment in training{where}")
             continue
         p.wait()
         finished = True
@@ -640,8 +682,11 @@ def section_training(t: Tally, work: Path, rng: random.Random, model: Path, stor
         t.add("training", f"SIGKILL {k}, resumed with resume_from_checkpoint=latest", not problem, problem)
     if not kills:
         t.add("training", "SIGKILL of training", False, problem or "the run finished before any kill")
-    elif len(kills) < n_kills:  # fewer faults tried than asked: say so rather than report a smaller total quietly
-        print(f"  note: only {len(kills)} of {n_kills} training kills landed before the run finished", flush=True)
+    # Fewer faults tried than asked: say so rather than report a smaller total quietly.
+    if len(kills) < n_kills:
+        t.note("training", f"only {len(kills)} of {n_kills} training kills landed before the run finished")
+    if landed["save"] < want["save"]:
+        t.note("training", f"only {landed['save']} of {want['save']} mid-save kills hit a partial checkpoint")
     # A scheduler that relaunches a job which had already finished: the same command must change nothing.
     if not problem:
         again = run(train_cmd(out, model, store, "train.resume_from_checkpoint=latest"), 600)
@@ -649,10 +694,110 @@ def section_training(t: Tally, work: Path, rng: random.Random, model: Path, stor
         t.add("training", "relaunch of the finished run with resume_from_checkpoint=latest", not problem, problem)
 
 
+# ============================================================================ dataloader workers
+
+
+def _collator_state(out: Path, step: int) -> dict | None:
+    """The collator state checkpoint-``step`` resumes from, without the pixel-cache counters."""
+    try:
+        state = json.loads((out / f"checkpoint-{step}" / "tokenswap_state.rank0.json").read_text())["collator"]
+    except (OSError, ValueError, KeyError) as e:
+        return {"unreadable": str(e)}
+    if state is None:
+        return None
+    return {"log_bytes": state.get("log_bytes"),
+            "stats": {k: v for k, v in state.get("stats", {}).items() if k not in CACHE_COUNTERS}}
+
+
+def section_workers(t: Tally, work: Path, model: Path, store: Path) -> None:
+    """Collation in 2 data-loader worker processes: the bookkeeping must equal a run with 0 workers."""
+    steps = ["train.max_steps=4", "train.save_steps=2"]
+    runs = {}
+    for name, workers in (("workers-0", 0), ("workers-2", 2)):
+        out = runs[name] = work / name
+        proc = run(train_cmd(out, model, store, *steps, f"train.dataloader_num_workers={workers}"), 600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{name} run failed (rc={proc.returncode}): {proc.stderr[-1000:]}")
+    # Stopped after checkpoint-2 (the workers had collated batches ahead of it), then resumed, with 2 workers.
+    out = runs["workers-2, stopped at checkpoint-2 and resumed"] = work / "workers-2-resumed"
+    for extra in (["train.max_steps=2"], ["train.resume_from_checkpoint=latest"]):
+        proc = run(train_cmd(out, model, store, *steps, "train.dataloader_num_workers=2", *extra), 600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"resumed workers run failed (rc={proc.returncode}): {proc.stderr[-1000:]}")
+    ref_out = runs.pop("workers-0")
+    ref = run_logs(ref_out)
+    for name, out in runs.items():
+        try:
+            got = run_logs(out)
+        except (OSError, ValueError, KeyError) as e:
+            t.add("workers", f"dataloader_num_workers=2 ({name}): run logs", False, f"unreadable: {e}")
+            continue
+        close = [s for s, _ in got["losses"]] == [s for s, _ in ref["losses"]] and all(
+            abs(a - b) <= 1e-5 * max(1.0, abs(b)) for (_, a), (_, b) in zip(got["losses"], ref["losses"]))
+        t.add("workers", f"{name}: losses equal to 0 workers", close, f"{got['losses']} vs {ref['losses']}")
+        t.add("workers", f"{name}: sample_ids.rank0.txt equal to 0 workers", got["sample_ids"] == ref["sample_ids"],
+              f"{len(got['sample_ids'])} lines vs {len(ref['sample_ids'])}")
+        a, b = ({k: v for k, v in d["swap_stats"].items() if k not in CACHE_COUNTERS} for d in (got, ref))
+        t.add("workers", f"{name}: swap_stats.json equal to 0 workers", a == b,
+              f"{len(a)} keys vs {len(b)}; differ: {sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))[:6]}")
+        states = [(_collator_state(out, s), _collator_state(ref_out, s)) for s in (2, 4)]
+        t.add("workers", f"{name}: checkpoint collator state equal to 0 workers", all(x == y for x, y in states),
+              f"checkpoint-2: {states[0][0]} vs {states[0][1]}"[:300])
+
+
+# ============================================================================ malformed rows in a store build
+
+
+MALFORMED_ROWS = {
+    # json.loads turns the escape into a lone surrogate, which no UTF-8 file can hold.
+    "lone low surrogate (\\udcff) in a human turn": b'{"uuid": "bad-1", "conversations": [{"from": "human", '
+    b'"value": "a cat \\udcff here"}, {"from": "gpt", "value": "ok"}]}\n',
+    "lone high surrogate (\\ud800) in a gpt turn": b'{"uuid": "bad-2", "conversations": [{"from": "human", '
+    b'"value": "a cat"}, {"from": "gpt", "value": "\\ud800"}]}\n',
+    "lone surrogate in the uuid": b'{"uuid": "bad-\\udcff", "conversations": [{"from": "human", "value": "a cat"}, '
+    b'{"from": "gpt", "value": "ok"}]}\n',
+    "conversations given as an object": b'{"uuid": "bad-4", "conversations": {"from": "human", "value": "a cat"}}\n',
+    "unknown role": b'{"uuid": "bad-5", "conversations": [{"from": "robot", "value": "a cat"}]}\n',
+    "turn value that is a number": b'{"uuid": "bad-6", "conversations": [{"from": "human", "value": 7}]}\n',
+    "no uuid": b'{"conversations": [{"from": "human", "value": "a cat"}, {"from": "gpt", "value": "ok"}]}\n',
+    "no human turn": b'{"uuid": "bad-8", "conversations": [{"from": "gpt", "value": "a cat"}]}\n',
+    "null line": b"null\n",
+    "truncated line": b'{"uuid": "bad-10", "conversations": [{"from": "hu\n',
+    "non-UTF-8 bytes": b'{"uuid": "bad-11", "conversations": [{"from": "human", "value": "a cat \xff\xfe"}]}\n',
+}
+
+
+def section_malformed(t: Tally, work: Path) -> None:
+    """Malformed Magpie rows in ``tokenswap build-store`` with ``data.skip_malformed=true``: skipped and counted."""
+    path = work / "magpie-hostile.jsonl"
+    path.write_bytes(b"".join(_magpie(i) + line for i, line in enumerate(MALFORMED_ROWS.values())) + _magpie(99))
+    good = {f"u{i}" for i in range(len(MALFORMED_ROWS))} | {"u99"}
+    out = work / "store-hostile-rows"
+    proc = run(store_cmd(out, f"data.path={path}", "data.skip_malformed=true", "data.max_samples=null"), 300)
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
+    kept = set()
+    for shard in sorted((out / "dataset").glob("*.jsonl")):
+        kept |= {json.loads(line)["id"] for line in shard.read_text(encoding="utf-8").splitlines() if line.strip()}
+    skipped = report.get("rows_malformed_skipped")
+    ok = proc.returncode == 0 and skipped == len(MALFORMED_ROWS) and kept == good
+    detail = f"rc={proc.returncode} skipped={skipped} of {len(MALFORMED_ROWS)}, kept {len(kept)} of {len(good)} good rows"
+    for what in MALFORMED_ROWS:
+        t.add("malformed", f"Magpie row: {what}, skip_malformed=true", ok, f"{detail} {proc.stderr[-200:]}")
+
+    # Without skip_malformed the first bad row stops the build, named by file and line, and no message claims
+    # what is not true (an earlier build said "nothing was written" next to the state/plan.json it had written).
+    out = work / "store-hostile-rows-strict"
+    strict = run(store_cmd(out, f"data.path={path}", "data.max_samples=null"), 300)
+    named = strict.returncode == 2 and str(path.name) in strict.stderr and "line 2" in strict.stderr
+    false_claim = "nothing was written" in strict.stderr and any(p.is_file() for p in out.rglob("*"))
+    t.add("malformed", "Magpie lone surrogate, skip_malformed=false: exit 2 naming file and line, no false claim",
+          named and not false_claim, f"rc={strict.returncode} {strict.stderr[-300:]}")
+
+
 # ============================================================================ main
 
 
-SECTIONS = ("store", "store_images", "native_images", "data", "llm", "training")
+SECTIONS = ("store", "store_images", "native_images", "data", "malformed", "llm", "training", "workers")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -675,7 +820,7 @@ def main(argv: list[str] | None = None) -> int:
     tally = Tally()
     t0 = time.monotonic()
     model = store = None
-    if {"native_images", "training"} & set(sections):
+    if {"native_images", "training", "workers"} & set(sections):
         from tokenswap.testing import build_tiny_qwen2vl, build_tiny_store
 
         with contextlib_quiet():
@@ -686,8 +831,10 @@ def main(argv: list[str] | None = None) -> int:
         "store_images": lambda: section_store_images(tally, work),
         "native_images": lambda: section_native_images(tally, work, model),
         "data": lambda: section_data(tally, work),
+        "malformed": lambda: section_malformed(tally, work),
         "llm": lambda: section_llm(tally, work),
         "training": lambda: section_training(tally, work, rng, model, store, args.train_kills),
+        "workers": lambda: section_workers(tally, work, model, store),
     }
     timings = {}
     for name in sections:
@@ -707,14 +854,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {len(rows)} | {handled} | {len(rows) - handled} | {OUTCOMES[name]} | {timings[name]:.0f}s |")
     print(f"total {total:.0f}s, workdir {work}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"total_s": total, "timings_s": timings,
+        Path(args.json).write_text(json.dumps({"total_s": total, "timings_s": timings, "notes": tally.notes,
                                                "trials": [vars(x) for x in tally.trials]}, indent=2))
     if not args.keep and args.workdir is None:
         shutil.rmtree(work, ignore_errors=True)
     tried = len(tally.trials)
     handled = sum(x.handled for x in tally.trials)
+    for text in tally.notes:
+        print(f"note: {text}")
+    if tried == 0:
+        print("no fault was tried: nothing was checked", flush=True)
     print(f"faults: {tried} tried, {handled} handled, {tried - handled} lost", flush=True)
-    return 0 if handled == tried else 1
+    return 0 if handled == tried > 0 else 1
 
 
 class contextlib_quiet:  # noqa: N801 - silences the progress bars of the tiny model/store builders

@@ -151,8 +151,7 @@ def main(cfg: ImageSFTConfig) -> None:
     if cfg.collator.packing:
         use_packed_attention(model, cfg.model.attn_implementation, device="cpu" if args.use_cpu else None)
     collator = build_collator(cfg.collator, processor, None, cfg.run.arm, learn="assistant")
-    collator.log_ids_to = os.path.join(cfg.run.output_dir, f"sample_ids.rank{rank}.txt")
-    resumable = ResumableCollator(collator)
+    resumable = ResumableCollator(collator, log_ids_to=os.path.join(cfg.run.output_dir, f"sample_ids.rank{rank}.txt"))
 
     # ------------------------------------------------------------------ train
     trainer = Trainer(
@@ -163,9 +162,9 @@ def main(cfg: ImageSFTConfig) -> None:
         processing_class=processor,
         callbacks=[CheckpointCallback.resuming(resumable, resume)],
     )
-    trainer.add_callback(EmptyStepCallback(model, cfg.collator.max_empty_step_share, collator))
+    trainer.add_callback(EmptyStepCallback(model, cfg.collator.max_empty_step_share, resumable))
     if cfg.throughput.enabled:
-        install_first(trainer, ThroughputCallback(collator, cfg.throughput.peak_tflops))
+        install_first(trainer, ThroughputCallback(resumable, cfg.throughput.peak_tflops))
     train(trainer, resume)
 
     # ------------------------------------------------------------------ save
@@ -179,7 +178,7 @@ def main(cfg: ImageSFTConfig) -> None:
     if trainer.is_world_process_zero():
         processor.save_pretrained(cfg.run.output_dir)
         with open(os.path.join(cfg.run.output_dir, "collator_stats.json"), "w") as f:
-            json.dump(dict(collator.stats), f, indent=2)
+            json.dump(dict(resumable.stats), f, indent=2)
         with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
             json.dump(trainer.state.log_history, f, indent=2)
     finish_wandb()

@@ -120,8 +120,7 @@ def main(cfg: PretrainConfig) -> None:
     collator = build_collator(
         cfg.collator, processor, store, cfg.run.arm, learn="all", image_root=cfg.data.llava_image_root
     )
-    collator.log_ids_to = os.path.join(cfg.run.output_dir, f"sample_ids.rank{rank}.txt")
-    resumable = ResumableCollator(collator)
+    resumable = ResumableCollator(collator, log_ids_to=os.path.join(cfg.run.output_dir, f"sample_ids.rank{rank}.txt"))
 
     # ------------------------------------------------------------------ train
     trainer = Trainer(
@@ -132,10 +131,10 @@ def main(cfg: PretrainConfig) -> None:
         processing_class=processor,
         callbacks=[EpochCallback(collator), CheckpointCallback.resuming(resumable, resume)],
     )
-    install_first(trainer, SwapStatsCallback(collator))
-    trainer.add_callback(EmptyStepCallback(model, cfg.collator.max_empty_step_share, collator))
+    install_first(trainer, SwapStatsCallback(resumable))
+    trainer.add_callback(EmptyStepCallback(model, cfg.collator.max_empty_step_share, resumable))
     if cfg.throughput.enabled:
-        install_first(trainer, ThroughputCallback(collator, cfg.throughput.peak_tflops))
+        install_first(trainer, ThroughputCallback(resumable, cfg.throughput.peak_tflops))
     gap_callback = build_gap_callback(cfg.gap_eval, processor, trainer)
     if gap_callback is not None:
         trainer.add_callback(gap_callback)
@@ -146,7 +145,7 @@ def main(cfg: PretrainConfig) -> None:
     if trainer.is_world_process_zero():
         processor.save_pretrained(cfg.run.output_dir)
         with open(os.path.join(cfg.run.output_dir, "swap_stats.json"), "w") as f:
-            json.dump(dict(collator.stats), f, indent=2)
+            json.dump(dict(resumable.stats), f, indent=2)
         with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
             json.dump(trainer.state.log_history, f, indent=2)
     finish_wandb()

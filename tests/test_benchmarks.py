@@ -33,7 +33,8 @@ CASES = [
      r"generate evaluate +\d+\.\d+ s +\(\d+\.\dx loglik, \d+ new tokens per row\)", True),
     ("gpu_packing.py", ["--shape", "tiny", "--device", "cpu", "--attn", "auto", "--steps", "1"],
      rf"gpu_packing: non-pad tokens/s packed/padded {RATIO}", True),
-    ("faults.py", ["--sections", "data,llm"], r"faults: \d+ tried, \d+ handled, 0 lost", False),
+    # the sections that take under two minutes on the CI machine; "0 tried" would check nothing, so it fails
+    ("faults.py", ["--sections", "data,malformed,llm,workers"], r"faults: [1-9]\d* tried, \d+ handled, 0 lost", False),
 ]
 
 
@@ -69,3 +70,22 @@ def test_gpu_check_dry_run_passes_on_a_cpu_machine(tmp_path):
     for run in ("text", "tokenswap", "tokenswap_packed", "tokenswap_zero3", "tokenswap_qlora", "tokenswap_liger"):
         assert any(f"runs/{run} " in line for line in lines), run
     assert any("gpu_packing.py --shape 7b --lora 16" in line for line in lines)
+
+
+def test_faults_checks_the_checkout_it_is_run_from(tmp_path):
+    """An installed (or any other) tokenswap first on the path must not answer for the checkout under test."""
+    decoy = tmp_path / "decoy" / "tokenswap"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("raise ImportError('the decoy tokenswap was imported')\n")
+    (decoy / "cli.py").write_text("raise SystemExit('the decoy tokenswap.cli ran')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "decoy"), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "faults.py"), "--sections", "data"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    assert re.fullmatch(r"faults: [1-9]\d* tried, \d+ handled, 0 lost", done.stdout.splitlines()[-1])
+
+
+def test_faults_fails_when_no_fault_was_tried(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "faults.py"), "--sections", ","], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stdout.splitlines()[-1] == "faults: 0 tried, 0 handled, 0 lost"

@@ -262,7 +262,8 @@ class TokenSwapCollator:
             template does; must match the processor's template.
         epoch: current epoch, for policies with ``resample_each_epoch`` (see ``EpochCallback``).
         log_ids_to: append the sample ids of every batch to this file, one line per batch
-            (how paired runs prove they saw the same samples in the same order).
+            (how paired runs prove they saw the same samples in the same order). The lines of the last
+            call are also in :attr:`last_ids` (what :class:`~tokenswap.training.ResumableCollator` logs).
         prepared: folder written by :func:`tokenswap.store.prepare.prepare_store` for this
             processor: store images are read there at the target size (no decode, no resize) on a
             cache miss; pixels are identical.
@@ -319,6 +320,7 @@ class TokenSwapCollator:
     max_chars_per_sample: int | None = 1_000_000
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     stats: Counter = field(default_factory=Counter, init=False, repr=False)
+    last_ids: list[str] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.arm not in ("text", "tokenswap", "paired"):
@@ -609,9 +611,16 @@ class TokenSwapCollator:
     def __call__(self, examples: list[dict]) -> dict[str, Any]:
         if not examples:
             raise ValueError("TokenSwapCollator got an empty batch")
+        self.last_ids = []
         if self.arm == "paired":
             return {"text": self._collate(examples, "text"), "tokenswap": self._collate(examples, "tokenswap")}
         return self._collate(examples, self.arm)
+
+    def _log_ids(self, lines: list[str]) -> None:
+        self.last_ids.extend(lines)
+        if self.log_ids_to is not None:
+            with open(self.log_ids_to, "a") as f:
+                f.write("".join(line + "\n" for line in lines))
 
     def _collate(self, examples: list[dict], arm: str) -> dict[str, torch.Tensor]:
         plans: list[tuple | None] = []
@@ -620,9 +629,8 @@ class TokenSwapCollator:
                 plans.append(self._plan(ex, arm))
             except _SampleRefused:  # counted and warned in _plan
                 plans.append(None)
-        if self.log_ids_to is not None and self.pack_budget is None:  # packed: one line per pack, below
-            with open(self.log_ids_to, "a") as f:
-                f.write(" ".join(str(ex["id"]) for ex in examples) + "\n")
+        if self.pack_budget is None:  # packed: one line per pack, below
+            self._log_ids([" ".join(str(ex["id"]) for ex in examples)])
         flat = [ref for plan in plans if plan is not None for s in plan[1] for (_, _, ref) in s]
         pixels = self._pixels(flat)
 
@@ -822,9 +830,7 @@ class TokenSwapCollator:
             budget=self.pack_budget, rope_index=self._rope_index, pad_id=self._pad_id,
             image_pad_id=self._image_pad, dummy=d,
         )
-        if self.log_ids_to is not None:
-            with open(self.log_ids_to, "a") as f:
-                f.write("".join(" ".join(str(ids[i]) for i in row) + "\n" for row in plan))
+        self._log_ids([" ".join(str(ids[i]) for i in row) for row in plan])
         images = [im for imgs in rows_images for im in imgs]
         self._count_tokens(rows_ids, images, out["input_ids"].numel())
         self.stats["packed_rows"] += len(plan)

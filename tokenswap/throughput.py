@@ -129,7 +129,8 @@ class ThroughputCallback(TrainerCallback):
     """Adds ``perf/*`` keys (module docstring) to every log line; install with ``install_first``.
 
     Args:
-        collator: the run's :class:`~tokenswap.collator.TokenSwapCollator` (its ``stats`` are read).
+        collator: what holds the run's collator ``stats``: a :class:`~tokenswap.training.ResumableCollator`
+            (the batches that trained, whatever ``dataloader_num_workers``), or a bare collator run in this process.
         peak_tflops: device peak for MFU; None: from :data:`PEAK_TFLOPS` by the CUDA device name.
     """
 

@@ -17,6 +17,7 @@ import math
 import os
 import sys
 import typing
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -29,6 +30,7 @@ from tokenswap.store.image_store import ImageStore, atomic_write
 from tokenswap.swap import SwapPolicy
 
 __all__ = [
+    "BOOKKEEPING_KEY",
     "COMPLETE_MARKER",
     "CheckpointCallback",
     "ResumableCollator",
@@ -626,29 +628,39 @@ def _renamed_key_warnings_dropped(trainer, resume: str | None):
         log.removeFilter(drop)
 
 
-class ResumableCollator:
-    """A collator whose side effects can be checkpointed exactly: the sample-id log and the stats.
+BOOKKEEPING_KEY = "tokenswap_bookkeeping"
+"""The batch key :class:`ResumableCollator` puts each batch's bookkeeping under (taken off before the model)."""
 
-    The data loader runs ahead of the optimizer (it prefetches the next batch), so at a checkpoint the
-    collator has done more calls than the Trainer consumed. This wrapper remembers, for each of its recent
-    calls, the log size and the stats after it; :class:`CheckpointCallback` stores the entry of the last
-    consumed batch in the checkpoint and :meth:`restore` rewinds to it on resume (and at the end of training), so
-    ``sample_ids.rank*.txt`` and ``swap_stats.json`` hold exactly the batches that trained, and a resumed run's
-    equal an uninterrupted run's. With
-    ``dataloader_num_workers > 0`` collation happens in worker processes and only the log is rewound.
+
+class ResumableCollator:
+    """The recipes' collator: its bookkeeping travels with each batch and counts once the batch has trained.
+
+    With ``dataloader_num_workers > 0`` the collator runs in worker processes, and with any number of workers
+    the loader collates ahead of the optimizer (prefetch), so neither the collator's own ``stats`` nor a log it
+    writes itself tell what trained. Each batch therefore carries, under :data:`BOOKKEEPING_KEY`, the stats it
+    added and its sample-id lines. The hook :meth:`attach` puts on the model (:class:`CheckpointCallback` does
+    at the start of training) takes that key off every batch in the main process before the forward, and for a
+    training forward adds it to :attr:`stats` and appends the lines to ``log_ids_to``. :meth:`state` is what a
+    checkpoint stores and :meth:`restore` rewinds to it on resume, so ``sample_ids.rank*.txt`` and the stats
+    hold exactly the batches that trained, in order, whatever the worker count, and a resumed run's equal an
+    uninterrupted run's.
+
+    Args:
+        collator: a :class:`~tokenswap.collator.TokenSwapCollator` whose own ``log_ids_to`` is unset.
+        log_ids_to: this process's sample-id log: one line per trained batch (per packed row when packing).
     """
 
-    def __init__(self, collator, keep: int = 256):
+    def __init__(self, collator, log_ids_to: str | None = None):
         self.collator = collator
-        self.calls = 0
-        self._keep = keep
-        self._history: dict[int, dict] = {0: self._snapshot()}
+        self.log_ids_to = log_ids_to
+        self.stats: Counter = Counter()
 
     def __call__(self, examples):
+        before = dict(self.collator.stats)
         out = self.collator(examples)
-        self.calls += 1
-        self._history[self.calls] = self._snapshot()
-        self._history.pop(self.calls - self._keep, None)
+        # Keys first counted with 0 are kept: swap_stats.json lists them as a run without workers always did.
+        added = {k: v - before.get(k, 0) for k, v in self.collator.stats.items() if v != before.get(k)}
+        out[BOOKKEEPING_KEY] = {"stats": added, "ids": list(self.collator.last_ids)}
         return out
 
     def __getattr__(self, name):
@@ -658,23 +670,38 @@ class ResumableCollator:
             raise AttributeError(name)
         return getattr(self.collator, name)
 
-    def _snapshot(self) -> dict:
-        log = self.collator.log_ids_to
-        size = os.path.getsize(log) if log is not None and os.path.exists(log) else 0
-        return {"calls": self.calls, "log_bytes": size, "stats": dict(self.collator.stats)}
+    def attach(self, model: torch.nn.Module):
+        """Take the bookkeeping off every batch before ``model`` runs; count it when ``model`` is training.
 
-    def state_at(self, consumed: int) -> dict | None:
-        return self._history.get(consumed)
+        Returns:
+            the hook's handle (``handle.remove()`` detaches it).
+        """
+        return model.register_forward_pre_hook(self._take, with_kwargs=True)
+
+    def _take(self, module, args, kwargs):
+        if BOOKKEEPING_KEY not in kwargs:
+            return None
+        kwargs = dict(kwargs)
+        bookkeeping = kwargs.pop(BOOKKEEPING_KEY)
+        if module.training:  # an evaluation batch trained nothing
+            self.stats.update(bookkeeping["stats"])
+            if self.log_ids_to is not None and bookkeeping["ids"]:
+                with open(self.log_ids_to, "a") as f:
+                    f.write("".join(line + "\n" for line in bookkeeping["ids"]))
+        return args, kwargs
+
+    def state(self) -> dict:
+        """The log size and stats after the batches trained so far (stored in each checkpoint)."""
+        log = self.log_ids_to
+        size = os.path.getsize(log) if log is not None and os.path.exists(log) else 0
+        return {"log_bytes": size, "stats": dict(self.stats)}
 
     def restore(self, state: dict) -> None:
-        log = self.collator.log_ids_to
+        log = self.log_ids_to
         if log is not None and os.path.exists(log):
             with open(log, "r+b") as f:
                 f.truncate(state["log_bytes"])
-        self.collator.stats.clear()
-        self.collator.stats.update(state["stats"])
-        self.calls = state["calls"]
-        self._history = {self.calls: self._snapshot()}
+        self.stats = Counter(state["stats"])
 
 
 class CheckpointCallback(TrainerCallback):
@@ -683,12 +710,14 @@ class CheckpointCallback(TrainerCallback):
     Register on every rank. ``on_save`` runs after the Trainer wrote the whole ``checkpoint-N`` (weights,
     optimizer, scheduler, RNG, trainer_state); each rank writes ``tokenswap_state.rank{r}.json`` (micro-batches
     consumed, collator log size and stats), all ranks meet at a barrier, and rank 0 writes
-    :data:`COMPLETE_MARKER`. :func:`resolve_checkpoint` only resumes from marked checkpoints.
+    :data:`COMPLETE_MARKER`. :func:`resolve_checkpoint` only resumes from marked checkpoints. With a collator,
+    training starts by attaching it to the model (:meth:`ResumableCollator.attach`).
     """
 
     def __init__(self, collator: ResumableCollator | None = None, consumed: int = 0):
         self.collator = collator
         self.consumed = consumed
+        self._hook = None
 
     @classmethod
     def resuming(cls, collator: ResumableCollator | None, checkpoint: str | None) -> CheckpointCallback:
@@ -697,7 +726,7 @@ class CheckpointCallback(TrainerCallback):
         consumed = 0
         if checkpoint is None and collator is not None:
             # A fresh run in a used output_dir: the log starts empty, not after an earlier run's lines.
-            collator.restore({"calls": 0, "log_bytes": 0, "stats": {}})
+            collator.restore({"log_bytes": 0, "stats": {}})
         path = os.path.join(checkpoint, f"tokenswap_state.rank{rank}.json") if checkpoint else None
         if path is not None and os.path.exists(path):
             with open(path) as f:
@@ -707,13 +736,12 @@ class CheckpointCallback(TrainerCallback):
                 collator.restore(saved["collator"])
         return cls(collator, consumed)
 
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.collator is not None and self._hook is None:
+            self._hook = self.collator.attach(model)
+
     def on_substep_end(self, args, state, control, **kwargs):
         self.consumed += 1
-
-    def on_train_end(self, args, state, control, **kwargs):
-        # The loader collated batches that were never trained (prefetch); the log and stats keep what trained.
-        if self.collator is not None and self.collator.state_at(self.consumed) is not None:
-            self.collator.restore(self.collator.state_at(self.consumed))
 
     def on_step_end(self, args, state, control, **kwargs):
         self.consumed += 1
@@ -724,7 +752,7 @@ class CheckpointCallback(TrainerCallback):
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         rank = int(os.environ.get("RANK", "0"))
         if os.path.isdir(folder):
-            collator_state = self.collator.state_at(self.consumed) if self.collator is not None else None
+            collator_state = self.collator.state() if self.collator is not None else None
             _atomic_json(
                 os.path.join(folder, f"tokenswap_state.rank{rank}.json"),
                 {"consumed": self.consumed, "collator": collator_state},
@@ -981,7 +1009,8 @@ class EpochCallback(TrainerCallback):
 class SwapStatsCallback(TrainerCallback):
     """Adds the collator's swap statistics to every log line (W&B included).
 
-    Logged (cumulative over the run, this process): ``swap/images_per_sample``,
+    Logged (cumulative over the batches this process trained, read from a :class:`ResumableCollator`'s
+    ``stats``): ``swap/images_per_sample``,
     ``swap/swapped_per_sample``, ``swap/text_by_policy``, ``swap/text_missing_image``,
     ``swap/text_corrupt_image``, ``swap/truncated_samples``, ``swap/dummy_images``, and what cuts
     and packing did: ``swap/tokens_truncated``, ``swap/images_dropped_truncation`` (image blocks cut
@@ -989,7 +1018,7 @@ class SwapStatsCallback(TrainerCallback):
     callbacks; :func:`install_first` puts it there.
     """
 
-    def __init__(self, collator: TokenSwapCollator):
+    def __init__(self, collator: ResumableCollator):
         self.collator = collator
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -1124,15 +1153,32 @@ def build_gap_callback(cfg: GapEvalConfig, processor, trainer):
 
 
 def close_process_group() -> None:
-    """Tear the process group down at the end of a successful run, before the interpreter exits.
+    """End a successful multi-process run: tear the process group down and exit without finalizing the interpreter.
 
-    Without it gloo's worker threads can abort a rank at exit ("terminate called without an active exception",
-    pytorch#190489): the run finished, but the launcher reports a failure. A no-op in a single process.
+    Call it last, after every file is written; in a process group it does not return (exit status 0). A no-op in a
+    single process, so a recipe's ``main`` called in-process returns as before.
+
+    Why not a normal exit: gloo's worker threads outlive ``destroy_process_group()`` (``ProcessGroupGloo`` has no
+    shutdown, and DeepSpeed's engine, its ZeRO-3 optimizer and every partitioned parameter, or DDP's reducer, still
+    reference the groups). Such a thread releases each finished collective after the rank waiting on it has moved
+    on, and a collective's tensors can belong to Python objects (ZeRO-3's parameters): releasing them takes the GIL.
+    If the main thread has started finalizing the interpreter by then, Python ends the worker thread with
+    ``pthread_exit``, whose unwinding through a ``noexcept`` destructor calls ``std::terminate``: "terminate called
+    without an active exception", SIGABRT, and a launcher reporting a failure after the run had finished and saved
+    (a core dump of such an abort: ``ProcessGroupGloo::runLoop`` -> ``~AsyncAllgatherWork`` ->
+    ``TensorImpl::decref_pyobject`` -> ``take_gil`` -> ``PyThread_exit_thread``). How often depends on scheduling:
+    1 in 42 2-rank ZeRO-3 CPU launches of the tiny run here. Without finalization there is no moment at which a
+    thread may not take the GIL, so buffered output is flushed and the process ends with ``os._exit``.
     """
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    dist.destroy_process_group()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def finish_wandb() -> None:

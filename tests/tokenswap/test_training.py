@@ -259,17 +259,63 @@ def test_resumable_collator_pickles_for_spawned_workers(tiny_processor, tmp_path
     from tokenswap.collator import TokenSwapCollator
     from tokenswap.training import ResumableCollator
 
-    inner = TokenSwapCollator(tiny_processor, dummy_image=False)
-    inner.log_ids_to = str(tmp_path / "ids.txt")
-    wrapped = ResumableCollator(inner)
+    wrapped = ResumableCollator(TokenSwapCollator(tiny_processor, dummy_image=False), log_ids_to=str(tmp_path / "ids"))
     example = {"id": "s", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
     wrapped([example])
     clone = pickle.loads(pickle.dumps(wrapped))
-    assert clone.calls == 1 and clone.log_ids_to == inner.log_ids_to and clone.stats["samples"] == 1
-    # rewinding to a call drops the log lines and stats of the calls after it
-    wrapped([example])
-    wrapped.restore(wrapped.state_at(1))
-    assert (tmp_path / "ids.txt").read_text().splitlines() == ["s"] and wrapped.stats["samples"] == 1
+    assert clone.log_ids_to == wrapped.log_ids_to and clone.collator.stats["samples"] == 1
+
+
+class _Model(torch.nn.Module):
+    """Records the keyword arguments each forward received."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, **kwargs):
+        self.seen.append(sorted(kwargs))
+
+
+def test_resumable_collator_counts_only_the_batches_the_model_trained_on(tiny_processor, tmp_path):
+    from tokenswap.collator import TokenSwapCollator
+    from tokenswap.training import BOOKKEEPING_KEY, ResumableCollator
+
+    log = tmp_path / "ids.txt"
+    wrapped = ResumableCollator(TokenSwapCollator(tiny_processor, dummy_image=False), log_ids_to=str(log))
+
+    def batch(sid):
+        return wrapped([{"id": sid, "messages": [{"role": "user", "content": "hi"},
+                                                 {"role": "assistant", "content": "yo"}]}])
+
+    first, second, prefetched = batch("a"), batch("b"), batch("c")  # as a loader (or its workers) runs ahead
+    from collections import Counter
+
+    assert [b[BOOKKEEPING_KEY]["ids"] for b in (first, second, prefetched)] == [["a"], ["b"], ["c"]]
+    # each batch carries what it added to the collator's counters, keys first counted at 0 included
+    added = Counter()
+    for b in (first, second, prefetched):
+        added.update(b[BOOKKEEPING_KEY]["stats"])
+    assert added == wrapped.collator.stats and set(added) == set(wrapped.collator.stats)
+    assert first[BOOKKEEPING_KEY]["stats"]["samples"] == 1
+    assert not log.exists() and not wrapped.stats  # collated is not trained
+    model = _Model()
+    handle = wrapped.attach(model)
+    model.train()
+    model(**first)
+    assert BOOKKEEPING_KEY not in model.seen[-1]
+    assert log.read_text() == "a\n" and wrapped.stats["samples"] == 1
+    checkpoint = wrapped.state()
+    model.eval()
+    model(**second)  # an evaluation forward is not training: taken off, not counted
+    assert BOOKKEEPING_KEY not in model.seen[-1] and wrapped.stats["samples"] == 1
+    model.train()
+    model(**second)
+    assert log.read_text() == "a\nb\n" and wrapped.stats["samples"] == 2
+    wrapped.restore(checkpoint)  # resume: back to what had trained at the checkpoint
+    assert log.read_text() == "a\n" and wrapped.stats == {**first[BOOKKEEPING_KEY]["stats"]}
+    handle.remove()
+    assert "c" not in log.read_text() and prefetched[BOOKKEEPING_KEY]["ids"] == ["c"]
 
 
 def test_renamed_key_warnings_are_dropped_only_for_weights_loaded_from_that_checkpoint(
