@@ -35,25 +35,12 @@ from trl import GRPOConfig, GRPOTrainer
 from tokenswap.config import config_to_dict, parse_config
 from tokenswap.crossmath import REWARDS, get_hop_weighted_reward
 from tokenswap.crossmath.training_data import CrossMathDataConfig, grpo_dataset, load_training_records
-from tokenswap.training import (
-    TRAIN_DEFAULTS,
-    TRAINER_OWNED,
-    CheckpointCallback,
-    ModelConfig,
-    RunConfig,
-    WandbConfig,
-    build_training_arguments,
-    check_inputs,
-    close_process_group,
-    finish_wandb,
-    init_wandb,
-    load_model_and_processor,
-    peft_lora_config,
-    print0,
-    resolve_checkpoint,
-    train,
-    trainer_section,
-)
+from tokenswap.training.checkpoint import CheckpointCallback, resolve_checkpoint, train
+from tokenswap.training.config import ModelConfig, RunConfig, WandbConfig
+from tokenswap.training.distributed import close_process_group, print0
+from tokenswap.training.model import check_inputs, load_model_and_processor, peft_lora_config
+from tokenswap.training.tracking import finish_wandb, init_wandb
+from tokenswap.training.trainer_args import TRAIN_DEFAULTS, TRAINER_OWNED, build_training_arguments, trainer_section
 
 GRPOTrainConfig = trainer_section(
     GRPOConfig,

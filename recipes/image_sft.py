@@ -40,27 +40,14 @@ from tokenswap.crossmath.training_data import (
 )
 from tokenswap.packing import group_by_length
 from tokenswap.throughput import ThroughputCallback, ThroughputConfig
-from tokenswap.training import (
-    CheckpointCallback,
-    CollatorConfig,
-    EmptyStepCallback,
-    ModelConfig,
-    ResumableCollator,
-    RunConfig,
-    TrainConfig,
-    WandbConfig,
-    build_collator,
-    build_training_arguments,
-    check_inputs,
-    close_process_group,
-    finish_wandb,
-    init_wandb,
-    install_first,
-    load_model_and_processor,
-    print0,
-    resolve_checkpoint,
-    train,
-)
+from tokenswap.training.builders import build_collator
+from tokenswap.training.callbacks import EmptyStepCallback, install_first
+from tokenswap.training.checkpoint import CheckpointCallback, ResumableCollator, resolve_checkpoint, train
+from tokenswap.training.config import CollatorConfig, ModelConfig, RunConfig, WandbConfig
+from tokenswap.training.distributed import close_process_group, print0
+from tokenswap.training.model import check_inputs, load_model_and_processor
+from tokenswap.training.tracking import finish_wandb, init_wandb
+from tokenswap.training.trainer_args import TrainConfig, build_training_arguments
 
 
 @dataclass(kw_only=True)

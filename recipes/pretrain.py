@@ -27,33 +27,14 @@ from tokenswap.data.mixture import paired_mixture
 from tokenswap.data.schema import load_samples
 from tokenswap.packing import group_by_length
 from tokenswap.throughput import ThroughputCallback, ThroughputConfig
-from tokenswap.training import (
-    CheckpointCallback,
-    CollatorConfig,
-    DataConfig,
-    EmptyStepCallback,
-    EpochCallback,
-    GapEvalConfig,
-    ModelConfig,
-    PairedTrainConfig,
-    ResumableCollator,
-    RunConfig,
-    SwapStatsCallback,
-    WandbConfig,
-    build_collator,
-    build_gap_callback,
-    build_image_store,
-    build_training_arguments,
-    check_inputs,
-    close_process_group,
-    finish_wandb,
-    init_wandb,
-    install_first,
-    load_model_and_processor,
-    print0,
-    resolve_checkpoint,
-    train,
-)
+from tokenswap.training.builders import build_collator, build_gap_callback, build_image_store
+from tokenswap.training.callbacks import EmptyStepCallback, EpochCallback, SwapStatsCallback, install_first
+from tokenswap.training.checkpoint import CheckpointCallback, ResumableCollator, resolve_checkpoint, train
+from tokenswap.training.config import CollatorConfig, DataConfig, GapEvalConfig, ModelConfig, RunConfig, WandbConfig
+from tokenswap.training.distributed import close_process_group, print0
+from tokenswap.training.model import check_inputs, load_model_and_processor
+from tokenswap.training.tracking import finish_wandb, init_wandb
+from tokenswap.training.trainer_args import PairedTrainConfig, build_training_arguments
 
 
 @dataclass(kw_only=True)

@@ -324,7 +324,7 @@ def test_renamed_key_warnings_are_dropped_only_for_weights_loaded_from_that_chec
     import logging
     import types
 
-    from tokenswap.training import _renamed_key_warnings_dropped
+    from tokenswap.training.checkpoint import _renamed_key_warnings_dropped
 
     log = logging.getLogger("transformers.trainer")
     cfg = ModelConfig(name_or_path=tiny_qwen2vl, dtype="float32", attn_implementation="sdpa")

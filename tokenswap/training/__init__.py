@@ -1,0 +1,100 @@
+"""What the training recipes share, one module per concern (no training loop here).
+
+::
+
+    training/
+      config.py        the config sections: run, model, LoRA, collator, data, gap evaluation, W&B
+      trainer_args.py  the Trainer pass-through: every TrainingArguments / GRPOConfig field from YAML
+      model.py         checks before anything loads (check_inputs), then weights, quantization, LoRA, attention
+      checkpoint.py    complete checkpoints, exact resume, the collator bookkeeping that travels with batches, train()
+      callbacks.py     swap epochs, swap statistics, the stop for steps with no target
+      builders.py      config section in, library object out: image store, collator, gap callback
+      tracking.py      W&B runs named {pair}-{arm} in group {pair}
+      distributed.py   print on rank 0; end a multi-process run cleanly
+
+Recipes import from the module of each concern; every name is also importable from ``tokenswap.training``.
+"""
+
+from tokenswap.training.builders import build_collator, build_gap_callback, build_image_store
+from tokenswap.training.callbacks import (
+    EmptyStepCallback,
+    EpochCallback,
+    NoTargetsError,
+    SwapStatsCallback,
+    install_first,
+)
+from tokenswap.training.checkpoint import (
+    BOOKKEEPING_KEY,
+    COMPLETE_MARKER,
+    CheckpointCallback,
+    ResumableCollator,
+    resolve_checkpoint,
+    train,
+)
+from tokenswap.training.config import (
+    CollatorConfig,
+    DataConfig,
+    GapEvalConfig,
+    LoraConfig,
+    ModelConfig,
+    RunConfig,
+    WandbConfig,
+)
+from tokenswap.training.distributed import close_process_group, print0
+from tokenswap.training.model import (
+    check_inputs,
+    load_model_and_processor,
+    model_family,
+    peft_lora_config,
+    resolve_attn_implementation,
+)
+from tokenswap.training.tracking import finish_wandb, init_wandb
+from tokenswap.training.trainer_args import (
+    PAIRED_OWNED,
+    TRAIN_DEFAULTS,
+    TRAINER_OWNED,
+    PairedTrainConfig,
+    TrainConfig,
+    build_training_arguments,
+    trainer_section,
+)
+
+__all__ = [
+    "BOOKKEEPING_KEY",
+    "COMPLETE_MARKER",
+    "CheckpointCallback",
+    "CollatorConfig",
+    "DataConfig",
+    "EmptyStepCallback",
+    "EpochCallback",
+    "GapEvalConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "NoTargetsError",
+    "PAIRED_OWNED",
+    "PairedTrainConfig",
+    "ResumableCollator",
+    "RunConfig",
+    "SwapStatsCallback",
+    "TRAINER_OWNED",
+    "TRAIN_DEFAULTS",
+    "TrainConfig",
+    "WandbConfig",
+    "build_collator",
+    "build_gap_callback",
+    "build_image_store",
+    "build_training_arguments",
+    "check_inputs",
+    "close_process_group",
+    "finish_wandb",
+    "init_wandb",
+    "install_first",
+    "load_model_and_processor",
+    "model_family",
+    "peft_lora_config",
+    "print0",
+    "resolve_attn_implementation",
+    "resolve_checkpoint",
+    "train",
+    "trainer_section",
+]

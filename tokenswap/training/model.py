@@ -1,0 +1,228 @@
+"""Model loading: the checks that need only ``config.json``, then weights, quantization, LoRA and attention.
+
+:func:`check_inputs` runs before any data or weights load (exit 2 with every problem and its fix);
+:func:`load_model_and_processor` is the one path from a checkpoint folder or hub id to a trainable model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import torch
+
+from tokenswap.store.image_store import ImageStore
+from tokenswap.training.config import LoraConfig, ModelConfig
+from tokenswap.training.distributed import print0
+
+
+def resolve_attn_implementation(requested: str) -> str:
+    """The implementation a model loads with: auto -> flash_attention_2 when usable, otherwise sdpa (said once in
+    the log); varlen and flex_attention load as tokenswap's kernels, which run padded batches as sdpa does."""
+    if requested in ("varlen", "flex_attention"):
+        from tokenswap.attention import PACKED_KERNELS, register_packed_attention
+
+        register_packed_attention()
+        return PACKED_KERNELS[requested]
+    if requested != "auto":
+        return requested
+    if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    print0("[tokenswap] flash-attn not available (or no CUDA): using sdpa attention")
+    return "sdpa"
+
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "auto": "auto"}
+
+
+def _check_model_path(name_or_path: str) -> None:
+    """A local folder that is not there gets a clear error (the Hub client would say "Repo id must ...")."""
+    if os.path.exists(name_or_path):
+        return
+    looks_local = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1 or os.sep == "\\"
+    if looks_local:
+        raise FileNotFoundError(
+            f"model.name_or_path: local folder {name_or_path!r} does not exist (cwd {os.getcwd()}); "
+            "give an existing checkpoint folder or a hub id like Qwen/Qwen2-VL-7B-Instruct"
+        )
+
+
+def model_family(cfg: ModelConfig):
+    """The :class:`~tokenswap.families.Family` of ``cfg.name_or_path``, read from its ``config.json`` (no weights).
+
+    Raises:
+        FileNotFoundError: a local folder that does not exist, or a hub id that cannot be loaded.
+        UnsupportedFamilyError: a model type outside the family table; names the supported ones.
+    """
+    from transformers import AutoConfig
+
+    from tokenswap.families import family_of
+
+    _check_model_path(cfg.name_or_path)
+    try:
+        config = AutoConfig.from_pretrained(cfg.name_or_path)
+    except OSError as e:
+        raise FileNotFoundError(
+            f"model.name_or_path {cfg.name_or_path!r} is neither a local checkpoint folder (cwd {os.getcwd()}) "
+            f"nor loadable as a hub id: {str(e).splitlines()[0]}"
+        ) from None
+    return family_of(config.model_type)
+
+
+def check_inputs(
+    model: ModelConfig,
+    *,
+    packing: bool = False,
+    image_store: str | None = None,
+    paths: dict[str, str | None] | None = None,
+    device: str | None = None,
+) -> None:
+    """A run's inputs checked against its settings before any data or weights load.
+
+    Like :func:`tokenswap.config.parse_config`, every problem is printed with its fix and the process exits with 2:
+    a local path that does not exist (``paths``: config key -> path, None skipped), an image store that is missing or
+    damaged, a model folder that is missing, a family tokenswap does not support, or ``collator.packing`` for a family
+    whose samples cannot be separated in a packed row (Qwen3.5), or a ``model.attn_implementation`` named that
+    cannot run on ``device`` (default CUDA when available). The model is judged from its ``config.json`` alone;
+    each of these would otherwise surface as a traceback after the data and the model loaded.
+    """
+    from tokenswap.attention import packed_attention_choice
+    from tokenswap.config import ConfigError
+    from tokenswap.packing import RopeIndex
+
+    problems = [f"`{key}` {path!r} does not exist (cwd {os.getcwd()})"
+                for key, path in (paths or {}).items() if path is not None and not os.path.exists(path)]
+    if image_store is not None:
+        try:
+            ImageStore(image_store)
+        except (FileNotFoundError, ValueError) as e:  # StoreFormatError is a ValueError
+            problems.append(f"`image_store`: {e}")
+    try:
+        family = model_family(model)
+        if packing:
+            RopeIndex(family.name, 2)  # refuses, naming the family and why, what it cannot pack
+    except (FileNotFoundError, ValueError) as e:  # UnsupportedFamilyError, PackingNotSupportedError: ValueErrors
+        problems.append(str(e))
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if packing or model.attn_implementation == "flash_attention_2":
+        try:
+            packed_attention_choice(model.attn_implementation, device)
+        except ValueError as e:
+            problems.append(str(e))
+    if problems:
+        print(f"error: {ConfigError(problems, 'the run inputs')}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _quantization_config(cfg: ModelConfig):
+    """NF4 with double quantisation and bf16 compute (QLoRA); the vision tower and lm_head stay unquantised."""
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ImportError(
+            "model.load_in_4bit needs bitsandbytes: pip install 'tokenswap[gpu]' (or pip install 'bitsandbytes>=0.45')"
+        )
+    if not torch.cuda.is_available() and not _bnb_supports_cpu():
+        raise RuntimeError(
+            "model.load_in_4bit: no CUDA device, and this bitsandbytes is older than 0.50 (the first with the CPU "
+            "4-bit path tokenswap tests); run on a GPU or pip install -U 'bitsandbytes>=0.50'"
+        )
+    from transformers import BitsAndBytesConfig
+
+    compute = torch.bfloat16 if cfg.dtype in ("bfloat16", "auto") else _DTYPES[cfg.dtype]
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute,
+        # ViT and lm_head are a small share of the weights and quantise badly; the merger must stay trainable.
+        llm_int8_skip_modules=["model.visual", "lm_head"],
+    )
+
+
+def _bnb_supports_cpu() -> bool:
+    from importlib.metadata import version
+
+    major, minor = (int(x) for x in version("bitsandbytes").split(".")[:2])
+    return (major, minor) >= (0, 50)  # the CPU 4-bit path tokenswap's tests run (tested with 0.50.2)
+
+
+def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None, seed: int = 0):
+    """Load a Qwen-VL-family checkpoint with the configured pixels, attention, quantisation, freezing and LoRA.
+
+    The model class comes from the family table (:mod:`tokenswap.families`): Qwen2-VL, Qwen2.5-VL,
+    Qwen3-VL, Qwen3.5 and their MoE variants; anything else fails with the list of supported families.
+    Under DeepSpeed ZeRO-3 call this after creating ``TrainingArguments`` so weights load partitioned
+    (``zero.Init``).
+
+    Args:
+        cfg: the model section.
+        resume_from: a Trainer checkpoint folder of a full-weight run to take the weights from.
+            transformers 5.24's ``Trainer`` resume loads Qwen2-VL checkpoints with
+            ``strict=False`` into renamed keys (``model.layers.*`` on disk vs
+            ``model.language_model.layers.*`` in memory) and so silently keeps the initial
+            weights; ``from_pretrained`` applies the key mapping. Optimizer, scheduler and RNG
+            state still come from the Trainer.
+        seed: seeds the LoRA initialisation, so runs (and the arms of a pair, and every process of a run)
+            with the same seed start from identical adapters. The caller's random state is left as it was.
+    """
+    import transformers
+    from transformers import AutoProcessor
+
+    family = model_family(cfg)
+    processor = AutoProcessor.from_pretrained(cfg.name_or_path, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
+    # from_pretrained also files the two under the tokenizer's init kwargs, which every processor call then passes
+    # to the image processor as call kwargs (deprecated: a FutureWarning per process; the sizes set above stay).
+    for key in ("min_pixels", "max_pixels"):
+        processor.tokenizer.init_kwargs.pop(key, None)
+    from_checkpoint = resume_from is not None and cfg.lora is None
+    weights = resume_from if from_checkpoint else cfg.name_or_path
+    extra = {"quantization_config": _quantization_config(cfg)} if cfg.load_in_4bit else {}
+    model = getattr(transformers, family.model_class).from_pretrained(
+        weights,
+        dtype=_DTYPES[cfg.dtype],
+        attn_implementation=resolve_attn_implementation(cfg.attn_implementation),
+        **extra,
+    )
+    if from_checkpoint:
+        # What train() checks before it drops the Trainer's renamed-key warnings for this checkpoint.
+        model.tokenswap_weights_from = os.path.realpath(resume_from)
+    if cfg.load_in_4bit:
+        from peft import prepare_model_for_kbit_training
+
+        # Freezes every weight, keeps norms in fp32 and makes inputs require grad (for checkpointing).
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    visual = model.model.visual
+    if cfg.freeze_vision_tower:
+        for name, p in visual.named_parameters():
+            # Qwen3-VL's deepstack mergers feed the LLM like the main merger: they train with it.
+            if not name.startswith(("merger.", "deepstack_merger_list.")):
+                p.requires_grad_(False)
+    if cfg.freeze_merger:
+        for name, p in visual.named_parameters():
+            if name.startswith(("merger.", "deepstack_merger_list.")):
+                p.requires_grad_(False)
+    if cfg.lora is not None:
+        from peft import get_peft_model
+
+        # Seeded here, not by the caller: without a seed each process of a run drew other adapters (ranks then
+        # disagree before the first step). A forked RNG keeps the caller's random state untouched.
+        cuda = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=cuda):
+            torch.random.default_generator.manual_seed(seed)
+            if cuda:
+                torch.cuda.manual_seed(seed)
+            model = get_peft_model(model, peft_lora_config(cfg.lora))
+    return model, processor
+
+
+def peft_lora_config(cfg: LoraConfig):
+    """The peft config of a ``model.lora`` section."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    return PeftLoraConfig(
+        r=cfg.r,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=cfg.target_modules,
+        task_type="CAUSAL_LM",
+    )

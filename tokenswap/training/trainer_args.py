@@ -1,0 +1,232 @@
+"""The Trainer pass-through: every ``TrainingArguments`` / ``GRPOConfig`` field from YAML, checked at config time.
+
+:func:`trainer_section` derives a typed section from the Trainer's own dataclass (so a new Trainer option needs
+no change here); :func:`build_training_arguments` adds what the recipe owns (output folder, run name, seed).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+import importlib.util
+import json
+import math
+import os
+import sys
+import typing
+from typing import Any
+
+import torch
+from transformers import TrainingArguments
+
+from tokenswap.training.config import RunConfig
+
+TRAINER_OWNED: dict[str, str] = {
+    "output_dir": "set `run.output_dir`",
+    "run_name": "the recipes name runs `{run.pair}-{run.arm}`",
+    "seed": "set `run.seed`",
+    "remove_unused_columns": "the collator reads the raw columns, so the recipes always pass false",
+    "local_rank": "the launcher sets it",
+}
+"""``TrainingArguments`` fields a recipe sets itself, with what to do instead (a YAML key for them is an error)."""
+
+
+PAIRED_OWNED: dict[str, str] = {
+    **TRAINER_OWNED,
+    "train_sampling_strategy": "the arms of a pair share the order fixed by `data.seed` (sequential over it); "
+    "for length grouping set `collator.group_by_length: true` (paired-safe)",
+}
+
+
+TRAIN_DEFAULTS: dict[str, Any] = {
+    "per_device_train_batch_size": 4,
+    "gradient_accumulation_steps": 4,
+    "learning_rate": 1e-5,
+    "lr_scheduler_type": "cosine",
+    "warmup_steps": 0.03,
+    "num_train_epochs": 1.0,
+    "bf16": True,
+    "activation_checkpointing": True,
+    "logging_steps": 10,
+    "save_steps": 500,
+    "save_total_limit": 2,
+    "report_to": ["wandb"],
+}
+"""Where the recipes' defaults differ from ``TrainingArguments``' (the paper's 8xA100 set-up)."""
+
+
+# Fields that are counts, rates or sizes: checked where the Trainer would only fail later (or never).
+_POSITIVE = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+             "logging_steps", "save_steps", "ddp_timeout", "num_generations", "max_completion_length",
+             "generation_batch_size", "steps_per_generation", "num_iterations", "temperature")
+
+
+_NON_NEGATIVE = ("learning_rate", "weight_decay", "warmup_steps", "max_grad_norm", "adam_epsilon",
+                 "dataloader_num_workers", "label_smoothing_factor", "beta", "eval_delay")
+
+
+_JSON_KWARGS = ("lr_scheduler_kwargs", "activation_checkpointing_kwargs", "gradient_checkpointing_kwargs",
+                "model_init_kwargs")
+"""``dict | str`` fields whose string form can only be a JSON object (the ``*_config`` ones also take a file path)."""
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def _check_trainer_values(self) -> None:
+    problems = []
+    for f in dataclasses.fields(self):
+        v = getattr(self, f.name)
+        if isinstance(v, float) and not math.isfinite(v) and f.name != "max_grad_norm":
+            problems.append(f"`{f.name}` must be a finite number, got {v}")
+        elif f.name in _POSITIVE and v is not None and v <= 0:
+            problems.append(f"`{f.name}` must be > 0, got {v}")
+        elif f.name in _NON_NEGATIVE and v is not None and v < 0:
+            problems.append(f"`{f.name}` must be >= 0, got {v}")
+    if self.max_steps == 0 or self.max_steps < -1:
+        problems.append(f"`max_steps` must be -1 (train for num_train_epochs) or > 0, got {self.max_steps}")
+    if self.max_steps == -1 and not self.num_train_epochs > 0:
+        problems.append(f"`num_train_epochs` must be > 0 when max_steps is -1, got {self.num_train_epochs}")
+    if self.save_total_limit is not None and self.save_total_limit < 1:
+        problems.append(f"`save_total_limit` must be >= 1 or null (keep all), got {self.save_total_limit}")
+    for name in ("adam_beta1", "adam_beta2"):
+        if not 0.0 <= getattr(self, name) < 1.0:
+            problems.append(f"`{name}` must be in [0, 1), got {getattr(self, name)}")
+    if self.eval_strategy != "no":
+        # The Trainer would refuse it only after the data and the model loaded.
+        problems.append(f"`eval_strategy` is {self.eval_strategy!r}, but the recipes give the Trainer no eval_dataset: "
+                        "their in-loop evaluation is `gap_eval` (gap_eval.bench, gap_eval.every_steps); set "
+                        "train.eval_strategy: no")
+    resume = self.resume_from_checkpoint
+    if resume is not None and resume != "latest" and not os.path.isfile(os.path.join(resume, "trainer_state.json")):
+        what = "is not a Trainer checkpoint (no trainer_state.json)" if os.path.isdir(resume) else "does not exist"
+        problems.append(f"`resume_from_checkpoint` {resume!r} {what} (cwd {os.getcwd()}); give a checkpoint-N folder "
+                        "of an earlier run, or `latest` for the newest complete one in run.output_dir")
+    for name in _JSON_KWARGS:
+        v = getattr(self, name, None)
+        if isinstance(v, str) and not _is_json_object(v):
+            # TrainingArguments parses only strings that start with "{" and passes any other string on silently.
+            problems.append(f"`{name}` must be a mapping (e.g. {{min_lr: 1.0e-6}}) or a JSON object string, got {v!r}")
+    if problems:
+        raise ValueError("; ".join(problems))
+    # `gradient_checkpointing` is TrainingArguments' deprecated alias of `activation_checkpointing`: a YAML that
+    # sets the old name means it (the new name carries our default, which would otherwise win silently).
+    for old, new in (("gradient_checkpointing", "activation_checkpointing"),
+                     ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+        if getattr(self, old) is not None:
+            setattr(self, new, getattr(self, old))
+            setattr(self, old, None)
+
+
+def _strict_enum(tp: Any) -> Any:
+    """``SchedulerType | str`` -> ``SchedulerType``: a typo in a choice fails at config time, not mid-launch."""
+    args = typing.get_args(tp)
+    enums = [a for a in args if isinstance(a, type) and issubclass(a, enum.Enum)]
+    if enums and str in args:
+        rest = [a for a in args if a is not str]
+        return rest[0] if len(rest) == 1 else typing.Union[tuple(rest)]  # noqa: UP007
+    return tp
+
+
+def trainer_section(
+    args_cls: type,
+    name: str,
+    *,
+    owned: dict[str, str] = TRAINER_OWNED,
+    defaults: dict[str, Any] = TRAIN_DEFAULTS,
+) -> type:
+    """A config section with every field of ``args_cls`` (``TrainingArguments``, ``GRPOConfig``, ...).
+
+    Nothing is re-declared: field names, types and help come from ``args_cls`` itself, so every Trainer
+    option (``use_liger_kernel``, ``push_to_hub``, ``torch_compile``, ``include_num_input_tokens_seen``, ...)
+    is a YAML key and a dotted override the day transformers/TRL add it. Types are checked by the config
+    loader (enum choices strictly), counts and rates by range, and ``owned`` fields are refused with what to set
+    instead. ``defaults`` replace the class's defaults where the recipes differ.
+    """
+    hints = typing.get_type_hints(args_cls)
+    specs = []
+    for f in dataclasses.fields(args_cls):
+        if not f.init or f.name.startswith("_") or f.name in owned:
+            continue
+        if f.name in defaults:
+            value = defaults[f.name]
+            default = dataclasses.field(default_factory=lambda v=value: copy.deepcopy(v), metadata=f.metadata)
+        elif f.default is not dataclasses.MISSING:
+            default = dataclasses.field(default=f.default, metadata=f.metadata)
+        elif f.default_factory is not dataclasses.MISSING:
+            default = dataclasses.field(default_factory=f.default_factory, metadata=f.metadata)
+        else:
+            continue
+        specs.append((f.name, _strict_enum(hints[f.name]), default))
+    cls = dataclasses.make_dataclass(
+        name,
+        specs,
+        kw_only=True,
+        namespace={"__post_init__": _check_trainer_values, "ARGS_CLASS": args_cls, "OWNED": owned},
+    )
+    cls.__module__ = __name__
+    cls.__doc__ = f"Every `{args_cls.__name__}` field (see its documentation), except: " + "; ".join(
+        f"`{k}`: {v}" for k, v in owned.items()
+    )
+    return cls
+
+
+TrainConfig = trainer_section(TrainingArguments, "TrainConfig")
+"""Every ``TrainingArguments`` field, with the recipes' defaults (:data:`TRAIN_DEFAULTS`)."""
+
+
+PairedTrainConfig = trainer_section(TrainingArguments, "PairedTrainConfig", owned=PAIRED_OWNED)
+"""``TrainConfig`` for the paired recipes: the sample order belongs to ``data.seed``."""
+
+
+def build_training_arguments(train, run: RunConfig, **recipe: Any):
+    """The Trainer's arguments for one run, after setting up the process state every recipe needs.
+
+    Multi-process CPU runs need a gloo ``PartialState`` built before the arguments (and reused by the
+    Trainer); DeepSpeed needs ``ACCELERATE_USE_DEEPSPEED`` before any state exists. ``recipe`` holds the
+    values the recipe owns (``train_sampling_strategy``, ...). Like :func:`tokenswap.config.parse_config`,
+    a value ``TrainingArguments`` rejects is printed as a config problem and the process exits with 2.
+    """
+    from accelerate import PartialState
+
+    from tokenswap.config import ConfigError
+
+    kwargs = {f.name: getattr(train, f.name) for f in dataclasses.fields(train)}
+    if kwargs.get("use_liger_kernel") and importlib.util.find_spec("liger_kernel") is None:
+        # liger-kernel 0.8.5 patches every family tokenswap supports (qwen2_vl ... qwen3_5_moe); it needs Triton + CUDA.
+        print("error: train.use_liger_kernel needs liger-kernel: pip install 'tokenswap[gpu]'", file=sys.stderr)
+        raise SystemExit(2)
+    if kwargs.get("fp16") and (kwargs.get("use_cpu") or not torch.cuda.is_available()):
+        # Accepted by TrainingArguments on CPU, where it does not give the fp16 training the user asked for.
+        print("error: train.fp16 needs a CUDA GPU and this run has none (or train.use_cpu is set); on CPU set "
+              "train.fp16: false (train.bf16: true for mixed precision)", file=sys.stderr)
+        raise SystemExit(2)
+    if kwargs.get("deepspeed"):
+        os.environ.setdefault("ACCELERATE_USE_DEEPSPEED", "true")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and (kwargs.get("use_cpu") or not torch.cuda.is_available()):
+        # CPU ranks talk over gloo; the Trainer must reuse this state instead of building its own.
+        PartialState(cpu=not kwargs.get("deepspeed"), backend="gloo")
+        given = kwargs.get("accelerator_config") or {}
+        if isinstance(given, str):
+            with open(given) as f:
+                given = json.load(f)
+        kwargs["accelerator_config"] = {**given, "use_configured_state": True}
+    try:
+        return train.ARGS_CLASS(
+            output_dir=run.output_dir,
+            run_name=f"{run.pair}-{run.arm}",
+            seed=run.seed,
+            remove_unused_columns=False,
+            **kwargs,
+            **recipe,
+        )
+    except (ValueError, TypeError) as e:
+        err = ConfigError([f"train: {e}"], f"train ({train.ARGS_CLASS.__name__})")
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
