@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from tokenswap.store import ImageStore
-from tokenswap.store import build as build_mod
+from tokenswap.store import builders as build_mod
 from tokenswap.store.build import build_store, embedded_config
 
 

@@ -9,6 +9,9 @@ either a byte-level BPE trained locally on a few sentences (small and fast) or, 
 ``tokenizer="qwen"``, Qwen2's real 151,643-rank vocabulary (:mod:`tokenswap.qwen_tokenizer`).
 :func:`build_tiny_qwen2vl` is the original Qwen2-VL kit most tests use. Nothing is downloaded.
 :class:`ScriptedLLMServer` is a misbehaving OpenAI-compatible server on 127.0.0.1 for the LLM client's tests.
+
+One module although it is long (~690 lines): it is the test kit (tiny checkpoints of every family, the
+tiny store and the scripted LLM server) that tests, benchmarks and the demo import as one thing.
 """
 
 from __future__ import annotations

@@ -31,6 +31,9 @@ Distributed: every rank scores a strided shard and results are gathered with
 every shard is padded to the same length with dummy repeats (dropped after gathering), so all
 ranks run the same number of forward/generate calls and, call by call, either all or none of
 them run the vision tower, which DeepSpeed ZeRO-3 needs to gather parameters without hanging.
+
+One module at ~620 lines: both scorers, the controls and the report share the item batching and the
+caches they are measured with.
 """
 
 from __future__ import annotations
