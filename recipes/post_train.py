@@ -80,7 +80,7 @@ def main(cfg: PostTrainConfig) -> None:
     store_root = cfg.image_store if cfg.run.arm == "tokenswap" else None
     data_paths = {f"data.{k}": getattr(cfg.data, k) for k in ("llava_json", "llava_image_root", "swap_dataset")}
     check_inputs(cfg.model, packing=cfg.collator.packing, image_store=store_root, paths=data_paths,
-                 device="cpu" if args.use_cpu else None)
+                 device="cpu" if args.use_cpu else None, collator=cfg.collator, args=args)
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         with open(os.path.join(cfg.run.output_dir, "tokenswap_config.json"), "w") as f:

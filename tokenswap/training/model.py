@@ -13,7 +13,7 @@ import sys
 import torch
 
 from tokenswap.store.image_store import ImageStore
-from tokenswap.training.config import LoraConfig, ModelConfig
+from tokenswap.training.config import CollatorConfig, LoraConfig, ModelConfig
 from tokenswap.training.distributed import print0
 
 
@@ -77,6 +77,8 @@ def check_inputs(
     image_store: str | None = None,
     paths: dict[str, str | None] | None = None,
     device: str | None = None,
+    collator: CollatorConfig | None = None,
+    args=None,
 ) -> None:
     """A run's inputs checked against its settings before any data or weights load.
 
@@ -84,7 +86,8 @@ def check_inputs(
     a local path that does not exist (``paths``: config key -> path, None skipped), an image store that is missing or
     damaged, a model folder that is missing, a family tokenswap does not support, or ``collator.packing`` for a family
     whose samples cannot be separated in a packed row (Qwen3.5), or a ``model.attn_implementation`` named that
-    cannot run on ``device`` (default CUDA when available). The model is judged from its ``config.json`` alone;
+    cannot run on ``device`` (default CUDA when available), or ``collator.resample_each_epoch`` with persistent
+    dataloader workers in ``args`` (the workers keep the collator of the first epoch and would never redraw). The model is judged from its ``config.json`` alone;
     each of these would otherwise surface as a traceback after the data and the model loaded.
     """
     from tokenswap.attention import packed_attention_choice
@@ -93,6 +96,11 @@ def check_inputs(
 
     problems = [f"`{key}` {path!r} does not exist (cwd {os.getcwd()})"
                 for key, path in (paths or {}).items() if path is not None and not os.path.exists(path)]
+    if (collator is not None and collator.resample_each_epoch and args is not None
+            and args.dataloader_num_workers > 0 and args.dataloader_persistent_workers):
+        problems.append("`collator.resample_each_epoch` needs the collator's epoch in every worker, but persistent "
+                        "dataloader workers keep the collator of the first epoch; set "
+                        "train.dataloader_persistent_workers: false (or collator.resample_each_epoch: false)")
     if image_store is not None:
         try:
             ImageStore(image_store)
