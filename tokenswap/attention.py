@@ -15,7 +15,8 @@ name (YAML)            transformers name                 needs
 ``varlen``             ``tokenswap_varlen``              ``torch.nn.attention.varlen`` (torch >= 2.10),
                                                          CUDA, an Ampere or newer GPU
 ``flex_attention``     ``tokenswap_flex``                ``torch.nn.attention.flex_attention``
-                                                         (compiled on CUDA; unfused eager on CPU)
+                                                         (compiled on CUDA; on CPU unfused and
+                                                         forward only: torch has no CPU backward)
 ``sdpa``               ``tokenswap_varlen_sdpa``         nothing: one sdpa call per sample (CPU)
 =====================  ================================  =============================================
 
@@ -81,7 +82,7 @@ def _flex_fn():
     return flex_attention
 
 
-def _why_not(name: str, device: str) -> str | None:
+def _why_not(name: str, device: str, training: bool = True) -> str | None:
     """None when the kernel ``name`` (a YAML name) runs on ``device``, else the reason it does not."""
     cuda = device == "cuda"
     if name == "flash_attention_2":
@@ -101,18 +102,21 @@ def _why_not(name: str, device: str) -> str | None:
             return f"torch {torch.__version__} has no torch.nn.attention.flex_attention"
         if cuda and importlib.util.find_spec("triton") is None:
             return "compiled FlexAttention needs triton"
+        if not cuda and training:
+            return f"torch {torch.__version__} runs FlexAttention's backward on CUDA only (forward-only use is fine)"
         return None
     if name == "sdpa":
         return None
     raise ValueError(f"unknown packed attention {name!r}; choose one of {['auto', *PACKED_KERNELS]}")
 
 
-def packed_attention_choice(requested: str, device: str) -> tuple[str, str]:
+def packed_attention_choice(requested: str, device: str, training: bool = True) -> tuple[str, str]:
     """The YAML name of the kernel packed rows use, and why (for the log line).
 
     Args:
         requested: ``auto`` or a name in :data:`PACKED_KERNELS` (``eager`` stays eager, for debugging).
         device: ``"cuda"`` or ``"cpu"``.
+        training: whether gradients flow through the kernel (evaluation-only use admits more kernels).
 
     Raises:
         ValueError: a kernel named explicitly that cannot run here, saying why and what to set instead.
@@ -120,7 +124,7 @@ def packed_attention_choice(requested: str, device: str) -> tuple[str, str]:
     if requested == "eager":
         return "eager", "requested; computes the whole T x T score matrix of each row"
     if requested != "auto":
-        why = _why_not(requested, device)
+        why = _why_not(requested, device, training)
         if why is not None:
             raise ValueError(
                 f"model.attn_implementation={requested} cannot run packed rows here: {why}. "
@@ -130,16 +134,16 @@ def packed_attention_choice(requested: str, device: str) -> tuple[str, str]:
     skipped = []
     # CPU: FlexAttention runs unfused (the full score matrix, per row) there; per-sample sdpa is faster.
     for name in PACKED_KERNELS if device == "cuda" else ("sdpa",):
-        why = _why_not(name, device)
+        why = _why_not(name, device, training)
         if why is None:
             return name, "auto" + (f" ({'; '.join(skipped)})" if skipped else "")
         skipped.append(f"not {name}: {why}")
     raise AssertionError("per-sample sdpa always runs")  # pragma: no cover
 
 
-def resolve_packed_attention(requested: str, device: str) -> str:
+def resolve_packed_attention(requested: str, device: str, training: bool = True) -> str:
     """The transformers ``attn_implementation`` for packed batches (registered with transformers)."""
-    name, _ = packed_attention_choice(requested, device)
+    name, _ = packed_attention_choice(requested, device, training)
     impl = PACKED_KERNELS.get(name, name)
     if impl.startswith("tokenswap_"):
         register_packed_attention()
@@ -149,20 +153,21 @@ def resolve_packed_attention(requested: str, device: str) -> str:
 _LOGGED: set[tuple[str, str]] = set()
 
 
-def use_packed_attention(model, requested: str = "auto", device: str | None = None) -> str:
+def use_packed_attention(model, requested: str = "auto", device: str | None = None, training: bool = True) -> str:
     """Switch ``model`` to the packed-attention kernel; says once which one ("packed attention: ...").
 
     Args:
         model: a transformers model (loaded with sdpa, eager, flash_attention_2 or one of ours).
         requested: ``model.attn_implementation`` from the config.
         device: where the model will run; default CUDA when available.
+        training: whether the model will be trained (False admits forward-only kernels, for evaluation).
 
     Returns:
         The transformers ``attn_implementation`` the model now uses.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    name, why = packed_attention_choice(requested, device)
-    impl = resolve_packed_attention(name, device)
+    name, why = packed_attention_choice(requested, device, training)
+    impl = resolve_packed_attention(name, device, training)
     if model.config._attn_implementation != impl:
         model.set_attn_implementation(impl)
     if (impl, why) not in _LOGGED:
