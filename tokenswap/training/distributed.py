@@ -6,7 +6,6 @@ import logging
 import os
 import sys
 
-logger = logging.getLogger(__name__)
 
 
 def print0(*args, **kwargs) -> None:
