@@ -7,7 +7,6 @@ import os
 import sys
 
 
-
 def print0(*args, **kwargs) -> None:
     """print on the main process only."""
     if int(os.environ.get("RANK", "0")) == 0:
