@@ -20,9 +20,7 @@ from tokenswap.store.builders import SOURCE_BUILDERS, _build_extractor, build_ch
 from tokenswap.swap import unit_hash
 
 from .image_store import ImageStore, StoreWriter, atomic_write
-from .sources import (
-    RetrievalSource,
-)
+from .sources import RetrievalSource
 
 _PART = re.compile(r"part-r(\d{3})-(\d{6})\.jsonl$")
 

@@ -29,7 +29,7 @@ def resolve_attn_implementation(requested: str) -> str:
         return requested
     if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
-    print0("[tokenswap] flash-attn not available (or no CUDA): using sdpa attention")
+    print0("[tokenswap] flash-attn not available (or no CUDA): padded batches use sdpa attention")
     return "sdpa"
 
 
