@@ -143,7 +143,11 @@ def packed_attention_choice(requested: str, device: str, training: bool = True) 
 
 def resolve_packed_attention(requested: str, device: str, training: bool = True) -> str:
     """The transformers ``attn_implementation`` for packed batches (registered with transformers)."""
-    name, _ = packed_attention_choice(requested, device, training)
+    return _registered(packed_attention_choice(requested, device, training)[0])
+
+
+def _registered(name: str) -> str:
+    """The transformers name of the kernel ``name`` (a YAML name), registered when it is one of ours."""
     impl = PACKED_KERNELS.get(name, name)
     if impl.startswith("tokenswap_"):
         register_packed_attention()
@@ -167,7 +171,7 @@ def use_packed_attention(model, requested: str = "auto", device: str | None = No
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     name, why = packed_attention_choice(requested, device, training)
-    impl = resolve_packed_attention(name, device, training)
+    impl = _registered(name)
     if model.config._attn_implementation != impl:
         model.set_attn_implementation(impl)
     if (impl, why) not in _LOGGED:
