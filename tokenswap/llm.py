@@ -36,9 +36,11 @@ import threading
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from PIL import Image
+
+from tokenswap.inference.types import ChatModel, LLMRequestError
 
 __all__ = [
     "ChatModel",
@@ -49,14 +51,6 @@ __all__ = [
     "cache_key",
     "parse_json_response",
 ]
-
-
-class ChatModel(Protocol):
-    """Anything that answers a conversation with one assistant reply."""
-
-    def chat(self, messages: list[dict]) -> str:
-        """Return the assistant's reply to ``messages`` (OpenAI-style, images as PIL parts)."""
-        ...
 
 
 # ----------------------------------------------------------------------------- cache
@@ -160,10 +154,6 @@ def _to_openai_content(content: Any) -> Any:
         else:
             raise ValueError(f"message part type must be 'text' or 'image', got {kind!r}")
     return out
-
-
-class LLMRequestError(RuntimeError):
-    """A chat request that failed; the message names the URL and never the API key."""
 
 
 class _Retryable(Exception):
