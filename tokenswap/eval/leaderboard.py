@@ -15,10 +15,11 @@ Each RESULT is one run's output folder (or a file in it), optionally as ``NAME=P
   rendered) on the plain-REST rendering, re-scored with the REST extractor against the gold answers of the
   dataset folder that ``metrics.json`` names.
 
-Every run of a leaderboard must be of one benchmark. Items are paired by id; an item with one form only is
-left out and counted (``unpaired``). **Failed requests**: a record that carries a non-empty ``error`` (or
-``error_<form>`` / ``<form>_error``) field, or ``failed: true``, or a null correctness, is a request that got
-no answer; the item is left out of *both* forms and counted (``failed``), never scored as a wrong answer.
+Every run of a leaderboard must be of one benchmark. Items are paired by id; an item without a record of
+both forms is left out and counted (``unpaired``). **Failed requests**: a record that carries a non-empty
+``error`` (or ``error_<form>`` / ``<form>_error``) field, or ``failed: true``, or a null correctness, is a
+request that got no answer; the item is left out of *both* forms and counted (``failed``), never scored as
+a wrong answer.
 
 Per model: acc_text, acc_interleaved, gap = acc_text - acc_interleaved, relative gap = gap / acc_text and
 retention = acc_interleaved / acc_text, each with a 95% interval from a **paired bootstrap over items**:
@@ -28,10 +29,11 @@ seed for every model, so a model's interval does not depend on which other model
 the 2.5th/97.5th percentiles. A ratio's interval is left empty when some resample has acc_text = 0.
 
 ``--group TAG=MODEL,...`` (two or more groups, disjoint): per group the mean gap over its models, the
-standard error, and the 95% t interval half-width (``±`` in the table and in the paper, whose "19.6% ± 3.3%"
-is a 95% CI; reading the group "±" of the paper as standard errors would give t = -3.6, not its -7.48); then
-Welch's t-test between every two groups on the per-model gaps (t, Welch-Satterthwaite dof, two-sided p,
-computed with :mod:`tokenswap.eval.stats`).
+standard error, and the 95% Student-t interval half-width, which is the paper's "±": its "19.6% ± 3.3%" over
+42 models is a stated 95% CI, and its groups' "10.1% ± 2.2% vs 25.5% ± 3.7%, t = -7.48" only fit together
+that way (as 95% t half-widths they give t = -7.43 to -7.65 for any split of the 42 models from 8/34 to
+26/16; as standard errors, t = -3.58). Then Welch's t-test between every two groups on the per-model gaps
+(t, Welch-Satterthwaite dof, two-sided p from the exact t CDF of :mod:`tokenswap.eval.stats`; no scipy).
 
 Writes ``leaderboard.md``, ``leaderboard.json``, ``leaderboard.csv`` and ``leaderboard.png`` (the gap per
 model as horizontal bars with interval whiskers, largest gap on top, as in the TokenSwap paper's figure).
@@ -63,6 +65,7 @@ LEVEL = 0.95
 METRICS = ("acc_text", "acc_interleaved", "gap", "rel_gap", "retention")
 CROSSMATH_FORMS = ("text", "image")
 REST_FORMS = ("text", "image")
+TITLES = {"tokenswap": "TokenSwap-Bench", "crossmath": "CrossMath", "rest": "REST"}
 
 
 class LeaderboardError(Exception):
@@ -82,7 +85,7 @@ class Run:
         text: (n,) scores in the text form.
         interleaved: (n,) scores in the other form.
         failed: items left out because a request of either form failed.
-        unpaired: items left out because only one form has a record.
+        unpaired: items left out because they lack a record of one form or both.
     """
 
     name: str
@@ -171,8 +174,8 @@ def _load_tokenswap(folder: Path, name: str | None) -> Run:
     scored, failed = {}, 0
     seen = set()
     for record in items:
-        if "id" not in record:
-            raise LeaderboardError(f"{source}: an item record has no 'id' field (keys {sorted(record)})")
+        if not isinstance(record, dict) or "id" not in record:
+            raise LeaderboardError(f"{source}: an item record is not an object with an 'id' field: {str(record)[:80]}")
         item_id = str(record["id"])
         if item_id in seen:
             raise LeaderboardError(f"{source}: item id {item_id!r} appears twice; items are paired by id")
@@ -518,7 +521,7 @@ def to_markdown(board: dict) -> str:
     b = board["bootstrap"]
     text_form, other = board["forms"]
     lines = [
-        f"# Modality gap leaderboard ({board['benchmark']}, {len(board['rows'])} models, {text_form} vs {other})",
+        f"# Modality gap leaderboard ({TITLES[board['benchmark']]}, {len(board['rows'])} models, {text_form} vs {other})",
         "",
         f"95% intervals: paired bootstrap over items ({b['resamples']:,} resamples, seed {b['seed']}, percentile). "
         "Failed requests are left out of both forms and counted, never scored as wrong.",
@@ -593,7 +596,7 @@ def plot_gaps(board: dict, path: Path) -> list[str]:
     ax.set_yticks(ys, [r["model"] for r in rows], fontsize=8)
     ax.axvline(0, color="black", linewidth=0.6)
     ax.set_xlabel(f"modality gap: acc {board['forms'][0]} − acc {board['forms'][1]} (%), 95% paired-bootstrap CI")
-    ax.set_title(f"{board['benchmark']}: modality gap per model")
+    ax.set_title(f"{TITLES[board['benchmark']]}: modality gap per model")
     ax.grid(axis="x", alpha=0.3)
     if tags:
         from matplotlib.patches import Patch
