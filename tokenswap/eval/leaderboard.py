@@ -16,10 +16,11 @@ Each RESULT is one run's output folder (or a file in it), optionally as ``NAME=P
   dataset folder that ``metrics.json`` names.
 
 Every run of a leaderboard must be of one benchmark. Items are paired by id; an item without a record of
-both forms is left out and counted (``unpaired``). **Failed requests**: a record that carries a non-empty
-``error`` (or ``error_<form>`` / ``<form>_error``) field, or ``failed: true``, or a null correctness, is a
-request that got no answer; the item is left out of *both* forms and counted (``failed``), never scored as
-a wrong answer.
+both forms is left out and counted (``unpaired``). **Failed requests**: a record with a non-null ``error``
+(or ``error_<form>`` / ``<form>_error``) field, or ``failed: true``, or a null correctness, is a request
+that got no answer; the item is left out of *both* forms and counted (``failed``), never scored as a wrong
+answer. A record with a non-null ``skipped`` (``skipped_<form>``, ``<form>_skipped``; an item never sent,
+e.g. over ``--max-images``) is left out of both forms the same way and counted apart (``skipped``).
 
 Per model: acc_text, acc_interleaved, gap = acc_text - acc_interleaved, relative gap = gap / acc_text and
 retention = acc_interleaved / acc_text, each with a 95% interval from a **paired bootstrap over items**:
@@ -57,7 +58,7 @@ import numpy as np
 
 from tokenswap.eval.stats import t_cdf, t_quantile
 
-__all__ = ["DEFAULT_RESAMPLES", "LeaderboardError", "Run", "build_leaderboard", "cli_main", "failure", "load_run",
+__all__ = ["DEFAULT_RESAMPLES", "LeaderboardError", "Run", "build_leaderboard", "cli_main", "left_out", "load_run",
            "paired_bootstrap", "plot_gaps", "to_markdown", "welch_t_test"]
 
 DEFAULT_RESAMPLES = 10_000
@@ -81,10 +82,11 @@ class Run:
         benchmark: ``tokenswap``, ``crossmath`` or ``rest``.
         path: the result folder.
         forms: the two forms compared (``text`` first).
-        item_ids: scored items (failed and unpaired ones left out).
+        item_ids: scored items (failed, skipped and unpaired ones left out).
         text: (n,) scores in the text form.
         interleaved: (n,) scores in the other form.
         failed: items left out because a request of either form failed.
+        skipped: items left out because either form was never sent (e.g. over the image cap).
         unpaired: items left out because they lack a record of one form or both.
     """
 
@@ -96,24 +98,32 @@ class Run:
     text: np.ndarray
     interleaved: np.ndarray
     failed: int = 0
+    skipped: int = 0
     unpaired: int = 0
 
 
 # ----------------------------------------------------------------------------- reading runs
 
 
-def failure(record: dict) -> str | None:
-    """Why a record is a failed request (its error text, ``failed``), or None when it was answered.
+def left_out(*records: dict) -> str | None:
+    """``failed`` when a record of the item is a failed request, ``skipped`` when one was never sent, else None.
 
-    >>> failure({"id": "q1", "error": "HTTP 500 after 5 tries"})
-    'HTTP 500 after 5 tries'
-    >>> failure({"id": "q1", "error": None, "correct_text": True}) is None
-    True
+    >>> left_out({"id": "q1", "correct_text": True}, {"id": "q1", "error": "HTTP 500 after 5 tries"})
+    'failed'
+    >>> left_out({"id": "q1", "skipped": "7 images > --max-images 6"}), left_out({"id": "q1", "error": None})
+    ('skipped', None)
     """
-    for key, value in record.items():
-        if (key == "error" or key.startswith("error_") or key.endswith("_error")) and value:
-            return str(value)
-    return "failed" if record.get("failed") is True else None
+    for kind, word in (("failed", "error"), ("skipped", "skipped")):
+        for record in records:
+            if kind == "failed" and record.get("failed") is True:
+                return kind
+            # Evaluators write the bare field only when it applies, so its presence counts; a per-form
+            # variant counts when it says something, so a count such as 0 does not.
+            if record.get(word) is not None or any(
+                value and (key.startswith(f"{word}_") or key.endswith(f"_{word}")) for key, value in record.items()
+            ):
+                return kind
+    return None
 
 
 def _read_json(path: Path) -> dict:
@@ -171,7 +181,7 @@ def _load_tokenswap(folder: Path, name: str | None) -> Run:
     items = data.get("items")
     if not isinstance(items, list):
         raise LeaderboardError(f"{source} has no per-item 'items' list; write it with `tokenswap eval` (gap.json)")
-    scored, failed = {}, 0
+    scored, left = {}, {"failed": 0, "skipped": 0}
     seen = set()
     for record in items:
         if not isinstance(record, dict) or "id" not in record:
@@ -180,8 +190,9 @@ def _load_tokenswap(folder: Path, name: str | None) -> Run:
         if item_id in seen:
             raise LeaderboardError(f"{source}: item id {item_id!r} appears twice; items are paired by id")
         seen.add(item_id)
-        if failure(record) is not None:  # a failed record need not carry correctness at all
-            failed += 1
+        kind = left_out(record)
+        if kind is not None:  # a failed or skipped record need not carry correctness at all
+            left[kind] += 1
             continue
         for key in ("correct_text", "correct_interleaved"):
             if key not in record:
@@ -189,12 +200,12 @@ def _load_tokenswap(folder: Path, name: str | None) -> Run:
         text = _as_score(record["correct_text"], "correct_text", source, item_id)
         inter = _as_score(record["correct_interleaved"], "correct_interleaved", source, item_id)
         if text is None or inter is None:
-            failed += 1
+            left["failed"] += 1
             continue
         scored[item_id] = (text, inter)
     ids, text, inter = _pair(scored)
     model = _model_name(name, data.get("model"), source)
-    return Run(model, "tokenswap", folder, ("text", "interleaved"), ids, text, inter, failed=failed)
+    return Run(model, "tokenswap", folder, ("text", "interleaved"), ids, text, inter, **left)
 
 
 def _by_id(rows: list[dict], source: Path) -> dict[str, dict]:
@@ -227,11 +238,12 @@ def _load_crossmath(folder: Path, name: str | None) -> Run:
             f"{models['image']!r}; a gap compares one model's two forms, put each model in its own folder"
         )
     text, image = forms["text"], forms["image"]
-    scored, failed = {}, 0
+    scored, left = {}, {"failed": 0, "skipped": 0}
     for item_id in sorted(set(text) & set(image)):
         rows = (text[item_id], image[item_id])
-        if any(failure(r) is not None for r in rows):
-            failed += 1
+        kind = left_out(*rows)
+        if kind is not None:
+            left[kind] += 1
             continue
         scores = []
         for row in rows:
@@ -242,7 +254,7 @@ def _load_crossmath(folder: Path, name: str | None) -> Run:
     ids, t, i = _pair(scored)
     model = _model_name(name, models["text"], folder / "metrics_text.json")
     unpaired = len(set(text) ^ set(image))
-    return Run(model, "crossmath", folder, CROSSMATH_FORMS, ids, t, i, failed=failed, unpaired=unpaired)
+    return Run(model, "crossmath", folder, CROSSMATH_FORMS, ids, t, i, unpaired=unpaired, **left)
 
 
 def _load_rest(folder: Path, name: str | None) -> Run:
@@ -267,21 +279,22 @@ def _load_rest(folder: Path, name: str | None) -> Run:
             raise LeaderboardError(f"{folder / 'predictions.jsonl'}: a record has no 'key' field (keys {sorted(row)})")
         predictions[row["key"]] = row
     variants = {"text": TEXT_VARIANT, "image": metrics["base_variant"]}
-    scored, failed, unpaired = {}, 0, 0
+    scored, left, unpaired = {}, {"failed": 0, "skipped": 0}, 0
     for item in read_items(data / "items.jsonl")[: metrics["n_items"]]:
         rows = [predictions.get(f"{item.id}|{form}|{variants[form]}") for form in REST_FORMS]
         if any(r is None for r in rows):
             unpaired += 1
             continue
-        if any(failure(r) is not None or r.get("response") is None for r in rows):
-            failed += 1
+        kind = left_out(*rows) or ("failed" if any(r.get("response") is None for r in rows) else None)
+        if kind is not None:
+            left[kind] += 1
             continue
         scored[item.id] = tuple(
             float(extract_answer(r["response"], item.answer_type, item.options) == item.gold) for r in rows
         )
     ids, t, i = _pair(scored)
     model = _model_name(name, metrics.get("model"), source)
-    return Run(model, "rest", folder, REST_FORMS, ids, t, i, failed=failed, unpaired=unpaired)
+    return Run(model, "rest", folder, REST_FORMS, ids, t, i, unpaired=unpaired, **left)
 
 
 def _kinds(folder: Path) -> list[str]:
@@ -323,7 +336,8 @@ def load_run(spec: str) -> Run:
     run = {"tokenswap": _load_tokenswap, "crossmath": _load_crossmath, "rest": _load_rest}[kinds[0]](folder, name)
     if not run.item_ids:
         raise LeaderboardError(
-            f"{folder}: no item to score ({run.failed} failed, {run.unpaired} with one form only); rerun the evaluation"
+            f"{folder}: no item to score ({run.failed} failed, {run.skipped} skipped, {run.unpaired} without both "
+            "forms); rerun the evaluation"
         )
     return run
 
@@ -476,7 +490,7 @@ def build_leaderboard(
         ci = paired_bootstrap(run.text, run.interleaved, resamples=resamples, seed=seed)
         point = _point(run.text, run.interleaved)
         rows.append({"model": run.name, "group": tag_of.get(run.name), "path": str(run.path), "n": len(run.item_ids),
-                     "failed": run.failed, "unpaired": run.unpaired, **point,
+                     "failed": run.failed, "skipped": run.skipped, "unpaired": run.unpaired, **point,
                      **{f"{k}_ci": None if ci[k] is None else list(ci[k]) for k in METRICS}})
     rows.sort(key=lambda r: (-r["gap"], r["model"]))
     item_sets = {tuple(r.item_ids) for r in runs}
@@ -524,19 +538,19 @@ def to_markdown(board: dict) -> str:
         f"# Modality gap leaderboard ({TITLES[board['benchmark']]}, {len(board['rows'])} models, {text_form} vs {other})",
         "",
         f"95% intervals: paired bootstrap over items ({b['resamples']:,} resamples, seed {b['seed']}, percentile). "
-        "Failed requests are left out of both forms and counted, never scored as wrong.",
+        "Failed requests and skipped items are left out of both forms and counted, never scored as wrong.",
     ]
     if not board["same_items"]:
         lines.append("Note: the runs cover different item sets (see n); each gap is over its own run's items.")
     lines += [
         "",
-        "| # | model | group | n | failed | unpaired | acc_text | acc_interleaved | gap | gap 95% CI | rel_gap "
+        "| # | model | group | n | failed | skipped | unpaired | acc_text | acc_interleaved | gap | gap 95% CI | rel_gap "
         "| rel_gap 95% CI | retention | retention 95% CI |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|---:|---|",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|---|",
     ]
     for rank, r in enumerate(board["rows"], start=1):
         lines.append(
-            f"| {rank} | {r['model']} | {r['group'] or ''} | {r['n']} | {r['failed']} | {r['unpaired']} "
+            f"| {rank} | {r['model']} | {r['group'] or ''} | {r['n']} | {r['failed']} | {r['skipped']} | {r['unpaired']} "
             f"| {_f(r['acc_text'])} | {_f(r['acc_interleaved'])} | {_f(r['gap'])} | {_ci(r['gap_ci'])} "
             f"| {_f(r['rel_gap'])} | {_ci(r['rel_gap_ci'])} | {_f(r['retention'])} | {_ci(r['retention_ci'])} |"
         )
@@ -556,7 +570,7 @@ def to_markdown(board: dict) -> str:
 
 
 def _write_csv(board: dict, path: Path) -> None:
-    fields = ["rank", "model", "group", "n", "failed", "unpaired"]
+    fields = ["rank", "model", "group", "n", "failed", "skipped", "unpaired"]
     for k in METRICS:
         fields += [k, f"{k}_lo", f"{k}_hi"]
     fields.append("path")
@@ -564,7 +578,7 @@ def _write_csv(board: dict, path: Path) -> None:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         for rank, r in enumerate(board["rows"], start=1):
-            row = {k: r[k] for k in ("model", "group", "n", "failed", "unpaired", "path")} | {"rank": rank}
+            row = {k: r[k] for k in ("model", "group", "n", "failed", "skipped", "unpaired", "path")} | {"rank": rank}
             for k in METRICS:
                 lo, hi = r[f"{k}_ci"] or (None, None)
                 row |= {k: r[k], f"{k}_lo": lo, f"{k}_hi": hi}

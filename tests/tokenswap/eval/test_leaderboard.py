@@ -18,7 +18,7 @@ from tokenswap.eval.gap import summarize
 from tokenswap.eval.leaderboard import (
     Run,
     build_leaderboard,
-    failure,
+    left_out,
     load_run,
     paired_bootstrap,
     plot_gaps,
@@ -145,17 +145,18 @@ def test_crossmath_pairs_by_puzzle_and_counts_failed_and_unpaired(tmp_path):
     folder = tmp_path / "cm"
     folder.mkdir()
     answer = "| 3 | 12 |"
-    text = [{"id": f"p{i}", "model": "vlm", "prediction": ["3", "12"], "answer": answer} for i in range(5)]
+    text = [{"id": f"p{i}", "model": "vlm", "prediction": ["3", "12"], "answer": answer} for i in range(6)]
     image = [{"id": "p0", "model": "vlm", "prediction": ["3", "12"], "answer": answer},
              {"id": "p1", "model": "vlm", "prediction": ["3", "13"], "answer": answer},
              {"id": "p2", "model": "vlm", "prediction": None, "answer": answer},
-             {"id": "p3", "model": "vlm", "prediction": None, "answer": answer, "error": "timed out"}]
+             {"id": "p3", "model": "vlm", "prediction": None, "answer": answer, "error": "timed out"},
+             {"id": "p4", "model": "vlm", "response": None, "prediction": None, "skipped": "over --max-pixels"}]
     for modality, rows in (("text", text), ("image", image)):
         (folder / f"predictions_{modality}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (folder / f"metrics_{modality}.json").write_text(json.dumps({"model": "vlm", "modality": modality}))
     r = load_run(str(folder))
-    assert (r.benchmark, r.forms, r.item_ids, r.failed, r.unpaired) == ("crossmath", ("text", "image"),
-                                                                       ["p0", "p1", "p2"], 1, 1)
+    assert (r.benchmark, r.forms, r.item_ids) == ("crossmath", ("text", "image"), ["p0", "p1", "p2"])
+    assert (r.failed, r.skipped, r.unpaired) == (1, 1, 1)
     assert list(r.text) == [1.0, 1.0, 1.0] and list(r.interleaved) == [1.0, 0.0, 0.0]
 
 
@@ -168,11 +169,15 @@ def test_failed_requests_are_left_out_of_both_forms_and_counted(tmp_path):
         {"id": "e1", "num_images": 1, "error": "HTTP 429: rate limited after 5 tries"},  # no correctness at all
         {"id": "e2", "num_images": 2, "correct_text": True, "correct_interleaved": None, "error_interleaved": "timeout"},
         {"id": "e3", "num_images": 1, "correct_text": None, "correct_interleaved": None},
+        {"id": "s1", "num_images": 7, "correct_text": True, "skipped_interleaved": "7 images > --max-images 6"},
+        {"id": "ok", "num_images": 1, "correct_text": True, "correct_interleaved": True, "error": None,
+         "skipped_images": 0, "usage": {"prompt_tokens": 9}},
     ]
     r = load_run(str(_gap_run(tmp_path / "a", "m", text, inter, extra)))
-    assert (len(r.item_ids), r.failed) == (4, 3)
-    assert (r.text.mean(), r.interleaved.mean()) == (0.75, 0.5)  # scoring e1-e3 as wrong would give 0.43 / 0.29
-    assert failure({"error": ""}) is None and failure({"text_error": "x"}) == "x" and failure({"failed": True})
+    assert (len(r.item_ids), r.failed, r.skipped) == (5, 3, 1)
+    assert (r.text.mean(), r.interleaved.mean()) == (0.8, 0.6)  # scoring e1-e3 and s1 as wrong: 0.56 / 0.33
+    assert left_out({"text_error": "x"}) == "failed" and left_out({"failed": True}) == "failed"
+    assert left_out({"skipped": "cap"}, {"error": "500"}) == "failed"  # a failed request outranks a skip
 
 
 # ----------------------------------------------------------------------------- bootstrap
@@ -271,6 +276,15 @@ def test_the_papers_groups_read_as_95_ci_half_widths_give_its_t(tmp_path):
     assert board["tests"][0]["t"] == pytest.approx(-7.48, abs=0.02)
     # Read as standard errors the same "±" would give a t the paper does not report.
     assert -15.4 / math.hypot(2.2, 3.7) == pytest.approx(-3.58, abs=0.01)
+
+
+def test_module_doctests():
+    import doctest
+
+    from tokenswap.eval import leaderboard
+
+    result = doctest.testmod(leaderboard)
+    assert result.attempted >= 4 and result.failed == 0
 
 
 def test_groups_report_mean_ci_se_and_welch_through_the_cli(tmp_path, capsys):
