@@ -437,7 +437,9 @@ def _parse_groups(specs: list[str], names: list[str]) -> dict[str, list[str]]:
         tag, sep, members = spec.partition("=")
         models = [m.strip() for m in members.split(",") if m.strip()]
         if not sep or not tag or not models:
-            raise LeaderboardError(f"--group {spec!r}: write TAG=MODEL,MODEL,... (e.g. reasoning=GPT-5,o3)")
+            raise LeaderboardError(
+                f"--group {spec!r}: write TAG=MODEL,MODEL,... (e.g. reasoning=GPT-5,o3), after the RESULT folders"
+            )
         if tag in groups:
             raise LeaderboardError(f"--group {tag!r} is given twice; list all its models in one --group")
         unknown = [m for m in models if m not in names]
@@ -470,7 +472,8 @@ def build_leaderboard(
     for run in runs:
         key = run.path.resolve()
         if key in folders:
-            raise LeaderboardError(f"{run.path} is given twice (also as {folders[key].path}); list each run once")
+            also = "" if folders[key].path == run.path else f" (also as {folders[key].path})"
+            raise LeaderboardError(f"{run.path} is given twice{also}; list each run once")
         folders[key] = run
     names: dict[str, Run] = {}
     for run in runs:
@@ -632,11 +635,11 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokenswap leaderboard", description="many evaluated models: one gap table and figure")
     p.add_argument("results", nargs="+", metavar="RESULT",
                    help="a tokenswap/crossmath/rest eval --out folder, or NAME=FOLDER to name the model")
-    p.add_argument("--out", default="leaderboard", help="folder for leaderboard.{md,json,csv,png}")
+    p.add_argument("--out", default="leaderboard", help="folder for leaderboard.{md,json,csv,png} (default: leaderboard)")
     p.add_argument("--group", action="append", nargs="+", default=[], metavar="TAG=MODEL,MODEL",
                    help="a group of models (two or more groups: means and Welch's t-test of their gaps)")
-    p.add_argument("--resamples", type=positive_int, default=DEFAULT_RESAMPLES, help="bootstrap resamples")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="bootstrap seed")
+    p.add_argument("--resamples", type=positive_int, default=DEFAULT_RESAMPLES, help=f"bootstrap resamples (default: {DEFAULT_RESAMPLES})")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="bootstrap seed (default: 0)")
     return p
 
 
