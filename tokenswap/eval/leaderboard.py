@@ -129,6 +129,8 @@ def left_out(*records: dict) -> str | None:
 def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise LeaderboardError(f"{path} is not UTF-8 text; is it a result file?") from None
     except json.JSONDecodeError as err:
         raise LeaderboardError(
             f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}; truncated?); "
@@ -140,8 +142,12 @@ def _read_json(path: Path) -> dict:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise LeaderboardError(f"{path} is not UTF-8 text; is it a result file?") from None
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
