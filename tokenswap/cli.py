@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build-bench": ("tokenswap.eval.bench_builder", "build a TokenSwap-Bench-format dataset with the three filters"),
     "eval": ("tokenswap.eval.cli", "measure the modality gap of a model on a bench (loglik or generate)"),
     "compare": ("tokenswap.compare", "compare paired runs: markdown table, plot, optional W&B report"),
+    "leaderboard": ("tokenswap.eval.leaderboard", "many eval runs -> one gap table + figure (bootstrap CIs, group t-test)"),
     "crossmath": ("tokenswap.crossmath.cli", "CrossMath puzzles: generate | eval"),
     "rest": ("tokenswap.rest.cli", "REST/REST+ render-equivalence suite: build | eval"),
     "probe": ("tokenswap.rest.probe", "per-layer image/text representation similarity of a model"),
