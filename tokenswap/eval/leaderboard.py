@@ -638,13 +638,17 @@ def plot_gaps(board: dict, path: Path) -> list[str]:
 def _parser() -> argparse.ArgumentParser:
     from tokenswap.cli import non_negative_int, positive_int
 
-    p = argparse.ArgumentParser(prog="tokenswap leaderboard", description="many evaluated models: one gap table and figure")
+    p = argparse.ArgumentParser(
+        prog="tokenswap leaderboard", description="many evaluated models: one gap table and figure"
+    )
     p.add_argument("results", nargs="+", metavar="RESULT",
                    help="a tokenswap/crossmath/rest eval --out folder, or NAME=FOLDER to name the model")
     p.add_argument("--out", default="leaderboard", help="folder for leaderboard.{md,json,csv,png} (default: leaderboard)")
-    p.add_argument("--group", action="append", nargs="+", default=[], metavar="TAG=MODEL,MODEL",
-                   help="a group of models (two or more groups: means and Welch's t-test of their gaps)")
-    p.add_argument("--resamples", type=positive_int, default=DEFAULT_RESAMPLES, help=f"bootstrap resamples (default: {DEFAULT_RESAMPLES})")
+    # One group per flag: RESULT folders may then follow a --group without being read as groups.
+    p.add_argument("--group", action="append", default=[], metavar="TAG=MODEL,MODEL",
+                   help="a group of models; repeat the flag for each group (two or more: Welch's t-test of their gaps)")
+    p.add_argument("--resamples", type=positive_int, default=DEFAULT_RESAMPLES,
+                   help=f"bootstrap resamples (default: {DEFAULT_RESAMPLES})")
     p.add_argument("--seed", type=non_negative_int, default=0, help="bootstrap seed (default: 0)")
     return p
 
@@ -654,7 +658,7 @@ def cli_main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
         runs = [load_run(spec) for spec in args.results]
-        board = build_leaderboard(runs, [g for specs in args.group for g in specs], args.resamples, args.seed)
+        board = build_leaderboard(runs, args.group, args.resamples, args.seed)
     except LeaderboardError as err:
         print(f"tokenswap leaderboard: error: {err}", file=sys.stderr)
         return 2

@@ -360,10 +360,10 @@ def test_input_errors_exit_2_naming_the_file_and_the_fix(tmp_path, capsys):
         ([good, cm], ["predictions_image.jsonl", "--modality image"]),
         ([torn], [str(torn / "predictions_text.jsonl") + ":1", "not valid JSON"]),
         ([tmp_path / "missing"], ["does not exist"]),
-        ([good, other, "--group", "a=m1", "b=m3"], ["['m3']", "m1", "m2"]),
-        ([good, other, "--group", "a=m1,m2", "b=m2"], ["'m2'", "disjoint"]),
+        ([good, other, "--group", "a=m1", "--group", "b=m3"], ["['m3']", "m1", "m2"]),
+        ([good, other, "--group", "a=m1,m2", "--group", "b=m2"], ["'m2'", "disjoint"]),
         ([good, other, "--group", "a=m1,m2"], ["two or more"]),
-        ([good, other, "--group", "a=m1", "b=m2"], ["at least 2"]),
+        ([good, other, "--group", "a=m1", "--group", "b=m2"], ["at least 2"]),
     ]
     for argv, needles in cases:
         code, _, err = _lb(capsys, *argv, "--out", tmp_path / "board")
