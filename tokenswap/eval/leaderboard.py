@@ -444,7 +444,7 @@ def _parse_groups(specs: list[str], names: list[str]) -> dict[str, list[str]]:
         models = [m.strip() for m in members.split(",") if m.strip()]
         if not sep or not tag or not models:
             raise LeaderboardError(
-                f"--group {spec!r}: write TAG=MODEL,MODEL,... (e.g. reasoning=GPT-5,o3), after the RESULT folders"
+                f"--group {spec!r}: write TAG=MODEL,MODEL,... (e.g. reasoning=GPT-5,o3)"
             )
         if tag in groups:
             raise LeaderboardError(f"--group {tag!r} is given twice; list all its models in one --group")
@@ -462,7 +462,7 @@ def _parse_groups(specs: list[str], names: list[str]) -> dict[str, list[str]]:
                 raise LeaderboardError(f"model {m!r} is in groups {seen[m]!r} and {tag!r}; groups must be disjoint")
             seen[m] = tag
     if len(groups) == 1:
-        raise LeaderboardError("one --group compares with nothing; give two or more (e.g. reasoning=... other=...)")
+        raise LeaderboardError("one --group compares with nothing; give two or more (e.g. --group reasoning=... --group other=...)")
     return groups
 
 
