@@ -26,6 +26,7 @@ __all__ = [
     "QWEN2VL_CHAT_TEMPLATE",
     "QWEN2VL_SPECIAL_TOKENS",
     "LoadLLMServer",
+    "concept_reply",
     "ScriptedLLMServer",
     "TINY_FAMILIES",
     "TINY_MOE_FAMILIES",
@@ -636,11 +637,39 @@ class ScriptedLLMServer:
         self.close()
 
 
+def concept_reply(payload: dict) -> str:
+    """A deterministic answer of the store build's LLM extractor or validity judge, for :class:`LoadLLMServer`.
+
+    Extraction (a system turn first): the first three distinct words of 5+ letters of the text between
+    ``<<<`` and ``>>>``, with their offsets. Judge (image parts): valid unless the concept's name has a
+    length divisible by 3. The same request always gets the same answer, whatever the order they arrive in.
+    """
+    import re
+
+    messages = payload["messages"]
+    content = messages[-1]["content"]
+    if messages[0]["role"] == "system":
+        text = content.split("\n\n<<<", 1)[1].rsplit(">>>", 1)[0]  # the prompt names <<< once before
+        spans, seen = [], set()
+        for m in re.finditer(r"[A-Za-z]{5,}", text):
+            word = m.group(0).lower()
+            if word not in seen:
+                seen.add(word)
+                spans.append({"text": m.group(0), "start": m.start(), "end": m.end()})
+            if len(spans) == 3:
+                break
+        return json.dumps({"concepts": spans})
+    question = next(p["text"] for p in content if p["type"] == "text")
+    concept = re.search(r'The phrase was "([^"]*)"', question).group(1)
+    return json.dumps({"valid": len(concept) % 3 != 0, "reason": "scripted"})
+
+
 class LoadLLMServer:
     """An OpenAI-compatible server on 127.0.0.1 with a latency, a capacity and a rate limit, counting requests in flight.
 
     Each POST is answered after ``latency(payload)`` seconds (a number, or a function of the request payload
-    for random delays) with ``{"choices": [{"message": {"content": reply(payload)}}], "usage": ...}``.
+    for random delays) with ``{"choices": [{"message": {"content": reply(payload)}}], "usage": ...}``; a
+    ``reply`` that raises makes the server hang up without an answer (a dropped connection).
     At most ``capacity`` requests are served at once; the rest queue (as a serving engine's batch is
     full), so throughput is at most ``capacity / latency``. With ``rate_limit=K``, a request arriving
     while K are already in flight is answered ``reject_status`` (429) with ``Retry-After: retry_after``
@@ -699,6 +728,9 @@ class LoadLLMServer:
                         delay = server.latency(payload) if callable(server.latency) else server.latency
                         time.sleep(delay)
                         text = server.reply(payload)
+                    except Exception:  # noqa: BLE001 - a reply function that raises drops the connection
+                        self.close_connection = True
+                        return
                     finally:
                         if server._slots is not None:
                             server._slots.release()
