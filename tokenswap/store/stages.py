@@ -103,7 +103,9 @@ def _stage_extract(cfg: StoreBuildConfig, state: Path, rank: int, world: int) ->
     size = cfg.samples_per_shard
     llm = cfg.extractor.llm if cfg.extractor.kind == "llm" else None
     concurrency = request_concurrency(llm)
-    bar = RequestProgress(cfg.data.max_samples, f"[r{rank}] extract", cfg.progress and rank == 0)
+    # Counts this rank's rows as they are committed (not as they are read: reading runs a window ahead).
+    mine = None if cfg.data.max_samples is None else len(range(rank, cfg.data.max_samples, world))
+    bar = RequestProgress(mine, f"[r{rank}] extract", cfg.progress and rank == 0)
     data_stats: dict = {}
     counts = {"samples_read": 0}
     holder: dict = {}  # the extractor, built on the first uncommitted row: a resumed rank may need no model
@@ -111,12 +113,12 @@ def _stage_extract(cfg: StoreBuildConfig, state: Path, rank: int, world: int) ->
     def todo() -> Iterator[tuple[int, dict]]:
         local = 0
         for i, sample in enumerate(_iter_samples(cfg.data, data_stats)):
-            bar.update(1)
             if i % world != rank:
                 continue
             chunk, local = local // size, local + 1
             counts["samples_read"] = local
             if chunk in committed:
+                bar.update(1)
                 continue
             if "extractor" not in holder:
                 holder["extractor"] = _build_extractor(cfg, state, rank)
@@ -143,6 +145,7 @@ def _stage_extract(cfg: StoreBuildConfig, state: Path, rank: int, world: int) ->
             _write_jsonl(folder / f"part-r{rank:03d}-{current:06d}.jsonl", rows)
 
     for outcome in map_ordered(extract, todo(), concurrency):
+        bar.update(1)
         chunk, sample = outcome.item
         if chunk != current:
             commit()

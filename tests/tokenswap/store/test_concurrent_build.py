@@ -111,3 +111,38 @@ def test_failed_requests_are_counted_not_committed_and_a_rerun_fills_them_in(tmp
     assert outputs(tmp_path / "out") == outputs(tmp_path / "ref")
     final = json.loads((tmp_path / "out" / "report.json").read_text())
     assert final["complete"] is True and {k: final[k] for k in COUNTS} == {k: reference[k] for k in COUNTS}
+
+
+def test_a_rank_with_failed_requests_stops_the_others_at_the_barrier_and_the_rerun_finishes(tmp_path):
+    from tokenswap.data.magpie import fixture_path
+
+    rows = [json.loads(line) for line in fixture_path().read_text().splitlines()[:2]]
+    rank1_text = next(t["value"] for t in rows[1]["conversations"] if t["from"] == "human")[:40]
+
+    def dropping(payload):  # sample 1 belongs to rank 1 of 2
+        if rank1_text in payload["messages"][-1]["content"]:
+            raise ConnectionError("scripted drop")
+        return concept_reply(payload)
+
+    with LoadLLMServer(dropping, latency=random_delay) as server:
+        out = tmp_path / "two"
+        cmd = [sys.executable, "-m", "tokenswap.cli", "build-store", "--config", "store_generate.yaml",
+               *overrides(out, server.base_url, 8, rows=32), "extractor.llm.max_retries=0", "judge.llm.max_retries=0"]
+
+        def launch() -> list[subprocess.CompletedProcess]:
+            procs = [subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "RANK": str(r),
+                                                          "WORLD_SIZE": "2"}, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True) for r in range(2)]
+            return [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+
+        (rc0, err0), (rc1, err1) = launch()
+        assert (rc0, rc1) == (1, 1), (err0[-2000:], err1[-2000:])
+        assert "request(s) failed for good" in err1 and "another rank stopped extraction" in err0
+        report = json.loads((out / "report.json").read_text())
+        assert report["complete"] is False and report["failed_requests"] == 1
+        server.reply = concept_reply
+        (rc0, err0), (rc1, err1) = launch()
+        assert (rc0, rc1) == (0, 0), (err0[-2000:], err1[-2000:])
+        single = build(tmp_path / "one", server.base_url, 8, rows=32)
+    final = json.loads((out / "report.json").read_text())
+    assert final["complete"] is True and {k: final[k] for k in COUNTS} == {k: single[k] for k in COUNTS}
