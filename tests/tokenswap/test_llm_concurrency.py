@@ -168,3 +168,52 @@ def test_the_deadline_holds_while_the_headers_drip_and_under_load():
         assert time.monotonic() - t0 < 3.0  # 4 attempts at once, each cut at its 1 s deadline
         assert all(isinstance(o.error, LLMRequestError) and "1s deadline" in str(o.error) for o in outcomes)
         assert model.stats.errors == 4 and model.stats.in_flight == 0
+
+
+def test_request_returns_reasoning_usage_and_the_first_tokens_logprobs(tmp_path):
+    import base64
+
+    from PIL import Image
+
+    from tokenswap.testing import ScriptedLLMServer, llm_reply
+
+    body = json.dumps({
+        "choices": [{
+            "message": {"role": "assistant", "content": " B", "reasoning_content": "think"},
+            "finish_reason": "length",
+            "logprobs": {"content": [{"token": " B", "logprob": -0.1,
+                                      "top_logprobs": [{"token": " B", "logprob": -0.1}, {"token": " A", "logprob": -2.5}]},
+                                     {"token": "!", "logprob": -3.0, "top_logprobs": []}]},
+        }],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8},
+    }).encode()
+    with ScriptedLLMServer() as server:
+        server.script = [llm_reply(body)]
+        model = OpenAIChatModel(server.base_url, "m", cache_path=tmp_path / "c.jsonl")
+        url = "data:image/png;base64," + base64.b64encode(b"not decoded by the client").decode()
+        messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                  {"type": "image", "image": Image.new("RGB", (2, 2))},
+                                                  {"type": "text", "text": "A or B?"}]}]
+        reply = model.request(messages, max_tokens=1, top_logprobs=2, extra_body={"seed": 3})
+        assert (reply.text, reply.reasoning, reply.finish_reason, reply.cached) == (" B", "think", "length", False)
+        assert reply.top_logprobs == [(" B", -0.1), (" A", -2.5)] and reply.usage["prompt_tokens"] == 7
+        again = model.request(messages, max_tokens=1, top_logprobs=2, extra_body={"seed": 3})
+        assert again.cached and again.top_logprobs == reply.top_logprobs and again.reasoning == "think"
+        assert len(server.headers) == 1  # answered from the cache
+        other = model.request(messages, max_tokens=1)  # other settings: another question
+        assert len(server.headers) == 2 and other.text == "fine"
+    stats = model.stats.as_dict()
+    assert (stats["requests"], stats["cached"], stats["prompt_tokens"], stats["completion_tokens"]) == (2, 1, 7, 1)
+
+
+def test_the_payload_carries_logprobs_extra_body_and_image_urls_unchanged():
+    seen = []
+    with LoadLLMServer(lambda payload: seen.append(payload) or "ok") as server:
+        model = OpenAIChatModel(server.base_url, "m", temperature=0.0)
+        url = "data:image/jpeg;base64,AAAA"
+        model.request([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+                      max_tokens=3, temperature=0.5, top_logprobs=5, extra_body={"chat_template_kwargs": {"x": 1}})
+    (payload,) = seen
+    assert payload["messages"][0]["content"] == [{"type": "image_url", "image_url": {"url": url}}]
+    assert (payload["max_tokens"], payload["temperature"], payload["logprobs"], payload["top_logprobs"]) == (3, 0.5, True, 5)
+    assert payload["chat_template_kwargs"] == {"x": 1}
