@@ -404,8 +404,12 @@ class OpenAIChatModel:
                 self.stats.add(cached=1)
                 return _reply_from_entry(entry)
             with self._lock:
-                leader = key not in self._pending
-                future = self._pending.setdefault(key, Future())
+                entry = cache.get_entry(key)  # answered while this thread got here: no second request
+                leader = entry is None and key not in self._pending
+                future = self._pending.setdefault(key, Future()) if entry is None else None
+            if entry is not None:
+                self.stats.add(cached=1)
+                return _reply_from_entry(entry)
             if not leader:  # the same question is in flight on another thread: share its answer
                 reply = future.result()
                 self.stats.add(cached=1)
