@@ -152,7 +152,9 @@ def _transport(ceiling: int) -> httpx.HTTPTransport:
         ssl_context=context,
         max_connections=ceiling,
         max_keepalive_connections=ceiling,
-        keepalive_expiry=5.0,
+        # Under the keep-alive timeout of common servers (uvicorn behind vLLM/SGLang: 5 s), so an idle connection
+        # is dropped here before the server closes it under a request being sent.
+        keepalive_expiry=2.0,
         network_backend=_DeadlineBackend(),
     )
     return transport

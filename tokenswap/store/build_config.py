@@ -63,7 +63,7 @@ class LLMConfig:
     max_tokens: int = 512
     """Completion length (openai backend)."""
     timeout: float = 60.0
-    """Seconds per request (openai backend)."""
+    """Seconds per HTTP attempt, connect to last byte (openai backend); each retry gets its own."""
     max_retries: int = 3
     """Retries of transient HTTP failures (openai backend)."""
     max_new_tokens: int = 256
