@@ -23,7 +23,7 @@ from .sources import (
 
 def build_chat_model(cfg: LLMConfig, cache_path: Path):
     """The chat client an ``llm`` config section describes (OpenAI-compatible endpoint or local transformers)."""
-    from tokenswap.llm import OpenAIChatModel, TransformersChatModel
+    from tokenswap.inference import OpenAIChatModel, TransformersChatModel
 
     if cfg.backend == "openai":
         return OpenAIChatModel(
@@ -35,6 +35,7 @@ def build_chat_model(cfg: LLMConfig, cache_path: Path):
             timeout=cfg.timeout,
             max_retries=cfg.max_retries,
             cache_path=cache_path,
+            concurrency=cfg.concurrency,
         )
     return TransformersChatModel(cfg.model, max_new_tokens=cfg.max_new_tokens, cache_path=cache_path)
 
@@ -103,6 +104,18 @@ def _lexicon_vocabulary(cfg: StoreBuildConfig) -> list[str]:
             "`extractor.vocabulary` / `extractor.vocabulary_file`, or use `extractor.kind: llm`"
         )
     return vocab
+
+
+def request_concurrency(cfg: LLMConfig | None) -> int:
+    """How many rows to have in hand at once for the model an ``llm`` section describes (1 for a local model).
+
+    A little more than ``concurrency``: a row's thread also builds its request and parses its answer, and
+    while it does so the client's slot should already serve another row. The client itself keeps at most
+    ``concurrency`` HTTP requests in flight; ``concurrency: 1`` stays one row at a time.
+    """
+    if cfg is None or cfg.backend != "openai" or cfg.concurrency == 1:
+        return 1
+    return cfg.concurrency + max(2, cfg.concurrency // 4)
 
 
 def _build_extractor(cfg: StoreBuildConfig, state: Path, rank: int) -> ConceptExtractor:
