@@ -56,7 +56,14 @@ def test_bench_config_loads():
 
 
 def test_eval_cli_defaults_to_the_release_protocol():
-    from tokenswap.eval.cli import _parser
+    from tokenswap.eval.cli import _parser, max_new_tokens
+    from tokenswap.inference.model_settings import release_settings
 
     args = _parser().parse_args(["--model", "m"])
-    assert (args.scorer, args.max_new_tokens, args.bench) == ("generate", 2048, "dongx1997/TokenSwap-Bench")
+    assert (args.scorer, args.bench, args.backend, args.concurrency) == (
+        "generate", "dongx1997/TokenSwap-Bench", "hf", 32)
+    # The release's budget, and its per-model one for Qwen2.5-VL (the task file's model_specific_generation_kwargs).
+    assert max_new_tokens(args, release_settings("tokenswap", "qwen2_vl")) == 2048
+    assert max_new_tokens(args, release_settings("tokenswap", "qwen2_5_vl")) == 128
+    args = _parser().parse_args(["--model", "m", "--max-new-tokens", "64"])
+    assert max_new_tokens(args, release_settings("tokenswap", "qwen2_5_vl")) == 64
