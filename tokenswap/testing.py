@@ -8,7 +8,8 @@ and released chat template, its real image and video processors (Qwen3-VL / Qwen
 either a byte-level BPE trained locally on a few sentences (small and fast) or, with
 ``tokenizer="qwen"``, Qwen2's real 151,643-rank vocabulary (:mod:`tokenswap.qwen_tokenizer`).
 :func:`build_tiny_qwen2vl` is the original Qwen2-VL kit most tests use. Nothing is downloaded.
-:class:`ScriptedLLMServer` is a misbehaving OpenAI-compatible server on 127.0.0.1 for the LLM client's tests.
+:class:`ScriptedLLMServer` is a misbehaving OpenAI-compatible server on 127.0.0.1 for the LLM client's tests;
+:class:`LoadLLMServer` one with a latency, a capacity and a rate limit, that counts what is in flight.
 
 One module although it is long (~690 lines): it is the test kit (tiny checkpoints of every family, the
 tiny store and the scripted LLM server) that tests, benchmarks and the demo import as one thing.
@@ -24,6 +25,7 @@ from pathlib import Path
 __all__ = [
     "QWEN2VL_CHAT_TEMPLATE",
     "QWEN2VL_SPECIAL_TOKENS",
+    "LoadLLMServer",
     "ScriptedLLMServer",
     "TINY_FAMILIES",
     "TINY_MOE_FAMILIES",
@@ -628,6 +630,119 @@ class ScriptedLLMServer:
         self.httpd.server_close()
 
     def __enter__(self) -> ScriptedLLMServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class LoadLLMServer:
+    """An OpenAI-compatible server on 127.0.0.1 with a latency, a capacity and a rate limit, counting requests in flight.
+
+    Each POST is answered after ``latency(payload)`` seconds (a number, or a function of the request payload
+    for random delays) with ``{"choices": [{"message": {"content": reply(payload)}}], "usage": ...}``.
+    At most ``capacity`` requests are served at once; the rest queue (as a serving engine's batch is
+    full), so throughput is at most ``capacity / latency``. With ``rate_limit=K``, a request arriving
+    while K are already in flight is answered ``reject_status`` (429) with ``Retry-After: retry_after``
+    (none when it is None): a rate-limited API.
+    Keep-alive HTTP/1.1 with a deep listen backlog, so the server is not the bottleneck it measures.
+
+    Attributes:
+        base_url: ``http://127.0.0.1:PORT/v1``.
+        requests: payloads served (200), in arrival order.
+        max_in_flight: the most requests ever being handled at once (queued ones included).
+        rejected: 429 (``reject_status``) answers given.
+        arrivals: ``(monotonic time, status)`` of every POST.
+    """
+
+    def __init__(self, reply=None, latency=0.0, capacity: int | None = None, rate_limit: int | None = None,
+                 retry_after: float | None = 1.0, reject_status: int = 429) -> None:
+        import threading
+        import time
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.reply = reply or (lambda payload: "fine")
+        self.latency = latency
+        self.rate_limit = rate_limit
+        self.retry_after = retry_after
+        self.reject_status = reject_status
+        self.requests: list[dict] = []
+        self.arrivals: list[tuple[float, int]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.rejected = 0
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(capacity) if capacity else None
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server API)
+                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with server._lock:
+                    limited = server.rate_limit is not None and server.in_flight >= server.rate_limit
+                    server.arrivals.append((time.monotonic(), server.reject_status if limited else 200))
+                    if limited:
+                        server.rejected += 1
+                    else:
+                        server.in_flight += 1
+                        server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                if limited:
+                    after = {} if server.retry_after is None else {"Retry-After": f"{server.retry_after:g}"}
+                    self._send(server.reject_status, b'{"error": "rate limited"}', after)
+                    return
+                try:
+                    if server._slots is not None:
+                        server._slots.acquire()
+                    try:
+                        delay = server.latency(payload) if callable(server.latency) else server.latency
+                        time.sleep(delay)
+                        text = server.reply(payload)
+                    finally:
+                        if server._slots is not None:
+                            server._slots.release()
+                    with server._lock:
+                        server.requests.append(payload)
+                finally:
+                    with server._lock:
+                        server.in_flight -= 1
+                body = json.dumps({
+                    "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                }).encode()
+                self._send(200, body)
+
+            def _send(self, status: int, body: bytes, headers: dict | None = None) -> None:
+                try:
+                    self.send_response(status)
+                    for k, v in (headers or {}).items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    self.wfile.flush()
+                except OSError:
+                    self.close_connection = True  # the client gave up
+
+            def log_message(self, *args) -> None:
+                pass
+
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 1024
+            daemon_threads = True
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> LoadLLMServer:
         return self
 
     def __exit__(self, *exc) -> None:

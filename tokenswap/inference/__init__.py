@@ -2,13 +2,30 @@
 
 - ``types``: :class:`Reply`, :class:`LLMRequestError`, the :class:`ChatModel` protocol.
 - ``ordered``: :func:`map_ordered`, many calls in flight with outcomes in input order.
+- ``openai_client``: :class:`OpenAIChatModel`, any OpenAI-compatible endpoint with many requests in
+  flight, back-pressure on 429/503, a deadline per attempt and the response cache.
+- ``local``: :class:`TransformersChatModel`, a local transformers checkpoint.
+- ``cache``: :class:`ResponseCache` and :func:`cache_key`, the JSONL cache every backend shares.
+- ``progress``: :class:`RequestProgress`, a progress bar showing requests/s, in flight, retries, errors.
 
-Backends (a local transformers model, any OpenAI-compatible endpoint), the concurrent client with
-back-pressure and the response cache live here too, one file each, so a new engine is one file and
-no build stage or evaluator changes.
+A new engine is one file here; no build stage or evaluator changes.
 """
 
+from tokenswap.inference.cache import ResponseCache, cache_key
+from tokenswap.inference.local import TransformersChatModel
+from tokenswap.inference.openai_client import OpenAIChatModel, RequestStats
 from tokenswap.inference.ordered import Outcome, map_ordered
 from tokenswap.inference.types import ChatModel, LLMRequestError, Reply
 
-__all__ = ["ChatModel", "LLMRequestError", "Outcome", "Reply", "map_ordered"]
+__all__ = [
+    "ChatModel",
+    "LLMRequestError",
+    "OpenAIChatModel",
+    "Outcome",
+    "Reply",
+    "RequestStats",
+    "ResponseCache",
+    "TransformersChatModel",
+    "cache_key",
+    "map_ordered",
+]

@@ -1,0 +1,574 @@
+"""The OpenAI-compatible client: many requests in flight, back-pressure, and the promises of a days-long build.
+
+One :class:`OpenAIChatModel` serves every thread of a process: the build stages and the evaluators call
+:meth:`OpenAIChatModel.request` from :func:`tokenswap.inference.map_ordered`'s threads, and the client keeps
+at most ``concurrency`` HTTP attempts in flight on one pooled ``httpx.AsyncClient`` running on a background
+event loop. Every attempt is wrapped in one ``asyncio`` deadline, so connect + send + wait + read together
+take at most ``timeout`` seconds, whatever the server drips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import email.utils
+import io
+import json
+import math
+import os
+import random
+import threading
+import time
+import urllib.parse
+from concurrent.futures import Future
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import httpx
+from PIL import Image
+
+from tokenswap.inference.cache import ResponseCache, cache_key
+from tokenswap.inference.types import LLMRequestError, Reply
+
+__all__ = ["OpenAIChatModel", "RequestStats"]
+
+
+def _png_data_url(image: Image.Image) -> str:
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _to_openai_content(content: Any) -> Any:
+    if isinstance(content, str):
+        return content
+    out = []
+    for part in content:
+        kind = part.get("type")
+        if kind == "text":
+            out.append({"type": "text", "text": part["text"]})
+        elif kind == "image":
+            out.append({"type": "image_url", "image_url": {"url": _png_data_url(part["image"])}})
+        elif kind == "image_url":
+            out.append(part)  # already encoded by the caller (resized, re-encoded): sent as given
+        else:
+            raise ValueError(f"message part type must be 'text', 'image' or 'image_url', got {kind!r}")
+    return out
+
+
+class _Retryable(Exception):
+    def __init__(self, message: str, retry_after: float | None = None, throttled: bool = False):
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.throttled = throttled
+
+
+def _retry_after(value: str | None, cap: float) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date), capped; None if absent/bad."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
+        return None
+    return min(max(0.0, seconds), cap)
+
+
+@dataclass
+class RequestStats:
+    """What a client did so far (for progress bars and ``report.json``); updated from many threads.
+
+    Attributes:
+        requests: HTTP attempts made (cache hits excluded, retries included).
+        replies: calls answered by the server.
+        cached: calls answered from the response cache.
+        retries: attempts after a call's first.
+        errors: calls that failed for good (raised :class:`LLMRequestError`).
+        throttled: 429/503 answers (each lowers the number in flight).
+        in_flight: HTTP attempts in flight now.
+        max_in_flight: the most ever in flight at once.
+        limit: the adaptive in-flight limit now (``concurrency`` unless 429/503 lowered it).
+        prompt_tokens, completion_tokens: summed from the replies' ``usage``.
+        wall_s: seconds from the first attempt's start to the last one's end.
+    """
+
+    requests: int = 0
+    replies: int = 0
+    cached: int = 0
+    retries: int = 0
+    errors: int = 0
+    throttled: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    limit: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_s: float = 0.0
+    _first: float | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def as_dict(self) -> dict:
+        """The counts as a JSON-able dict."""
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for k, v in counts.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def _start(self) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if self._first is None:
+                self._first = now
+            self.requests += 1
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+
+    def _end(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            if self._first is not None:
+                self.wall_s = time.monotonic() - self._first
+
+
+class _AdaptiveLimit:
+    """At most ``ceiling`` attempts in flight, halved by a 429/503 and climbing back by one per round of successes.
+
+    Lives on the client's event loop (no locks needed). A decrease counts once per round: only an
+    attempt that started after the last decrease can lower the limit again, so 32 rejections of one
+    burst halve it once, not 32 times. ``Retry-After`` pauses every attempt, not only the one it came with.
+    """
+
+    def __init__(self, ceiling: int, stats: RequestStats):
+        self.ceiling = ceiling
+        self.limit = float(ceiling)
+        self.in_flight = 0
+        self.paused_until = 0.0
+        self.epoch = 0
+        self.stats = stats
+        stats.limit = ceiling
+        self._cond = asyncio.Condition()
+
+    async def acquire(self) -> int:
+        while True:
+            wait = self.paused_until - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            async with self._cond:
+                await self._cond.wait_for(lambda: self.in_flight < max(1, int(self.limit)))
+                if self.paused_until > time.monotonic():
+                    continue  # a Retry-After arrived while this attempt waited for a slot
+                self.in_flight += 1
+                return self.epoch
+
+    async def release(self, epoch: int, outcome: str, retry_after: float | None = None) -> None:
+        async with self._cond:
+            self.in_flight -= 1
+            if outcome == "throttled":
+                if epoch == self.epoch:
+                    self.limit = max(1.0, math.floor(self.limit / 2))
+                    self.epoch += 1
+                if retry_after:
+                    self.paused_until = max(self.paused_until, time.monotonic() + retry_after)
+            elif outcome == "ok":
+                # +1 per round of successes (additive increase), so a limit found by halving is probed gently.
+                self.limit = min(float(self.ceiling), self.limit + 1.0 / max(1, int(self.limit)))
+            self.stats.limit = int(self.limit)
+            self._cond.notify_all()
+
+
+class OpenAIChatModel:
+    """A model served behind ``POST {base_url}/chat/completions`` (OpenAI, vLLM, SGLang, Ollama, ...).
+
+    Built on ``httpx`` (one pooled async client on a background event loop) and hardened for long
+    unattended builds:
+
+    - **Many requests in flight.** :meth:`request` is thread-safe; with ``concurrency=32`` up to 32
+      HTTP attempts run at once (drive it with :func:`tokenswap.inference.map_ordered`).
+      ``concurrency=1`` is one request at a time.
+    - **Back-pressure.** A 429 or 503 halves the number in flight (once per round of requests) and a
+      ``Retry-After`` pauses every request to the server until it has passed; each round of successes
+      (as many as the limit) adds one back, up to ``concurrency``. A rate-limited API is slowed down, not hammered.
+    - **No redirects.** A 3xx answer is an error naming the target, so the ``Authorization``
+      header can never travel to another host; point ``base_url`` at the final address. HTTP(S)
+      proxies and ``.netrc`` from the environment are not used (``trust_env=False``): the key goes to
+      ``base_url``'s host and nowhere else.
+    - **A deadline per attempt**, not per socket read: connect, send, wait and read together
+      take at most ``timeout`` seconds (one ``asyncio`` deadline around the whole attempt, the
+      per-phase timeouts no longer than it), so a server dripping one byte a second cannot hold a call.
+      A call with retries is bounded by ``(max_retries + 1) * timeout`` plus the backoff sleeps
+      (plus any wait for a free slot).
+    - **A response size limit** (``max_response_bytes``), checked against ``Content-Length``
+      and while reading.
+    - **Clear, retried failures.** Connection errors, deadline overruns, cut bodies, non-UTF-8
+      or non-JSON bodies and HTTP 408/409/429/5xx are retried with exponential backoff and full
+      jitter, honouring ``Retry-After``; every error names the URL, never the key. Other HTTP errors
+      (4xx, 3xx) and oversized replies raise at once.
+    - **Only real answers are cached**: a ``null`` or empty reply is returned as ``""`` but not
+      cached, so a rerun asks again. Concurrent calls with the same question share one request when
+      the cache is on.
+
+    The ``openai`` package was not used: its retries and timeouts are its own (per phase, no deadline for a
+    whole attempt), it follows no size limit, and the build needs the key-stays-home, cache and
+    back-pressure rules above anyway; ``httpx`` (which ``openai`` runs on) gives the pooled transport.
+
+    Args:
+        base_url: endpoint root, e.g. ``"https://api.openai.com/v1"`` or ``"http://localhost:8000/v1"``.
+        model: model name sent in the request (also part of the cache key).
+        api_key_env: environment variable holding the API key; when unset no ``Authorization``
+            header is sent (local servers usually need none).
+        temperature: sampling temperature (0 = greedy, so cached answers are what a rerun would get).
+        max_tokens: maximum completion length.
+        timeout: total seconds for one HTTP attempt (connect + send + wait + read).
+        max_retries: retries after the first attempt for transient failures.
+        cache_path: JSONL response cache; ``None`` disables caching.
+        max_response_bytes: largest response body accepted.
+        max_backoff: longest sleep between attempts, ``Retry-After`` included.
+        concurrency: most HTTP attempts in flight at once (>= 1).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str = "OPENAI_API_KEY",
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        cache_path: str | os.PathLike | None = None,
+        max_response_bytes: int = 16 << 20,
+        max_backoff: float = 60.0,
+        concurrency: int = 32,
+    ):
+        self.base_url = base_url.rstrip("/")
+        parts = urllib.parse.urlsplit(self.base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"base_url must be an http(s) URL such as http://localhost:8000/v1, got {base_url!r}")
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout}")
+        if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+            raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self.model = model
+        self.api_key_env = api_key_env
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.max_response_bytes = max_response_bytes
+        self.max_backoff = max_backoff
+        self.concurrency = concurrency
+        self.url = f"{self.base_url}/chat/completions"
+        self.cache = ResponseCache(cache_path) if cache_path is not None else None
+        self.stats = RequestStats(limit=concurrency)
+        self._rng = random.Random()
+        self._lock = threading.Lock()
+        self._pending: dict[str, Future] = {}  # cache key -> the call asking it now
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_pid: int | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._limit: _AdaptiveLimit | None = None
+
+    def __repr__(self) -> str:
+        return f"OpenAIChatModel(base_url={self.base_url!r}, model={self.model!r}, concurrency={self.concurrency})"
+
+    @property
+    def num_requests(self) -> int:
+        """HTTP attempts made so far (cache hits excluded)."""
+        return self.stats.requests
+
+    # ------------------------------------------------------------------ public calls
+
+    def chat(self, messages: list[dict]) -> str:
+        """The assistant's reply text to ``messages`` (``request(messages).text``)."""
+        return self.request(messages).text
+
+    def request(
+        self,
+        messages: list[dict],
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_logprobs: int | None = None,
+        extra_body: dict | None = None,
+        use_cache: bool = True,
+    ) -> Reply:
+        """Ask the server once (retrying transient failures) and return its :class:`Reply`.
+
+        Thread-safe. ``top_logprobs=k`` asks for the first generated token's top-k alternatives
+        (``Reply.top_logprobs``); ``extra_body`` is merged into the JSON payload (server-specific
+        fields such as vLLM's ``chat_template_kwargs``).
+
+        Raises:
+            LLMRequestError: the retries are spent, or the server refused for good (a 4xx, a
+                redirect, an oversized reply); the message names the URL, never the key.
+        """
+        max_tokens = self.max_tokens if max_tokens is None else max_tokens
+        temperature = self.temperature if temperature is None else temperature
+        # The settings of today's calls alone, so a cache written before these options existed still hits.
+        settings: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens}
+        if top_logprobs is not None:
+            settings["top_logprobs"] = top_logprobs
+        if extra_body:
+            settings["extra_body"] = extra_body
+        cache = self.cache if use_cache else None
+        key = cache_key(self.model, messages, **settings) if cache is not None else ""
+        if cache is not None:
+            if (entry := cache.get_entry(key)) is not None:
+                self.stats.add(cached=1)
+                return _reply_from_entry(entry)
+            with self._lock:
+                leader = key not in self._pending
+                future = self._pending.setdefault(key, Future())
+            if not leader:  # the same question is in flight on another thread: share its answer
+                reply = future.result()
+                return Reply(**{**vars(reply), "cached": True})
+        try:
+            reply = self._ask(messages, max_tokens, temperature, top_logprobs, extra_body)
+        except BaseException as err:
+            if cache is not None:
+                self._settle(key, error=err)
+            raise
+        if cache is not None:
+            if reply.text:
+                cache.put(
+                    key,
+                    reply.text,
+                    reasoning=reply.reasoning,
+                    top_logprobs=reply.top_logprobs,
+                    finish_reason=reply.finish_reason,
+                )
+            self._settle(key, reply=reply)
+        return reply
+
+    def close(self) -> None:
+        """Close the connection pool and stop the background event loop (the client restarts them if used again)."""
+        loop, client = self._loop, self._client
+        self._loop = self._client = self._limit = None
+        if loop is None or self._loop_pid != os.getpid():
+            return
+        if client is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(client.aclose(), loop).result(timeout=5)
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+        loop.call_soon_threadsafe(loop.stop)
+        if self.cache is not None:
+            self.cache.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # ------------------------------------------------------------------ internals
+
+    def _settle(self, key: str, reply: Reply | None = None, error: BaseException | None = None) -> None:
+        with self._lock:
+            future = self._pending.pop(key, None)
+        if future is not None:
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(reply)
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._loop_pid != os.getpid():  # first use, or a forked child
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="tokenswap-http", daemon=True).start()
+                ceiling = self.concurrency
+
+                async def setup() -> tuple[httpx.AsyncClient, _AdaptiveLimit]:
+                    client = httpx.AsyncClient(
+                        follow_redirects=False,
+                        trust_env=False,
+                        timeout=httpx.Timeout(self.timeout),
+                        limits=httpx.Limits(max_connections=ceiling, max_keepalive_connections=ceiling),
+                    )
+                    return client, _AdaptiveLimit(ceiling, self.stats)
+
+                self._client, self._limit = asyncio.run_coroutine_threadsafe(setup(), loop).result()
+                self._loop, self._loop_pid = loop, os.getpid()
+            return self._loop
+
+    def _ask(
+        self, messages: list[dict], max_tokens: int, temperature: float, top_logprobs: int | None, extra_body: dict | None
+    ) -> Reply:
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": m["role"], "content": _to_openai_content(m["content"])} for m in messages],
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+        }
+        if top_logprobs is not None:
+            payload["logprobs"] = True
+            payload["top_logprobs"] = top_logprobs
+        if extra_body:
+            payload.update(extra_body)
+        body = json.dumps(payload).encode()  # encoded here, in the calling thread, not on the event loop
+        loop = self._ensure_loop()
+        try:
+            return asyncio.run_coroutine_threadsafe(self._call(body), loop).result()
+        except LLMRequestError:
+            self.stats.add(errors=1)
+            raise
+
+    async def _call(self, body: bytes) -> Reply:
+        headers = {"Content-Type": "application/json", "Accept": "application/json", "Accept-Encoding": "identity"}
+        api_key = os.environ.get(self.api_key_env)  # read per request: a rotated key is picked up
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        limit = self._limit
+        assert limit is not None
+        last_error = ""
+        retry_after: float | None = None
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                # Full jitter: ranks retrying the same overloaded server spread out instead of
+                # returning together.
+                delay = self._rng.uniform(0.0, min(self.max_backoff, 0.5 * 2**attempt))
+                await asyncio.sleep(max(delay, retry_after or 0.0))
+                self.stats.add(retries=1)
+            epoch = await limit.acquire()
+            self.stats._start()
+            outcome = "error"
+            try:
+                reply = await asyncio.wait_for(self._attempt(body, headers), self.timeout)
+                outcome = "ok"
+                return reply
+            except asyncio.TimeoutError:
+                last_error, retry_after = f"no complete answer within the {self.timeout:g}s deadline", None
+            except _Retryable as e:
+                last_error, retry_after = str(e), e.retry_after
+                if e.throttled:
+                    outcome = "throttled"
+                    self.stats.add(throttled=1)
+            finally:
+                self.stats._end()
+                await limit.release(epoch, outcome, retry_after if outcome == "throttled" else None)
+        raise LLMRequestError(f"{self.url} failed after {self.max_retries + 1} attempts; last error: {last_error}")
+
+    async def _attempt(self, body: bytes, headers: dict[str, str]) -> Reply:
+        url = self.url
+        client = self._client
+        assert client is not None
+        try:
+            async with client.stream("POST", url, content=body, headers=headers) as response:
+                status = response.status_code
+                raw = await self._read_body(response)
+        except httpx.RemoteProtocolError as e:
+            # A body shorter than its Content-Length, or a connection dropped mid-answer.
+            raise _Retryable(f"IncompleteRead or dropped connection: {e}") from None
+        except httpx.HTTPError as e:
+            raise _Retryable(f"{type(e).__name__}: {e}") from None
+        except OSError as e:
+            raise _Retryable(f"{type(e).__name__}: {e}") from None
+        if 300 <= status < 400:
+            raise LLMRequestError(
+                f"{url} answered HTTP {status} redirecting to {response.headers.get('Location')!r}; redirects are "
+                "not followed (the API key would go with them): set base_url to the final address"
+            )
+        if status != 200:
+            detail = raw[:500].decode("utf-8", "replace")
+            if status in (408, 409, 429) or status >= 500:
+                raise _Retryable(
+                    f"HTTP {status}: {detail}",
+                    _retry_after(response.headers.get("Retry-After"), self.max_backoff),
+                    throttled=status in (429, 503),
+                )
+            raise LLMRequestError(f"{url} answered HTTP {status}: {detail}")
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise _Retryable(f"{url} returned a body that is not UTF-8 ({e})") from None
+        except json.JSONDecodeError as e:
+            raise _Retryable(f"{url} returned a body that is not JSON ({e}); starts {raw[:80]!r}") from None
+        try:
+            choice = data["choices"][0]
+            message = choice["message"]
+            content = message["content"]
+        except (KeyError, IndexError, TypeError):
+            shape = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise _Retryable(f"{url} returned no choices[0].message.content; got {shape}") from None
+        if content is not None and not isinstance(content, str):
+            raise _Retryable(f"{url} returned a {type(content).__name__} as message content, not a string")
+        reply = Reply(
+            text=content or "",
+            reasoning=_reasoning(message),
+            usage=_usage(data),
+            top_logprobs=_top_logprobs(choice),
+            finish_reason=choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None,
+        )
+        self.stats.add(
+            replies=1,
+            prompt_tokens=reply.usage.get("prompt_tokens", 0),
+            completion_tokens=reply.usage.get("completion_tokens", 0),
+        )
+        return reply
+
+    async def _read_body(self, response: httpx.Response) -> bytes:
+        limit = self.max_response_bytes
+        length = response.headers.get("Content-Length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise LLMRequestError(
+                f"{self.url} announced a {int(length):,}-byte reply, more than max_response_bytes={limit:,}"
+            )
+        chunks, size = [], 0
+        async for chunk in response.aiter_raw():
+            size += len(chunk)
+            if size > limit:
+                raise LLMRequestError(f"{self.url} sent more than max_response_bytes={limit:,} bytes; reply refused")
+            chunks.append(chunk)
+        if length is not None and length.isdigit() and size != int(length):
+            raise _Retryable(f"IncompleteRead: {size} of {int(length)} announced bytes")
+        return b"".join(chunks)
+
+
+def _reasoning(message: dict) -> str | None:
+    for name in ("reasoning_content", "reasoning"):
+        value = message.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _usage(data: dict) -> dict[str, int]:
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        return {}
+    return {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def _top_logprobs(choice: dict) -> list[tuple[str, float]] | None:
+    try:
+        first = choice["logprobs"]["content"][0]["top_logprobs"]
+        pairs = [(str(t["token"]), float(t["logprob"])) for t in first]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return sorted(pairs, key=lambda p: -p[1]) or None
+
+
+def _reply_from_entry(entry: dict) -> Reply:
+    top = entry.get("top_logprobs")
+    return Reply(
+        text=entry["response"],
+        reasoning=entry.get("reasoning"),
+        top_logprobs=[(str(t), float(lp)) for t, lp in top] if isinstance(top, list) else None,
+        finish_reason=entry.get("finish_reason"),
+        cached=True,
+    )
