@@ -12,6 +12,10 @@ answers each with a :class:`Generation`, in input order, one at a time as they f
   (vLLM returns them) and reports the probability mass outside that top-k. A server that returns no
   logprobs (``transformers serve`` ignores the field) raises :class:`NoLogprobsError` at the first item.
 
+Both return the final content stripped of surrounding whitespace: servers differ there
+(``transformers serve``'s Qwen response parser strips it, vLLM returns it as generated), no extractor
+reads it, and REST's OCR-first asks a transcription back, which must not depend on the server.
+
 Both apply the same caps before anything is sent: an item with more than ``max_images`` images is
 skipped and counted (never cut), images above ``max_pixels`` are scaled down, and the release's
 per-model image resize (:mod:`tokenswap.inference.model_settings`) is applied to every image. A
@@ -292,6 +296,7 @@ class HFBackend(Backend):
             for row, ids in enumerate(new.tolist()):
                 ended = next((i for i, t in enumerate(ids) if t in stop), None)
                 text, reasoning = split_reasoning(processor.decode(ids, skip_special_tokens=True))
+                text = text.strip()
                 usage = {
                     "prompt_tokens": int(batch["attention_mask"][row].sum()),
                     "completion_tokens": len(ids) if ended is None else ended + 1,
@@ -425,7 +430,7 @@ class OpenAIBackend(Backend):
             reply = self.client.request(
                 messages, max_tokens=max_new_tokens, temperature=0.0, extra_body=self._extra(kwargs), use_cache=False
             )
-            return Generation(text=reply.text, reasoning=reply.reasoning, usage=dict(reply.usage),
+            return Generation(text=reply.text.strip(), reasoning=reply.reasoning, usage=dict(reply.usage),
                               finish_reason=reply.finish_reason)
 
         return self._map(prepared, ask)
