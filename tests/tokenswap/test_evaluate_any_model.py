@@ -211,3 +211,175 @@ def test_rest_parity_hf_and_served(served, varied_model, tmp_path):
     _same_replies(hf, api, "answer")
     a, b = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("hf", "api"))
     assert a["variants"] == b["variants"]
+
+
+# ----------------------------------------------------------------------------- loopback servers
+
+
+class Loopback:
+    """An OpenAI-compatible server on 127.0.0.1 whose answer to each POST is ``behave(payload, attempt)``.
+
+    ``attempt`` counts the POSTs of the same conversation so far (1 for the first). ``behave`` returns
+    ``("json", dict)`` (answered 200), ``("status", code, headers)``, ``("raw", bytes)`` (200 with that body),
+    ``("drop",)`` (the connection is closed without an answer) or ``("stall", seconds)`` then answers.
+    Records every payload and its headers.
+    """
+
+    def __init__(self, behave):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.payloads: list[dict] = []
+        self.headers: list[dict] = []
+        self.attempts: dict[str, int] = {}
+        lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server API)
+                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                conv = json.dumps(payload["messages"], sort_keys=True)
+                with lock:
+                    server.payloads.append(payload)
+                    server.headers.append(dict(self.headers))
+                    server.attempts[conv] = server.attempts.get(conv, 0) + 1
+                    attempt = server.attempts[conv]
+                action = behave(payload, attempt)
+                self.close_connection = True
+                try:
+                    if action[0] == "drop":
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                        return
+                    if action[0] == "stall":
+                        time.sleep(action[1])
+                        action = ("json", answer("B"))
+                    if action[0] == "status":
+                        self._send(action[1], b'{"error": "try later"}', action[2])
+                    elif action[0] == "raw":
+                        self._send(200, action[1])
+                    else:
+                        self._send(200, json.dumps(action[1]).encode())
+                except OSError:
+                    pass  # the client gave up (a deadline)
+
+            def _send(self, status, body, headers=None):
+                self.send_response(status)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def answer(text: str, top: list[tuple[str, float]] | None = None, reasoning: str | None = None) -> dict:
+    message = {"role": "assistant", "content": text}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    if top is not None:
+        choice["logprobs"] = {"content": [{"token": top[0][0], "logprob": top[0][1],
+                                           "top_logprobs": [{"token": t, "logprob": lp} for t, lp in top]}]}
+    return {"choices": [choice], "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}
+
+
+def _question(payload: dict) -> str:
+    return "".join(p["text"] for m in payload["messages"] for p in m["content"] if p["type"] == "text")
+
+
+def _eval_args(server, bench: Path, out: Path, *extra: str) -> list[str]:
+    return ["eval", "--backend", "openai", "--base-url", server.base_url, "--model", "some-vlm", "--bench",
+            str(bench), "--api-key-env", KEY_ENV, "--out", str(out), *extra]
+
+
+def test_images_go_in_place_lossless_with_caps(tmp_path, monkeypatch):
+    import base64
+
+    import numpy as np
+
+    from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs
+    from tokenswap.eval.mc import build_conversation
+
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    bench = _bench(tmp_path / "bench")
+    with Loopback(lambda payload, attempt: ("json", answer("The answer is C."))) as server:
+        assert tokenswap_main(_eval_args(server, bench, tmp_path / "out", "--max-images", "3")) == 0
+        sent = {_question(p): p for p in server.payloads}
+        assert all(h.get("Authorization") == f"Bearer {SECRET}" for h in server.headers)
+    summary = json.loads((tmp_path / "out" / "gap.json").read_text())
+    # Images per request, a repeated tag counted each time it is sent (as vLLM's --limit-mm-per-prompt counts):
+    # p1 sends 4, p3 sends 5. Both are skipped and counted, never cut or sent; the rest is scored.
+    assert summary["n_skipped"] == 2 and [e["id"] for e in summary["excluded"]] == ["test/1", "test/3"]
+    assert summary["excluded"][0]["skipped"] == "4 images, more than --max-images 3" and summary["n"] == 3
+    assert len(server.payloads) == 2 * 5 - 2  # (p4's two forms are the same question: one key in `sent`)
+    for text, inter in load_tokenswap_bench_pairs(bench):
+        for item in (text, inter):
+            if item.id in ("test/1", "test/3") and item is inter:
+                continue
+            expected = build_conversation(item)[0]["content"]
+            got = sent["".join(p["text"] for p in expected if p["type"] == "text")]["messages"][0]["content"]
+            # In place and in order (a repeated tag sends its picture again), as PNG with the very pixels.
+            assert [p["type"] for p in got] == ["image_url" if p["type"] == "image" else "text" for p in expected]
+            for want, part in zip(expected, got):
+                if want["type"] == "image":
+                    url = part["image_url"]["url"]
+                    assert url.startswith("data:image/png;base64,")
+                    im = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+                    assert np.array_equal(np.asarray(im), np.asarray(want["image"]))
+    assert {p["max_tokens"] for p in server.payloads} == {2048} and {p["temperature"] for p in server.payloads} == {0}
+    _assert_no_secret(tmp_path)
+
+
+def test_release_settings_by_served_name_and_overrides(tmp_path):
+    import base64
+
+    from tokenswap.inference.model_settings import resize_to_pixels
+
+    bench = _bench(tmp_path / "bench")
+    sizes = {}
+    with Loopback(lambda payload, attempt: ("json", answer("A"))) as server:
+        args = _eval_args(server, bench, tmp_path / "q25", "--limit", "2")
+        args[args.index("some-vlm")] = "Qwen/Qwen2.5-VL-7B-Instruct"
+        assert tokenswap_main(args) == 0
+        assert {p["max_tokens"] for p in server.payloads} == {128}  # the task file's qwen2_5_vl budget
+        server.payloads.clear()
+        assert tokenswap_main([*args[:-4], "--out", str(tmp_path / "q25b"), "--limit", "2",
+                               "--max-new-tokens", "64"]) == 0
+        assert {p["max_tokens"] for p in server.payloads} == {64}
+        args[args.index("Qwen/Qwen2.5-VL-7B-Instruct")] = "qwen3-vl-8b-instruct"
+        for name, extra in (("q3", []), ("q3cap", ["--max-pixels", "40000"]), ("q3off", ["--no-model-settings"])):
+            server.payloads.clear()
+            run = [*args, *extra]
+            run[run.index(str(tmp_path / "q25"))] = str(tmp_path / name)
+            assert tokenswap_main(run) == 0
+            sizes[name] = {Image.open(io.BytesIO(base64.b64decode(p["image_url"]["url"].split(",", 1)[1]))).size
+                           for payload in server.payloads for p in payload["messages"][0]["content"]
+                           if p["type"] == "image_url"}
+    originals = {(56 + 28 * n, 56) for n in (1, 2)}  # the images of items p0 and p1
+    # The task file's Qwen3-VL resize (about 100,352 px, sides multiples of 32, bicubic), then --max-pixels.
+    assert sizes["q3"] == {resize_to_pixels(Image.new("RGB", wh), 100_352).size for wh in originals}
+    assert all(w % 32 == 0 and h % 32 == 0 and 90_000 < w * h < 125_000 for w, h in sizes["q3"])
+    assert sizes["q3cap"] and all(w * h <= 40000 for w, h in sizes["q3cap"])
+    assert sizes["q3off"] == originals
+    summary = json.loads((tmp_path / "q3" / "gap.json").read_text())
+    assert summary["model_settings"]["image_pixels"] == 100_352 and "Qwen3-VL" in summary["model_settings"]["applied"][0]
+    assert summary["max_new_tokens"] == 2048
