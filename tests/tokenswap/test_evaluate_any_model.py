@@ -383,3 +383,136 @@ def test_release_settings_by_served_name_and_overrides(tmp_path):
     summary = json.loads((tmp_path / "q3" / "gap.json").read_text())
     assert summary["model_settings"]["image_pixels"] == 100_352 and "Qwen3-VL" in summary["model_settings"]["applied"][0]
     assert summary["max_new_tokens"] == 2048
+
+
+def test_faults_are_retried_and_reasoning_is_kept(tmp_path, monkeypatch):
+    import math
+
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    bench = _bench(tmp_path / "bench")
+    faults = [("drop",), ("status", 429, {"Retry-After": "1"}), ("status", 500, {}), ("raw", b"<html>busy</html>"),
+              ("stall", 4.0)]
+    first_fault: dict[str, tuple] = {}
+    times: dict[str, list[float]] = {}
+
+    def behave(payload, attempt):
+        q = _question(payload) + str(len(payload["messages"][0]["content"]))
+        times.setdefault(q, []).append(time.monotonic())
+        if attempt == 1:
+            first_fault[q] = faults[len(first_fault) % len(faults)]
+            return first_fault[q]
+        return ("json", answer("So the answer is B.", reasoning="A looks right at first. Or D?"))
+
+    with Loopback(behave) as server:
+        args = _eval_args(server, bench, tmp_path / "out", "--timeout", "1.5", "--max-retries", "4",
+                          "--concurrency", "3")
+        assert tokenswap_main(args) == 0
+    records = _records(tmp_path / "out" / "records.jsonl")
+    assert len(records) == 10 and all("error" not in r for r in records.values())
+    assert {r["pred"] for r in records.values()} == {"B"}  # from the final content, not the reasoning's A / D
+    assert {r["reasoning"] for r in records.values()} == {"A looks right at first. Or D?"}
+    # One fault, then one answer: each asked again exactly once (p4's two forms are one conversation: 3 asks).
+    assert sorted(map(len, times.values())) == [2] * 8 + [3]
+    throttled = [q for q, f in first_fault.items() if f[0] == "status" and f[1] == 429]
+    assert throttled and all(times[q][1] - times[q][0] >= 0.95 for q in throttled)  # Retry-After honoured
+    summary = json.loads((tmp_path / "out" / "gap.json").read_text())
+    assert summary["n_failed"] == 0 and summary["items"][0]["reasoning_interleaved"].startswith("A looks")
+    assert summary["usage"] == {"prompt_tokens": 70, "completion_tokens": 30, "requests": 10}
+    assert not math.isnan(summary["acc_text"])
+    _assert_no_secret(tmp_path)
+
+
+def test_failed_requests_are_counted_never_scored_and_fail_the_run(tmp_path, capsys):
+    bench = _bench(tmp_path / "bench")
+
+    def behave(payload, attempt):
+        return ("status", 500, {}) if "eat a" in _question(payload) else ("json", answer("A"))
+
+    with Loopback(behave) as server:
+        args = _eval_args(server, bench, tmp_path / "out", "--max-retries", "1", "--concurrency", "2")
+        assert tokenswap_main(args) == 1
+        err = capsys.readouterr().err
+        assert "2 of 10 requests failed (20.0% > --max-error-share 1.0%)" in err and "HTTP 500" in err
+        assert not (tmp_path / "out" / "gap.json").exists()
+        records = _records(tmp_path / "out" / "records.jsonl")
+        assert sorted(k for k, r in records.items() if "error" in r) == ["interleaved|test/2", "text|test/2"]
+        asked = len(server.payloads)
+        assert tokenswap_main([*args, "--max-error-share", "0.5"]) == 0
+        # Only the two failed ones are asked again (each: one attempt and one retry).
+        assert len(server.payloads) - asked == 2 * 2
+    summary = json.loads((tmp_path / "out" / "gap.json").read_text())
+    assert summary["n"] == 4 and summary["n_failed"] == 2 and [e["id"] for e in summary["excluded"]] == ["test/2"]
+    # Item p2 (answer C) is out of the scores, not a wrong answer: A is right for p0 and p4 of the remaining four.
+    assert summary["acc_text"] == 2 / 4
+
+
+def test_kill_mid_run_then_resume_asks_nothing_twice(tmp_path, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    bench = _bench(tmp_path / "bench")
+    out = tmp_path / "out"
+
+    def behave(payload, attempt):
+        time.sleep(0.4)
+        return ("json", answer("D"))
+
+    with Loopback(behave) as server:
+        args = _eval_args(server, bench, out, "--concurrency", "2")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get(
+            "PYTHONPATH", "")])}
+        with open(tmp_path / "run.log", "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "tokenswap.cli", *args], stdout=log, stderr=log, env=env)
+            deadline = time.monotonic() + 120
+            while not ((out / "records.jsonl").exists() and
+                       len((out / "records.jsonl").read_text().splitlines()) >= 3):
+                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "run.log").read_text()
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        before = _records(out / "records.jsonl")
+        asked_before = len(server.payloads)
+        assert 3 <= len(before) < 10
+        with open(out / "records.jsonl", "a") as f:  # a torn last line, as a kill inside a write leaves
+            f.write('{"key": "text|test/4", "resp')
+        assert tokenswap_main(args) == 0
+        asked_after = [_question(p) for p in server.payloads[asked_before:]]
+    final = _records(out / "records.jsonl")
+    assert len(final) == 10 and all(r["response"] == "D" for r in final.values())
+    from collections import Counter
+
+    from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs
+    from tokenswap.eval.mc import build_conversation
+
+    def question(item):
+        return "".join(p["text"] for p in build_conversation(item)[0]["content"] if p["type"] == "text")
+
+    by_key = {f"{form}|{item.id}": question(item) for pair in load_tokenswap_bench_pairs(bench)
+              for form, item in zip(("text", "interleaved"), pair)}
+    # Nothing recorded before the kill is asked again, everything else exactly once (requests in flight at the
+    # kill had no record yet, so they are asked again).
+    assert Counter(asked_after) == Counter(by_key[k] for k in by_key if k not in before)
+    _assert_no_secret(tmp_path)
+
+
+def test_loglik_through_an_endpoint_reads_top_logprobs(tmp_path):
+    import math
+
+    bench = _bench(tmp_path / "bench")
+    top = [(" B", math.log(0.6)), ("C", math.log(0.2)), ("B", math.log(0.1)), (" x", math.log(0.05))]
+    with Loopback(lambda payload, attempt: ("json", answer(" B", top=top))) as server:
+        assert tokenswap_main(_eval_args(server, bench, tmp_path / "out", "--scorer", "loglik")) == 0
+        assert {(p["max_tokens"], p["logprobs"], p["top_logprobs"]) for p in server.payloads} == {(1, True, 20)}
+    summary = json.loads((tmp_path / "out" / "gap.json").read_text())
+    assert summary["scorer"] == "loglik" and {r["pred_text"] for r in summary["items"]} == {"B"}
+    probs = summary["items"][0]["letter_probs_text"]
+    assert probs == pytest.approx([0.0, 0.7, 0.2, 0.0])  # P("B") + P(" B"); the letters outside the top-k get 0
+    assert summary["loglik_outside_mass"]["max"] == pytest.approx(0.05)
+
+
+def test_loglik_is_refused_where_the_server_returns_no_logprobs(served, varied_model, tmp_path, capsys):
+    bench = _bench(tmp_path / "bench")
+    args = ["eval", "--bench", str(bench), "--scorer", "loglik", *_openai(served, varied_model), "--out",
+            str(tmp_path / "out")]
+    assert tokenswap_main(args) == 2
+    err = capsys.readouterr().err
+    assert "answered without logprobs" in err and "--scorer generate" in err
+    assert not (tmp_path / "out" / "records.jsonl").exists()  # refused at the first item, nothing recorded

@@ -39,16 +39,20 @@ class RecordLog:
         self.key_field = key_field
         self.records: dict[str, dict] = {}
         if self.path.exists():
-            with open(self.path, encoding="utf-8") as f:
-                for line in f:
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError:  # the torn last line of a killed run: asked again
-                        continue
-                    if isinstance(row, dict) and key_field in row:
-                        self.records[row[key_field]] = row
+            raw = self.path.read_bytes()
+            if raw and not raw.endswith(b"\n"):
+                # A killed run's torn last line: cut it, so the file stays valid JSONL; its unit is asked again.
+                with open(self.path, "r+b") as f:
+                    f.truncate(raw.rfind(b"\n") + 1)
+                raw = raw[: raw.rfind(b"\n") + 1]
+            for line in raw.decode("utf-8", "replace").splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:  # a line no run of ours writes: left in place, skipped
+                    continue
+                if isinstance(row, dict) and key_field in row:
+                    self.records[row[key_field]] = row
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._torn = self.path.exists() and self.path.stat().st_size and not self.path.read_bytes().endswith(b"\n")
 
     def answered(self, key: str) -> bool:
         """Whether ``key`` has a record that needs no new request (a failed or skipped one is asked again)."""
@@ -57,9 +61,6 @@ class RecordLog:
 
     def append(self, record: dict) -> None:
         with open(self.path, "a", encoding="utf-8") as f:
-            if self._torn:  # start on a fresh line after a killed run's partial one
-                f.write("\n")
-                self._torn = False
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
             f.flush()  # the OS keeps a flushed line through a killed process
         self.records[record[self.key_field]] = record
