@@ -25,7 +25,6 @@ from PIL import Image
 
 from tokenswap.cli import main as tokenswap_main
 from tokenswap.eval.mc import MCItem
-from tokenswap.testing import LoadLLMServer, ScriptedLLMServer, llm_answer, llm_reply
 
 SECRET = "sk-tokenswap-test-3f9a1c"  # must appear in no output file or log
 KEY_ENV = "TOKENSWAP_TEST_API_KEY"
