@@ -515,3 +515,12 @@ def test_loglik_is_refused_where_the_server_returns_no_logprobs(served, varied_m
     err = capsys.readouterr().err
     assert "answered without logprobs" in err and "--scorer generate" in err
     assert not (tmp_path / "out" / "records.jsonl").exists()  # refused at the first item, nothing recorded
+
+
+@pytest.mark.parametrize("name", ["hf", "model_settings", "backends"])
+def test_inference_doctests(name):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"tokenswap.inference.{name}"))
+    assert result.attempted > 0 and result.failed == 0

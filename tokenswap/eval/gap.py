@@ -58,7 +58,14 @@ from tokenswap.eval.mc import (
     shots_for,
 )
 from tokenswap.eval.recognition import recognition_items
-from tokenswap.inference.hf import build_inputs, close_open_think, generate_from_inputs, letter_logprobs
+from tokenswap.inference.hf import (
+    OPEN_THINK,
+    build_inputs,
+    close_open_think,
+    generate_from_inputs,
+    letter_logprobs,
+    split_reasoning,
+)
 
 __all__ = ["NAMING_ANSWER", "NAMING_PROMPT", "GapEvaluator", "GapResult", "GapStats", "Scorer", "letter_token_ids",
            "summarize"]
@@ -423,6 +430,10 @@ class GapEvaluator:
         self.max_new_tokens = max_new_tokens
         self.progress = progress
         self.letter_ids = letter_token_ids(processor.tokenizer) if scorer == "loglik" else None
+        # A template whose generation prompt opens a think block (Qwen3.5): the answer is read after "</think>".
+        probe = [{"role": "user", "content": [{"type": "text", "text": "?"}]}]
+        self._opens_think = processor.apply_chat_template(probe, tokenize=False, add_generation_prompt=True).endswith(
+            OPEN_THINK)
 
         text_shots: dict[str, list[MCItem]] = {}
         inter_shots: dict[str, list[MCItem]] = {}
@@ -569,7 +580,7 @@ class GapEvaluator:
                     preds, responses = self._loglik(model, batch), [None] * len(idx)
                 else:
                     responses = generate_from_inputs(model, self.processor, batch, self.max_new_tokens)
-                    preds = [extract_answer(r) for r in responses]
+                    preds = [extract_answer(split_reasoning(r, self._opens_think)[0]) for r in responses]
                 local += [(u, p, r) for u, p, r in zip(idx, preds, responses) if u is not None]
         finally:
             model.train(was_training)

@@ -276,7 +276,7 @@ class HFBackend(Backend):
     def _generate(self, prepared, max_new_tokens: int, kwargs: dict) -> Iterator[Generation]:
         import torch
 
-        from tokenswap.inference.hf import build_inputs, split_reasoning
+        from tokenswap.inference.hf import OPEN_THINK, build_inputs, split_reasoning
 
         model, processor = self.model, self.processor
         tokenizer = processor.tokenizer
@@ -284,6 +284,10 @@ class HFBackend(Backend):
 
         def run(convs: list[list[dict]]) -> list[Generation]:
             batch = build_inputs(processor, convs, chat_template_kwargs=kwargs).to(model.device)
+            opened = [
+                processor.apply_chat_template(c, tokenize=False, add_generation_prompt=True, **kwargs)
+                .endswith(OPEN_THINK) for c in convs
+            ]
             was_training = model.training
             model.eval()
             with torch.inference_mode():
@@ -295,7 +299,7 @@ class HFBackend(Backend):
             out = []
             for row, ids in enumerate(new.tolist()):
                 ended = next((i for i, t in enumerate(ids) if t in stop), None)
-                text, reasoning = split_reasoning(processor.decode(ids, skip_special_tokens=True))
+                text, reasoning = split_reasoning(processor.decode(ids, skip_special_tokens=True), opened[row])
                 text = text.strip()
                 usage = {
                     "prompt_tokens": int(batch["attention_mask"][row].sum()),
@@ -348,8 +352,9 @@ def letter_probs_from_top_logprobs(top: Sequence[tuple[str, float]]) -> tuple[li
 
     A letter absent from the top-k gets 0 (its true probability is at most the outside mass).
 
-    >>> probs, outside = letter_probs_from_top_logprobs([(" B", math.log(0.5)), ("B", math.log(0.25)), ("C", math.log(0.125))])
-    >>> probs, outside
+    >>> top = [(" B", math.log(0.5)), ("B", math.log(0.25)), ("C", math.log(0.125))]
+    >>> probs, outside = letter_probs_from_top_logprobs(top)
+    >>> [round(p, 6) for p in probs], round(outside, 6)
     ([0.0, 0.75, 0.125, 0.0], 0.125)
     """
     probs = [0.0] * len(LETTERS)

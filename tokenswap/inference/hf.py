@@ -45,20 +45,22 @@ def close_open_think(prompt: str) -> str:
     return prompt + _CLOSED_THINK[len(OPEN_THINK):] if prompt.endswith(OPEN_THINK) else prompt
 
 
-def split_reasoning(text: str) -> tuple[str, str | None]:
+def split_reasoning(text: str, opened: bool = False) -> tuple[str, str | None]:
     """``(final content, reasoning)`` of a generation: the reasoning is what precedes the last ``</think>``.
 
-    A generation without ``</think>`` is all content (reasoning ``None``); one that opened a think
-    block and never closed it (the budget ran out while reasoning) has no final content.
+    Args:
+        text: the decoded generation.
+        opened: the prompt ended with an open think block (:data:`OPEN_THINK`): a generation that never
+            closes it (the budget ran out while reasoning) is all reasoning and has no final content.
 
     >>> split_reasoning("let me see</think>\\n\\nB")
     ('B', 'let me see')
-    >>> split_reasoning("B")
-    ('B', None)
+    >>> split_reasoning("B"), split_reasoning("still thinking", opened=True)
+    (('B', None), ('', 'still thinking'))
     """
     head, sep, tail = text.rpartition("</think>")
     if not sep:
-        return text, None
+        return ("", text) if opened else (text, None)
     return tail.lstrip("\n"), head.removeprefix("<think>").strip("\n")
 
 
