@@ -524,3 +524,47 @@ def test_inference_doctests(name):
 
     result = doctest.testmod(importlib.import_module(f"tokenswap.inference.{name}"))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_crossmath_and_rest_count_failed_requests_and_leave_them_out(tmp_path, capsys):
+    from tokenswap.crossmath.data import load_crossmath
+
+    data = tmp_path / "cm"
+    assert tokenswap_main(["crossmath", "generate", "--n", "3", "--out", str(data), "--styles", "original"]) == 0
+    bad_table = load_crossmath(data / "Original")[1]["markdown_table"]
+    soe = tmp_path / "soe"
+    assert tokenswap_main(["rest", "build", "--source", "soebench", "--n", "2", "--out", str(soe)]) == 0
+
+    def behave(payload, attempt):
+        texts = [p.get("text", "") for p in payload["messages"][0]["content"]]
+        if bad_table in texts:
+            return ("status", 503, {})
+        if any("Transcribe" in t for t in texts) and attempt == 1 and payload["messages"][0]["content"][0]["type"] \
+                == "image_url":
+            return ("status", 500, {})
+        return ("json", answer("<answer>1 2</answer> A"))
+
+    with Loopback(behave) as server:
+        common = ["--backend", "openai", "--base-url", server.base_url, "--model", "m", "--max-retries", "0"]
+        cm = ["crossmath", "eval", "--data", str(data / "Original"), "--modality", "text", "--out",
+              str(tmp_path / "cm-out"), *common]
+        assert tokenswap_main(cm) == 1
+        assert "1 of 3 requests failed" in capsys.readouterr().err
+        assert tokenswap_main([*cm, "--max-error-share", "0.5"]) == 0
+        metrics = json.loads((tmp_path / "cm-out" / "metrics_text.json").read_text())
+        assert (metrics["n"], metrics["n_failed"], metrics["n_puzzles"]) == (2, 1, 3)
+
+        rest = ["rest", "eval", "--data", str(soe), "--ocr", "--out", str(tmp_path / "rest-out"), *common,
+                "--max-error-share", "0.5"]
+        assert tokenswap_main(rest) == 0
+        metrics = json.loads((tmp_path / "rest-out" / "metrics.json").read_text())
+        # Both OCR requests of each item failed once (no retries): the items' OCR-first could not be asked either,
+        # so both items are left out of the variant, never scored wrong; a rerun asks exactly those again.
+        assert metrics["n_failed"] == 4 and metrics["n_skipped"] == 2
+        assert metrics["excluded"]["sans_200"] == ["soebench-0-00000", "soebench-0-00001"]
+        assert metrics["variants"]["sans_200"]["all"]["n"] == 0
+        asked = len(server.payloads)
+        assert tokenswap_main(rest) == 0
+        assert len(server.payloads) - asked == 4 + 2  # the four OCR requests, then the two OCR-first ones
+    metrics = json.loads((tmp_path / "rest-out" / "metrics.json").read_text())
+    assert metrics["n_failed"] == metrics["n_skipped"] == 0 and metrics["variants"]["sans_200"]["all"]["n"] == 2
