@@ -212,11 +212,8 @@ class Backend:
     def _score_letters(self, prepared, kwargs: dict) -> Iterator[Generation]:
         raise NotImplementedError
 
-    def describe(self) -> dict:
-        """What the results record about the backend (never a key)."""
-        return {"backend": self.kind, "model": self.name, "max_images": self.max_images, "max_pixels": self.max_pixels}
-
     def stats(self) -> dict:
+        """Request counters of this run (an endpoint's requests, retries, errors); empty for a local model."""
         return {}
 
     def close(self) -> None:
@@ -333,9 +330,6 @@ class HFBackend(Backend):
             return out
 
         return self._run(prepared, run)
-
-    def describe(self) -> dict:
-        return {**super().describe(), "batch_size": self.batch_size}
 
 
 def _as_list(value) -> list:
@@ -467,10 +461,6 @@ class OpenAIBackend(Backend):
             yield from self._map(prepared_iter, ask)
 
         return checked()
-
-    def describe(self) -> dict:
-        return {**super().describe(), "endpoint": public_url(self.client.base_url), "concurrency": self.concurrency,
-                "image_format": self.image_format if self.image_format == "png" else f"jpeg:{self.jpeg_quality}"}
 
     def stats(self) -> dict:
         stats = getattr(self.client, "stats", None)

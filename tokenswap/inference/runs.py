@@ -112,6 +112,10 @@ def run_units(
             bar.update()
     finally:
         bar.close()
+    stats = backend.stats()
+    if stats and progress is not None:
+        print(f"{progress}: " + ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                                          for k, v in stats.items()), file=sys.stderr)
     return len(todo)
 
 
