@@ -28,6 +28,8 @@ from tokenswap.cli import main
         (["eval", "--model", "m", "--max-error-share", "5", "--out", "{tmp}/r"], "must be between 0 and 1"),
         (["eval", "--backend", "openai", "--base-url", "ftp://user:pw@host/v1", "--model", "m", "--out", "{tmp}/r"],
          "--base-url must be an http(s) URL"),
+        (["eval", "--backend", "openai", "--base-url", "https://me:pw@host/v1", "--model", "m", "--out", "{tmp}/r"],
+         "--base-url must carry no user, password or query ('https://host/v1' without them)"),
         (["crossmath", "eval", "--backend", "openai", "--model", "m", "--data", "{tmp}/nope", "--modality", "text",
           "--out", "{tmp}/r"], "--backend openai needs --base-url"),
         (["rest", "eval", "--backend", "openai", "--model", "m", "--data", "{tmp}/built", "--out", "{tmp}/r"],
@@ -37,7 +39,7 @@ from tokenswap.cli import main
     ],
     ids=["rest-n-negative", "rest-n-zero", "rest-data-missing", "rest-eval-data-missing", "rest-eval-model-missing",
          "rest-eval-batch-negative", "build-store-data-typo", "build-store-negative-limit", "eval-openai-no-url",
-         "eval-openai-recognition", "eval-error-share-range", "eval-url-scheme", "crossmath-openai-no-url",
+         "eval-openai-recognition", "eval-error-share-range", "eval-url-scheme", "eval-url-credentials", "crossmath-openai-no-url",
          "rest-openai-no-url", "rest-unknown-family"],
 )
 def test_missing_inputs_and_bad_counts_exit_2_with_one_clear_line(tmp_path, capsys, argv, message):

@@ -428,17 +428,22 @@ def test_failed_requests_are_counted_never_scored_and_fail_the_run(tmp_path, cap
         return ("status", 500, {}) if "eat a" in _question(payload) else ("json", answer("A"))
 
     with Loopback(behave) as server:
-        args = _eval_args(server, bench, tmp_path / "out", "--max-retries", "1", "--concurrency", "2")
+        args = _eval_args(server, bench, tmp_path / "out", "--max-retries", "1", "--concurrency", "1")
+        # One failure in 10 is over 1%: the run stops there (what was answered is kept) and exits 1.
         assert tokenswap_main(args) == 1
         err = capsys.readouterr().err
-        assert "2 of 10 requests failed (20.0% > --max-error-share 1.0%)" in err and "HTTP 500" in err
-        assert not (tmp_path / "out" / "gap.json").exists()
+        assert "stopped after 1 failed requests: more than --max-error-share 1.0% of the 10" in err
+        assert "HTTP 500" in err and not (tmp_path / "out" / "gap.json").exists()
         records = _records(tmp_path / "out" / "records.jsonl")
-        assert sorted(k for k, r in records.items() if "error" in r) == ["interleaved|test/2", "text|test/2"]
+        assert list(records) == ["text|test/0", "interleaved|test/0", "text|test/1", "interleaved|test/1",
+                                 "text|test/2"] and "error" in records["text|test/2"]
         asked = len(server.payloads)
         assert tokenswap_main([*args, "--max-error-share", "0.5"]) == 0
-        # Only the two failed ones are asked again (each: one attempt and one retry).
-        assert len(server.payloads) - asked == 2 * 2
+        # The failed one again and the rest once: 2 x 2 attempts for p2's forms, 1 each for p3 and p4.
+        assert len(server.payloads) - asked == 2 * 2 + 4
+        capsys.readouterr()
+        assert tokenswap_main([*args, "--max-error-share", "0.1"]) == 1  # the retried ones fail again: 2 of 10
+        assert "stopped after 2 failed requests: more than --max-error-share 10.0%" in capsys.readouterr().err
     summary = json.loads((tmp_path / "out" / "gap.json").read_text())
     assert summary["n"] == 4 and summary["n_failed"] == 2 and [e["id"] for e in summary["excluded"]] == ["test/2"]
     # Item p2 (answer C) is out of the scores, not a wrong answer: A is right for p0 and p4 of the remaining four.
@@ -549,7 +554,7 @@ def test_crossmath_and_rest_count_failed_requests_and_leave_them_out(tmp_path, c
         cm = ["crossmath", "eval", "--data", str(data / "Original"), "--modality", "text", "--out",
               str(tmp_path / "cm-out"), *common]
         assert tokenswap_main(cm) == 1
-        assert "1 of 3 requests failed" in capsys.readouterr().err
+        assert "stopped after 1 failed requests: more than --max-error-share 1.0% of the 3" in capsys.readouterr().err
         assert tokenswap_main([*cm, "--max-error-share", "0.5"]) == 0
         metrics = json.loads((tmp_path / "cm-out" / "metrics_text.json").read_text())
         assert (metrics["n"], metrics["n_failed"], metrics["n_puzzles"]) == (2, 1, 3)

@@ -241,8 +241,9 @@ def _evaluate(args: argparse.Namespace) -> int:
             }
 
         try:
-            run_units(backend, log, todo, lambda r: r["id"], conversation, make_record,
-                      max_new_tokens=args.max_new_tokens, progress=f"crossmath eval {args.modality}")
+            run_units(backend, log, records, lambda r: r["id"], conversation, make_record,
+                      max_new_tokens=args.max_new_tokens, progress=f"crossmath eval {args.modality}",
+                      max_error_share=args.max_error_share)
         finally:
             backend.close()
     rows = [log.records[r["id"]] for r in records]

@@ -224,7 +224,8 @@ def _evaluate_records(args) -> int:
             print(f"tokenswap eval: release setting: {line}", file=sys.stderr)
         try:
             run_units(backend, log, units, key, lambda u: build_conversation(u[1], args.prompt, u[2]), record,
-                      scorer=args.scorer, max_new_tokens=budget, progress=f"tokenswap eval ({args.backend})")
+                      scorer=args.scorer, max_new_tokens=budget, progress=f"tokenswap eval ({args.backend})",
+                      max_error_share=args.max_error_share)
         finally:
             backend.close()
     rows = [log.records[key(u)] for u in units]

@@ -540,6 +540,12 @@ def check_backend_arguments(args) -> None:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise BackendConfigError(f"--base-url must be an http(s) URL such as http://localhost:8000/v1, "
                                      f"got {public_url(args.base_url)!r}")
+        if parts.username or parts.password or parts.query:
+            # The URL goes into records, summaries and error messages; a credential in it would go with it.
+            raise BackendConfigError(
+                f"--base-url must carry no user, password or query ({public_url(args.base_url)!r} without them): "
+                "put the key in the environment variable --api-key-env names"
+            )
         if not (math.isfinite(args.timeout) and args.timeout > 0):
             raise BackendConfigError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
         if args.max_retries < 0:

@@ -77,6 +77,7 @@ def run_units(
     max_new_tokens: int = 1024,
     chat_template_kwargs: dict | None = None,
     progress: str | None = None,
+    max_error_share: float | None = None,
 ) -> int:
     """Ask ``backend`` about every unit without an answer in ``log``; append each record as it finishes.
 
@@ -91,9 +92,14 @@ def run_units(
         max_new_tokens: generation budget.
         chat_template_kwargs: template variables on top of the backend's per-model ones.
         progress: a label for a tqdm bar (None: no bar).
+        max_error_share: stop as soon as more than this share of ``units`` failed in this call: the run can no
+            longer pass, and an unreachable server should not be asked thousands of times (records so far are kept).
 
     Returns:
         The number of units asked.
+
+    Raises:
+        ErrorShareExceeded: ``max_error_share`` was exceeded (the message names the first error).
     """
     from tqdm.auto import tqdm
 
@@ -106,12 +112,24 @@ def run_units(
     else:
         answers = backend.generate(convs, max_new_tokens, chat_template_kwargs)
     bar = tqdm(total=len(todo), desc=progress, disable=progress is None, unit="item", file=sys.stderr)
+    failed, first_error = 0, None
     try:
         for unit, answer in zip(todo, answers):
             log.append(make_record(unit, {log.key_field: key(unit), **answer.record()}))
             bar.update()
+            if answer.error is not None:
+                failed += 1
+                first_error = first_error or answer.error
+                if max_error_share is not None and failed > max_error_share * len(units):
+                    raise ErrorShareExceeded(
+                        f"stopped after {failed} failed requests: more than --max-error-share {max_error_share:.1%} "
+                        f"of the {len(units)} requests have failed; first error: {first_error}. What was answered "
+                        "is recorded; the same command resumes"
+                    )
     finally:
         bar.close()
+        if hasattr(answers, "close"):
+            answers.close()  # stop the requests still in flight (an early stop), before the caller moves on
     stats = backend.stats()
     if stats and progress is not None:
         print(f"{progress}: " + ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"

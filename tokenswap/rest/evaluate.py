@@ -66,7 +66,7 @@ def _conversation(task: _Task, data_dir: Path, predictions: dict[str, dict]) -> 
     raise ValueError(f"unknown task {task.task!r}")
 
 
-def _run_tasks(backend, tasks, data_dir, log, max_new_tokens, progress) -> None:
+def _run_tasks(backend, tasks, data_dir, log, max_new_tokens, progress, max_error_share=None) -> None:
     from tokenswap.inference.runs import run_units
 
     def make_record(t: _Task, fields: dict) -> dict:
@@ -81,7 +81,8 @@ def _run_tasks(backend, tasks, data_dir, log, max_new_tokens, progress) -> None:
             log.append(make_record(t, {"key": t.key, "response": None,
                                        "skipped": "its ocr_item transcription failed or was skipped"}))
     run_units(backend, log, ready, lambda t: t.key, lambda t: _conversation(t, data_dir, log.records), make_record,
-              max_new_tokens=max_new_tokens, progress="rest eval" if progress else None)
+              max_new_tokens=max_new_tokens, progress="rest eval" if progress else None,
+              max_error_share=max_error_share)
 
 
 def _usable(predictions: dict[str, dict], key: str) -> bool:
@@ -221,9 +222,9 @@ def run_rest_eval(
         else:
             opened = backend if isinstance(backend, Backend) else backend()
         try:
-            _run_tasks(opened, tasks, data, log, max_new_tokens, progress)
+            _run_tasks(opened, tasks, data, log, max_new_tokens, progress, max_error_share)
             if second:
-                _run_tasks(opened, second, data, log, max_new_tokens, progress)
+                _run_tasks(opened, second, data, log, max_new_tokens, progress, max_error_share)
         finally:
             opened.close()
     predictions = log.records
