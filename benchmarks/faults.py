@@ -25,6 +25,12 @@ uninterrupted run); otherwise it is *lost*, and the reason is printed. Sections:
 - ``llm``: a misbehaving HTTP server on 127.0.0.1 (``tokenswap.testing.ScriptedLLMServer``, the tests'
   own): redirect to another host, slow drip, huge replies, garbage/non-UTF-8/cut bodies, null reply,
   429 with Retry-After, 500 storm, no server.
+- ``concurrency``: ``tokenswap build-store`` with the LLM extractor and the validity judge at ``llm.concurrency=16``
+  against ``tokenswap.testing.LoadLLMServer`` answering in a random order: SIGKILLed at random moments and
+  resumed, then a rate-limited server (429 + Retry-After), a server dropping or stalling some requests (the
+  build exits 1 naming the failures, ``report.json`` says ``complete: false``, the same command after the
+  server recovers fills them in). Every chunk, store shard and dataset shard must be byte-identical to a build
+  at ``concurrency=1``.
 - ``training``: ``recipes/post_train.py`` on the tiny config SIGKILLed at random moments and
   right as a checkpoint folder appears (mid-save), resumed with ``train.resume_from_checkpoint=latest``;
   the final losses, ``sample_ids.rank0.txt`` and ``swap_stats.json`` must equal an uninterrupted run.
@@ -135,6 +141,8 @@ OUTCOMES = {
     "truncated, non-UTF-8) skipped and counted, every good row kept; otherwise exit 2 naming file and line",
     "llm": "refused (redirect, oversize) or retried with backoff/Retry-After and recovered; deadline per attempt holds; "
     "errors name the URL; null reply not cached",
+    "concurrency": "kill at concurrency 16: resumes byte-identical to concurrency 1; 429s: slowed, same bytes; dropped/"
+    "stalled requests: exit 1 naming them, report complete: false, the rerun fills them in byte-identical",
     "training": "resume from the newest complete checkpoint; losses, sample_ids and swap_stats equal an uninterrupted run",
     "workers": "dataloader_num_workers=2, also stopped and resumed: losses, sample_ids, swap_stats and the checkpoints' "
     "collator state equal a run with 0 workers",
@@ -554,6 +562,133 @@ def section_llm(t: Tally, work: Path) -> None:
     other.close()
 
 
+# ============================================================================ many requests in flight
+
+
+def llm_build_cmd(out: Path, base_url: str, concurrency: int, *extra: str) -> list[str]:
+    return [PY, "-m", "tokenswap.cli", "build-store", "--config", "store_generate.yaml", f"output_dir={out}",
+            "data.path=fixture", "data.max_samples=96", "sources=[rendered_text]", "extractor.kind=llm",
+            "extractor.llm.model=m", f"extractor.llm.base_url={base_url}", f"extractor.llm.concurrency={concurrency}",
+            "judge.llm.model=v", f"judge.llm.base_url={base_url}", f"judge.llm.concurrency={concurrency}",
+            "samples_per_shard=8", "concept_batch_size=8", "progress=false", *extra]
+
+
+def llm_build_files(out: Path) -> dict[str, bytes]:
+    """Candidate chunks, store shards, dataset shards and the plan: what must not depend on completion order."""
+    files = {}
+    for p in sorted(out.rglob("*")):
+        rel = p.relative_to(out).as_posix()
+        if p.is_file() and not rel.startswith(("state/cache/", ".build-lock")) and "/done-" not in rel \
+                and rel != "report.json":
+            files[rel] = p.read_bytes()
+    return files
+
+
+LLM_COUNTS = ("samples_read", "samples_kept", "concepts_found", "concepts_with_images", "store_images", "spans")
+
+
+def same_llm_build(out: Path, ref: Path) -> str:
+    """'' when ``out`` is complete and byte-identical to ``ref`` (files and report counts)."""
+    if not (out / "report.json").exists():
+        return "no report.json"
+    report, want = json.loads((out / "report.json").read_text()), json.loads((ref / "report.json").read_text())
+    if not report.get("complete"):
+        return f"report.json says complete={report.get('complete')}"
+    a, b = llm_build_files(out), llm_build_files(ref)
+    if a.keys() != b.keys():
+        return f"files differ: {sorted(a.keys() ^ b.keys())[:4]}"
+    differ = [k for k in a if a[k] != b[k]]
+    if differ:
+        return f"{len(differ)} files differ, e.g. {differ[:3]}"
+    counts = {k: report[k] for k in LLM_COUNTS}
+    return "" if counts == {k: want[k] for k in LLM_COUNTS} else f"counts {counts} vs {[want[k] for k in LLM_COUNTS]}"
+
+
+def section_concurrency(t: Tally, work: Path, rng: random.Random, n_kills: int) -> None:
+    from tokenswap.testing import LoadLLMServer, concept_reply
+
+    delays = random.Random(1)
+    server = LoadLLMServer(concept_reply, latency=lambda payload: delays.uniform(0.0, 0.04))
+    try:
+        ref = work / "llm-ref"
+        proc = run(llm_build_cmd(ref, server.base_url, 1), 600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"reference build at concurrency 1 failed: {proc.stderr[-2000:]}")
+
+        # SIGKILLs at random moments of a build with 16 requests in flight, each followed by the same command.
+        out = work / "llm-killed"
+        kills: list[str] = []
+        for _ in range(n_kills * 3):
+            if len(kills) >= n_kills:
+                break
+            before = files_in(out)
+            p = subprocess.Popen(llm_build_cmd(out, server.base_url, 16), cwd=REPO, env=ENV,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            target = before + rng.randint(1, 4)
+            deadline = time.monotonic() + 120
+            while p.poll() is None and files_in(out) < target and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0.0, 0.3))
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                kills.append(f"after {files_in(out) - before} new files, {server.in_flight} requests in flight")
+            p.wait()
+            if (out / "report.json").exists():
+                break
+        final = run(llm_build_cmd(out, server.base_url, 16), 600)
+        problem = (final.stderr[-300:] if final.returncode else "") or same_llm_build(out, ref)
+        for k in kills:
+            t.add("concurrency", f"SIGKILL at concurrency 16 {k}, resumed", not problem, problem)
+        if len(kills) < n_kills:
+            t.note("concurrency", f"only {len(kills)} of {n_kills} kills landed before the build finished")
+
+        # A rate-limited API: 4 at once, 429 + Retry-After beyond. Slowed down, same bytes.
+        server.rate_limit, server.retry_after, server.rejected = 4, 0.3, 0
+        out = work / "llm-429"
+        proc = run(llm_build_cmd(out, server.base_url, 16, "extractor.llm.max_retries=20",
+                                 "judge.llm.max_retries=20"), 600)
+        rejected = server.rejected
+        server.rate_limit = None
+        problem = (proc.stderr[-300:] if proc.returncode else "") or same_llm_build(out, ref)
+        if not problem and rejected == 0:
+            problem = "the server refused nothing: the trial tried no 429"
+        t.add("concurrency", f"rate-limited server (4 at once, {rejected} answers 429 + Retry-After)", not problem,
+              problem)
+
+        # Requests that fail for good: counted and named, never "no concepts"; the rerun fills them in.
+        def dropping(payload):
+            if "apple" in json.dumps(payload).lower():
+                raise ConnectionError("scripted drop")
+            return concept_reply(payload)
+
+        def stalling(payload):
+            return 3.0 if "apple" in json.dumps(payload).lower() else delays.uniform(0.0, 0.04)
+
+        for what, reply, latency in [("drops the connection", dropping, server.latency),
+                                     ("stalls past the deadline", concept_reply, stalling)]:
+            out = work / f"llm-fail-{what.split()[0]}"
+            server.reply, normal = reply, server.latency
+            server.latency = latency
+            cmd = llm_build_cmd(out, server.base_url, 16, "extractor.llm.max_retries=1", "extractor.llm.timeout=1",
+                                "judge.llm.max_retries=1", "judge.llm.timeout=1")
+            first = run(cmd, 600)
+            server.reply, server.latency = concept_reply, normal
+            report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
+            failed = report.get("failed_requests", 0)
+            problem = ""
+            if first.returncode != 1 or "failed for good" not in first.stderr:
+                problem = f"first run rc={first.returncode} {first.stderr[-300:]}"
+            elif report.get("complete") is not False or not failed:
+                problem = f"report.json: complete={report.get('complete')} failed_requests={failed}"
+            else:
+                second = run(cmd, 600)
+                problem = (second.stderr[-300:] if second.returncode else "") or same_llm_build(out, ref)
+            t.add("concurrency", f"server {what} for some rows ({failed} failed): exit 1, rerun fills them in",
+                  not problem, problem)
+    finally:
+        server.close()
+
+
 # ============================================================================ training kills
 
 
@@ -797,7 +932,7 @@ def section_malformed(t: Tally, work: Path) -> None:
 # ============================================================================ main
 
 
-SECTIONS = ("store", "store_images", "native_images", "data", "malformed", "llm", "training", "workers")
+SECTIONS = ("store", "store_images", "native_images", "data", "malformed", "llm", "concurrency", "training", "workers")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -808,6 +943,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
     parser.add_argument("--store-kills", type=int, default=6)
     parser.add_argument("--train-kills", type=int, default=6)
+    parser.add_argument("--concurrency-kills", type=int, default=4)
     parser.add_argument("--json", default=None, help="also write the trials here")
     args = parser.parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
@@ -833,6 +969,7 @@ def main(argv: list[str] | None = None) -> int:
         "data": lambda: section_data(tally, work),
         "malformed": lambda: section_malformed(tally, work),
         "llm": lambda: section_llm(tally, work),
+        "concurrency": lambda: section_concurrency(tally, work, rng, args.concurrency_kills),
         "training": lambda: section_training(tally, work, rng, model, store, args.train_kills),
         "workers": lambda: section_workers(tally, work, model, store),
     }

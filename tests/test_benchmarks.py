@@ -33,8 +33,12 @@ CASES = [
      r"generate evaluate +\d+\.\d+ s +\(\d+\.\dx loglik, \d+ new tokens per row\)", True),
     ("gpu_packing.py", ["--shape", "tiny", "--device", "cpu", "--attn", "auto", "--steps", "1"],
      rf"gpu_packing: non-pad tokens/s packed/padded {RATIO}", True),
+    ("llm_throughput.py", ["--rows", "24", "--latency", "0.02", "--capacity", "4", "--concurrency", "4"],
+     rf"llm throughput: \d+\.\d req/s at concurrency 4 = \d+% of server capacity; {RATIO} concurrency 1; "
+     r"300K rows: \d+\.\d\d h", True),
     # the sections that take under two minutes on the CI machine; "0 tried" would check nothing, so it fails
-    ("faults.py", ["--sections", "data,malformed,llm,workers"], r"faults: [1-9]\d* tried, \d+ handled, 0 lost", False),
+    ("faults.py", ["--sections", "data,malformed,llm,concurrency,workers", "--concurrency-kills", "2"],
+     r"faults: [1-9]\d* tried, \d+ handled, 0 lost", False),
 ]
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "QWEN2VL_CHAT_TEMPLATE",
     "QWEN2VL_SPECIAL_TOKENS",
     "LoadLLMServer",
+    "concept_reply",
     "ScriptedLLMServer",
     "TINY_FAMILIES",
     "TINY_MOE_FAMILIES",
@@ -636,20 +637,49 @@ class ScriptedLLMServer:
         self.close()
 
 
+def concept_reply(payload: dict) -> str:
+    """A deterministic answer of the store build's LLM extractor or validity judge, for :class:`LoadLLMServer`.
+
+    Extraction (a system turn first): the first three distinct words of 5+ letters of the text between
+    ``<<<`` and ``>>>``, with their offsets. Judge (image parts): valid unless the concept's name has a
+    length divisible by 3. The same request always gets the same answer, whatever the order they arrive in.
+    """
+    import re
+
+    messages = payload["messages"]
+    content = messages[-1]["content"]
+    if messages[0]["role"] == "system":
+        text = content.split("\n\n<<<", 1)[1].rsplit(">>>", 1)[0]  # the prompt names <<< once before
+        spans, seen = [], set()
+        for m in re.finditer(r"[A-Za-z]{5,}", text):
+            word = m.group(0).lower()
+            if word not in seen:
+                seen.add(word)
+                spans.append({"text": m.group(0), "start": m.start(), "end": m.end()})
+            if len(spans) == 3:
+                break
+        return json.dumps({"concepts": spans})
+    question = next(p["text"] for p in content if p["type"] == "text")
+    concept = re.search(r'The phrase was "([^"]*)"', question).group(1)
+    return json.dumps({"valid": len(concept) % 3 != 0, "reason": "scripted"})
+
+
 class LoadLLMServer:
     """An OpenAI-compatible server on 127.0.0.1 with a latency, a capacity and a rate limit, counting requests in flight.
 
     Each POST is answered after ``latency(payload)`` seconds (a number, or a function of the request payload
-    for random delays) with ``{"choices": [{"message": {"content": reply(payload)}}], "usage": ...}``.
+    for random delays) with ``{"choices": [{"message": {"content": reply(payload)}}], "usage": ...}``; a
+    ``reply`` that raises makes the server hang up without an answer (a dropped connection).
     At most ``capacity`` requests are served at once; the rest queue (as a serving engine's batch is
     full), so throughput is at most ``capacity / latency``. With ``rate_limit=K``, a request arriving
     while K are already in flight is answered ``reject_status`` (429) with ``Retry-After: retry_after``
-    (none when it is None): a rate-limited API.
-    Keep-alive HTTP/1.1 with a deep listen backlog, so the server is not the bottleneck it measures.
+    (none when it is None): a rate-limited API. Keep-alive HTTP/1.1 on one ``asyncio`` loop (a thread per
+    connection costs more CPU than the client it measures), with a deep listen backlog.
 
     Attributes:
         base_url: ``http://127.0.0.1:PORT/v1``.
         requests: payloads served (200), in arrival order.
+        in_flight: requests being handled now (queued ones included).
         max_in_flight: the most requests ever being handled at once (queued ones included).
         rejected: 429 (``reject_status``) answers given.
         arrivals: ``(monotonic time, status)`` of every POST.
@@ -657,12 +687,12 @@ class LoadLLMServer:
 
     def __init__(self, reply=None, latency=0.0, capacity: int | None = None, rate_limit: int | None = None,
                  retry_after: float | None = 1.0, reject_status: int = 429) -> None:
+        import asyncio
         import threading
-        import time
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.reply = reply or (lambda payload: "fine")
         self.latency = latency
+        self.capacity = capacity
         self.rate_limit = rate_limit
         self.retry_after = retry_after
         self.reject_status = reject_status
@@ -671,76 +701,94 @@ class LoadLLMServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self.rejected = 0
-        self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(capacity) if capacity else None
-        server = self
+        self._loop = asyncio.new_event_loop()
+        started = threading.Event()
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+        def serve() -> None:
+            asyncio.set_event_loop(self._loop)
+            self._slots = asyncio.Semaphore(capacity) if capacity else None
+            self._server = self._loop.run_until_complete(
+                asyncio.start_server(self._handle, "127.0.0.1", 0, backlog=1024)
+            )
+            started.set()
+            self._loop.run_forever()
 
-            def do_POST(self) -> None:  # noqa: N802 (http.server API)
-                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with server._lock:
-                    limited = server.rate_limit is not None and server.in_flight >= server.rate_limit
-                    server.arrivals.append((time.monotonic(), server.reject_status if limited else 200))
-                    if limited:
-                        server.rejected += 1
-                    else:
-                        server.in_flight += 1
-                        server.max_in_flight = max(server.max_in_flight, server.in_flight)
+        self._thread = threading.Thread(target=serve, daemon=True, name="load-llm-server")
+        self._thread.start()
+        started.wait()
+        self.base_url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/v1"
+
+    async def _handle(self, reader, writer) -> None:
+        import asyncio
+        import time
+
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+                payload = json.loads(await reader.readexactly(int(headers.get("content-length", "0"))))
+                limited = self.rate_limit is not None and self.in_flight >= self.rate_limit
+                self.arrivals.append((time.monotonic(), self.reject_status if limited else 200))
                 if limited:
-                    after = {} if server.retry_after is None else {"Retry-After": f"{server.retry_after:g}"}
-                    self._send(server.reject_status, b'{"error": "rate limited"}', after)
-                    return
+                    self.rejected += 1
+                    after = {} if self.retry_after is None else {"Retry-After": f"{self.retry_after:g}"}
+                    await self._send(writer, self.reject_status, b'{"error": "rate limited"}', after)
+                    continue
+                self.in_flight += 1
+                self.max_in_flight = max(self.max_in_flight, self.in_flight)
                 try:
-                    if server._slots is not None:
-                        server._slots.acquire()
+                    if self._slots is not None:
+                        await self._slots.acquire()
                     try:
-                        delay = server.latency(payload) if callable(server.latency) else server.latency
-                        time.sleep(delay)
-                        text = server.reply(payload)
+                        delay = self.latency(payload) if callable(self.latency) else self.latency
+                        await asyncio.sleep(delay)
+                        try:
+                            text = self.reply(payload)
+                        except Exception:  # noqa: BLE001 - a reply function that raises drops the connection
+                            return
                     finally:
-                        if server._slots is not None:
-                            server._slots.release()
-                    with server._lock:
-                        server.requests.append(payload)
+                        if self._slots is not None:
+                            self._slots.release()
+                    self.requests.append(payload)
                 finally:
-                    with server._lock:
-                        server.in_flight -= 1
+                    self.in_flight -= 1
                 body = json.dumps({
                     "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
                     "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
                 }).encode()
-                self._send(200, body)
+                await self._send(writer, 200, body)
+                if headers.get("connection", "").lower() == "close":
+                    return
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError):
+            return  # the client hung up (or sent something this test server does not speak)
+        finally:
+            writer.close()
 
-            def _send(self, status: int, body: bytes, headers: dict | None = None) -> None:
-                try:
-                    self.send_response(status)
-                    for k, v in (headers or {}).items():
-                        self.send_header(k, v)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                    self.wfile.flush()
-                except OSError:
-                    self.close_connection = True  # the client gave up
+    @staticmethod
+    async def _send(writer, status: int, body: bytes, headers: dict | None = None) -> None:
+        from http import HTTPStatus
 
-            def log_message(self, *args) -> None:
-                pass
-
-        class Server(ThreadingHTTPServer):
-            request_queue_size = 1024
-            daemon_threads = True
-
-        self.httpd = Server(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        head = f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        head += f"Content-Length: {len(body)}\r\n\r\n"
+        writer.write(head.encode("latin-1") + body)
+        await writer.drain()
 
     def close(self) -> None:
         """Stop serving and release the port."""
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        import asyncio
+
+        async def stop() -> None:
+            self._server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:  # open keep-alive connections: end them here, not when the loop is gone
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
 
     def __enter__(self) -> LoadLLMServer:
         return self

@@ -19,6 +19,12 @@ and ``datasets.load_dataset(out_dir, "img", split=...)`` read them. Every item's
 an append-only ``results.jsonl`` flushed per item (a killed build resumes without redoing
 finished items); ``dropped.jsonl`` lists each dropped item with the filter that dropped it.
 
+Items run ``concurrency`` at a time (the largest ``concurrency`` of the model sections; each client
+keeps its own limit) and are committed in item order, so every file is byte-identical to a run with one
+request in flight. An item whose request fails for good is not recorded: the run finishes the others,
+writes ``requests.json`` (requests, tokens, retries, errors, wall time per model) and raises
+:class:`BenchRequestsFailed` naming how many failed; rerunning retries exactly those.
+
 Command line::
 
     tokenswap build-bench --config bench_mmlu.yaml [key=value ...]
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,13 +42,15 @@ from typing import Literal
 
 from tokenswap.concepts import Concept, ConceptExtractor, validate_concepts
 from tokenswap.eval.mc import MCItem, build_conversation, evaluate, format_prompt, substitute_spans
+from tokenswap.inference import LLMRequestError, map_ordered
 from tokenswap.llm import ChatModel, parse_json_response
 from tokenswap.store.build_config import ExtractorConfig, LLMConfig
-from tokenswap.store.builders import build_chat_model
+from tokenswap.store.builders import build_chat_model, request_concurrency
 from tokenswap.store.image_store import ImageStore
 from tokenswap.swap import SwapPolicy
 
 __all__ = [
+    "BenchRequestsFailed",
     "CAPTION_PROMPT",
     "FILTERS",
     "VALIDITY_PROMPT",
@@ -66,6 +75,10 @@ CAPTION_PROMPT = "Name what this image shows in a short noun phrase of at most f
 # ============================================================================ library
 
 
+class BenchRequestsFailed(RuntimeError):
+    """Some items' requests failed for good; they were not recorded and a rerun retries them."""
+
+
 class BenchBuilder:
     """Runs the filters item by item and writes the dataset (see the module docstring).
 
@@ -79,6 +92,7 @@ class BenchBuilder:
         filters: which filters run, in the fixed order validity, importance, caption.
         policy: picks which store image each concept gets (deterministic in the item id).
         split: split name of the written dataset.
+        concurrency: items processed at once (their requests in flight together; 1 = one at a time).
     """
 
     def __init__(
@@ -92,6 +106,7 @@ class BenchBuilder:
         filters: Sequence[str] = FILTERS,
         policy: SwapPolicy | None = None,
         split: str = "test",
+        concurrency: int = 1,
     ):
         unknown = set(filters) - set(FILTERS)
         if unknown:
@@ -112,6 +127,7 @@ class BenchBuilder:
         self.filters = tuple(filters)
         self.policy = policy or SwapPolicy()
         self.split = split
+        self.concurrency = concurrency
         self.results_path = self.out_dir / "results.jsonl"
 
     # -- per item ---------------------------------------------------------------------------
@@ -201,23 +217,47 @@ class BenchBuilder:
         return out
 
     def run(self, items: Sequence[MCItem], progress: bool = False) -> dict:
-        """Process every item not yet in ``results.jsonl``, then write the dataset; returns the summary."""
-        from tqdm.auto import tqdm
+        """Process every item not yet in ``results.jsonl``, then write the dataset; returns the summary.
+
+        Raises:
+            BenchRequestsFailed: some items' requests failed for good (the others are recorded; rerun).
+        """
+        from tokenswap.inference.progress import RequestProgress
 
         ids = [it.id for it in items]
         if len(set(ids)) != len(ids):
             raise ValueError("item ids must be unique: results.jsonl is keyed by id for resuming")
         self.out_dir.mkdir(parents=True, exist_ok=True)
         done = self.done()
+        _cut_torn_tail(self.results_path)
+        models = [self.judge, self.proxy, self.captioner, getattr(self.extractor, "chat_model", None)]
+        bar = RequestProgress(len(items), "build-bench", progress, models)
+        bar.update(sum(1 for it in items if it.id in done))
+        failed: list[tuple[str, str]] = []
+        todo = (it for it in items if it.id not in done)
         with open(self.results_path, "a", encoding="utf-8") as f:
-            for item in tqdm(items, desc="build-bench", disable=not progress):
-                if item.id in done:
+            for outcome in map_ordered(self.process, todo, self.concurrency):
+                bar.update(1)
+                if not outcome.ok:
+                    if not isinstance(outcome.error, LLMRequestError):
+                        raise outcome.error
+                    failed.append((outcome.item.id, str(outcome.error)[:300]))
                     continue
-                record = self.process(item)
-                done[item.id] = record
+                record = outcome.value
+                done[outcome.item.id] = record
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
+        bar.close()
+        names = ("judge", "proxy", "captioner", "extractor")
+        requests = {n: m.stats.as_dict() for n, m in zip(names, models) if hasattr(getattr(m, "stats", None), "as_dict")}
+        requests["failed_items"] = [{"id": i, "error": e} for i, e in failed[:100]]
+        (self.out_dir / "requests.json").write_text(json.dumps(requests, indent=2))
+        if failed:
+            raise BenchRequestsFailed(
+                f"{len(failed)} item(s) had a request that failed for good (first: {failed[0][0]}: {failed[0][1]}); "
+                f"they were not recorded. Rerun the same command to retry them (answers so far are cached)"
+            )
         return self.write(items, done)
 
     def write(self, items: Sequence[MCItem], records: dict[str, dict]) -> dict:
@@ -291,6 +331,16 @@ class BenchBuildConfig:
     """Show a progress bar."""
 
 
+def _cut_torn_tail(path: Path) -> None:
+    """Cut a line a kill left half-written, so the next record appended does not glue onto it and vanish."""
+    if not path.exists():
+        return
+    raw = path.read_bytes()
+    if raw and not raw.endswith(b"\n"):
+        with open(path, "r+b") as f:
+            f.truncate(raw.rfind(b"\n") + 1)
+
+
 def _chat_model(cfg: LLMConfig | None, cache_path: Path) -> ChatModel | None:
     return None if cfg is None else build_chat_model(cfg, cache_path)
 
@@ -324,6 +374,7 @@ def build_bench(cfg: BenchBuildConfig) -> dict:
         filters=cfg.filters,
         policy=SwapPolicy(seed=cfg.seed),
         split=cfg.split,
+        concurrency=max(request_concurrency(c) for c in (cfg.extractor.llm, cfg.judge, cfg.proxy, cfg.captioner)),
     )
     items = load_mmlu(cfg.source, cfg.subject, cfg.split, cfg.limit)
     summary = builder.run(items, progress=cfg.progress)
@@ -339,6 +390,10 @@ def cli_main(argv: list[str] | None = None) -> int:
         cfg = parse_config(BenchBuildConfig, argv)
     except SystemExit as e:  # --help, or config problems (already printed with their fixes)
         return int(e.code or 0)
-    summary = build_bench(cfg)
+    try:
+        summary = build_bench(cfg)
+    except BenchRequestsFailed as e:
+        print(f"build-bench: error: {e} ({cfg.out_dir}/requests.json lists them)", file=sys.stderr)
+        return 1
     print(json.dumps(summary, indent=2))
     return 0

@@ -89,7 +89,7 @@ class RequestStats:
     Attributes:
         requests: HTTP attempts made (cache hits excluded, retries included).
         replies: calls answered by the server.
-        cached: calls answered from the response cache.
+        cached: calls answered from the response cache (or by sharing a request for the same question in flight).
         retries: attempts after a call's first.
         errors: calls that failed for good (raised :class:`LLMRequestError`).
         throttled: 429/503 answers (each lowers the number in flight).
@@ -335,6 +335,7 @@ class OpenAIChatModel:
                 future = self._pending.setdefault(key, Future())
             if not leader:  # the same question is in flight on another thread: share its answer
                 reply = future.result()
+                self.stats.add(cached=1)
                 return Reply(**{**vars(reply), "cached": True})
         try:
             reply = self._ask(messages, max_tokens, temperature, top_logprobs, extra_body)

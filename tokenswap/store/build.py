@@ -18,7 +18,15 @@ where it stopped, redoes nothing already committed and never leaves a half-writt
 3. **dataset**: each candidate chunk becomes a swap-dataset shard
    (``dataset/part-rRRR-CCCCCC.jsonl``) keeping only concepts that have images and samples
    with at least ``min_concepts`` of them.
-4. **report** (rank 0): ``report.json`` with counts, coverage and time per stage.
+4. **report** (rank 0): ``report.json`` with counts, coverage, time per stage and, per stage that
+   asked a model, requests, tokens (``usage``), retries, errors and wall time (``llm``).
+
+Model requests run ``llm.concurrency`` at a time (default 32) and are committed in sample order,
+so every file is byte-identical to a build with one request in flight. A request that fails for
+good (server down, stalled, 5xx after its retries) is not taken for "no concepts": its chunk (or
+concept batch) is not committed, the stage finishes the rest, then the build stops with exit code 1
+naming how many failed, and ``report.json`` says ``"complete": false`` with the failures. Rerunning
+the same command retries exactly those (everything else is committed or in the response cache).
 
 Ranks synchronise through ``done`` marker files, so nothing here needs a process group; when
 ranks come from the launcher's RANK and WORLD_SIZE (``accelerate launch``, ``torchrun``).
@@ -64,8 +72,9 @@ from tokenswap.store.build_config import (
     embedded_config,
 )
 from tokenswap.store.builders import _lexicon_vocabulary
-from tokenswap.store.coordination import BuildLockedError, _FolderLock, _rank_and_world, _wait_for
+from tokenswap.store.coordination import BuildLockedError, OtherRankFailed, _FolderLock, _rank_and_world, _wait_for
 from tokenswap.store.stages import (
+    RequestsFailed,
     _iter_samples,
     _report,
     _stage_dataset,
@@ -73,6 +82,7 @@ from tokenswap.store.stages import (
     _stage_images,
     load_swap_dataset,
     read_swap_dataset,
+    write_failure_report,
 )
 
 from .image_store import atomic_write
@@ -102,7 +112,9 @@ def _plan(cfg: StoreBuildConfig, world: int) -> dict:
     Resuming with any of them changed would mix two different builds in one folder. Runtime
     knobs (progress bars, timeouts, retries, batch sizes of forward passes) are left out.
     """
-    runtime = {"progress", "barrier_timeout_s", "timeout", "max_retries", "base_url", "api_key_env", "batch_size"}
+    runtime = {
+        "progress", "barrier_timeout_s", "timeout", "max_retries", "base_url", "api_key_env", "batch_size", "concurrency",
+    }
 
     def settings(section) -> dict | None:
         if section is None:
@@ -238,18 +250,35 @@ def _build_locked(cfg: StoreBuildConfig, out: Path, rank: int, world: int, t_sta
     state = out / "state"
     _check_plan(cfg, state, world, rank)
     state.mkdir(parents=True, exist_ok=True)
+    since = time.time() - (time.perf_counter() - t_start)
+    try:
+        return _run_stages(cfg, out, state, rank, world, t_start, since)
+    except (RequestsFailed, OtherRankFailed) as e:
+        if rank == 0:
+            write_failure_report(out, state, world, str(e))
+        raise
+
+
+def _run_stages(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, world: int, t_start: float, since: float):
     times: dict[str, float] = {}
+
+    def failed(folder: str) -> list[Path]:
+        return [state / folder / f"failed-r{r:03d}.json" for r in range(world) if r != rank]
 
     t0 = time.perf_counter()
     extract_info = _stage_extract(cfg, state, rank, world)
     _wait_for(
-        [state / "candidates" / f"done-r{r:03d}.json" for r in range(world)], "extraction", cfg.barrier_timeout_s
+        [state / "candidates" / f"done-r{r:03d}.json" for r in range(world)], "extraction", cfg.barrier_timeout_s,
+        abort_if=failed("candidates"), since=since,
     )
     times["extract"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     image_info = _stage_images(cfg, out, state, rank, world)
-    _wait_for([state / "images" / f"done-r{r:03d}.json" for r in range(world)], "images", cfg.barrier_timeout_s)
+    _wait_for(
+        [state / "images" / f"done-r{r:03d}.json" for r in range(world)], "images", cfg.barrier_timeout_s,
+        abort_if=failed("images"), since=since,
+    )
     times["images"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -274,6 +303,9 @@ def cli_main(argv: list[str] | None = None) -> int:
         report = build_store(cfg)
     except BuildLockedError as e:
         print(f"build-store: {e}", file=sys.stderr)
+        return 1
+    except (RequestsFailed, OtherRankFailed) as e:
+        print(f"build-store: error: {e} ({cfg.output_dir}/report.json lists them)", file=sys.stderr)
         return 1
     except (FileNotFoundError, ValueError) as e:  # bad inputs or data; found before or during the build
         started = (Path(cfg.output_dir) / "state" / "plan.json").exists()

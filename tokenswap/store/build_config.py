@@ -68,9 +68,14 @@ class LLMConfig:
     """Retries of transient HTTP failures (openai backend)."""
     max_new_tokens: int = 256
     """Completion length (transformers backend)."""
+    concurrency: int = 32
+    """Requests in flight at once (openai backend); 429/503 answers lower it for a while. 1 = one at a time.
+    Outputs are identical for any value (results are committed in sample order)."""
 
     def __post_init__(self) -> None:
         problems = []
+        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) or self.concurrency < 1:
+            problems.append(f"`concurrency` must be an integer >= 1 (1 = one request at a time), got {self.concurrency!r}")
         if not self.model:
             problems.append("`model` is required: the endpoint's model name or a local checkpoint path")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):

@@ -23,7 +23,7 @@ from .sources import (
 
 def build_chat_model(cfg: LLMConfig, cache_path: Path):
     """The chat client an ``llm`` config section describes (OpenAI-compatible endpoint or local transformers)."""
-    from tokenswap.llm import OpenAIChatModel, TransformersChatModel
+    from tokenswap.inference import OpenAIChatModel, TransformersChatModel
 
     if cfg.backend == "openai":
         return OpenAIChatModel(
@@ -35,6 +35,7 @@ def build_chat_model(cfg: LLMConfig, cache_path: Path):
             timeout=cfg.timeout,
             max_retries=cfg.max_retries,
             cache_path=cache_path,
+            concurrency=cfg.concurrency,
         )
     return TransformersChatModel(cfg.model, max_new_tokens=cfg.max_new_tokens, cache_path=cache_path)
 
@@ -103,6 +104,11 @@ def _lexicon_vocabulary(cfg: StoreBuildConfig) -> list[str]:
             "`extractor.vocabulary` / `extractor.vocabulary_file`, or use `extractor.kind: llm`"
         )
     return vocab
+
+
+def request_concurrency(cfg: LLMConfig | None) -> int:
+    """How many calls to drive at once through the model an ``llm`` section describes (1 for a local model)."""
+    return 1 if cfg is None or cfg.backend != "openai" else cfg.concurrency
 
 
 def _build_extractor(cfg: StoreBuildConfig, state: Path, rank: int) -> ConceptExtractor:

@@ -26,12 +26,30 @@ def _rank_and_world() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _wait_for(paths: list[Path], what: str, timeout_s: float) -> None:
+class OtherRankFailed(RuntimeError):
+    """Another rank of this launch stopped a stage on failed requests; this rank stops too (a rerun resumes all)."""
+
+
+def _wait_for(
+    paths: list[Path], what: str, timeout_s: float, abort_if: list[Path] = (), since: float = 0.0
+) -> None:
+    """Wait until every path exists; raise OtherRankFailed at once if one of ``abort_if`` is written after ``since``.
+
+    ``since`` (a ``time.time()``) is this launch's start, so a failure marker a previous run left behind
+    (its rank deletes it when it starts the stage again) does not stop this one.
+    """
     deadline = time.monotonic() + timeout_s
     while True:
         missing = [p for p in paths if not p.exists()]
         if not missing:
             return
+        for marker in abort_if:
+            try:
+                fresh = marker.stat().st_mtime >= since
+            except FileNotFoundError:
+                continue
+            if fresh:
+                raise OtherRankFailed(f"another rank stopped {what} on failed requests ({marker}); see report.json")
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"waited {timeout_s:.0f}s for other ranks to finish {what}; missing {[str(p) for p in missing][:4]}. "

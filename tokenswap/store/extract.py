@@ -7,11 +7,13 @@ with character offsets into ``text``, sorted and non-overlapping.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from tokenswap.concepts import LexiconExtractor, normalize_concept
-from tokenswap.llm import ChatModel, parse_json_response
+from tokenswap.inference.types import ChatModel, LLMRequestError
+from tokenswap.llm import parse_json_response
 
 __all__ = ["ExtractionStats", "LLMConceptExtractor", "build_lexicon", "plural_forms"]
 
@@ -93,11 +95,22 @@ class ExtractionStats:
     spans_dropped: int = 0
     retries: int = 0
     failed_texts: int = 0
+    """Texts whose reply was not usable JSON twice in a row (no concepts for them, counted)."""
+    failed_requests: int = 0
+    """Texts whose request failed for good (server down, stalled, 5xx after retries): an error, not "no concepts"."""
     drop_reasons: dict[str, int] = field(default_factory=dict)
 
     def drop(self, reason: str) -> None:
         self.spans_dropped += 1
         self.drop_reasons[reason] = self.drop_reasons.get(reason, 0) + 1
+
+    def merge(self, other: ExtractionStats) -> None:
+        for f in fields(self):
+            if f.name == "drop_reasons":
+                for k, v in other.drop_reasons.items():
+                    self.drop_reasons[k] = self.drop_reasons.get(k, 0) + v
+            else:
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
 class LLMConceptExtractor:
@@ -108,8 +121,10 @@ class LLMConceptExtractor:
     nearest one to the claimed start when there are several); otherwise it is dropped. Spans
     with digits or formula characters, empty or overlapping spans are dropped too. A reply
     that is not JSON is retried once with a corrective turn; a second failure yields no
-    concepts for that text. Answers are cached by the chat model (``cache_path``), so a
-    rerun of the build asks nothing twice.
+    concepts for that text (counted in ``failed_texts``). A request that fails for good raises
+    :class:`LLMRequestError` (counted in ``failed_requests``): the caller must not take it for "no
+    concepts". Answers are cached by the chat model (``cache_path``), so a rerun of the build asks
+    nothing twice. Thread-safe when the chat model is: many texts may be extracted at once.
 
     Args:
         chat_model: any :class:`tokenswap.llm.ChatModel`.
@@ -122,8 +137,9 @@ class LLMConceptExtractor:
         self.max_concepts = max_concepts
         self.max_span_chars = max_span_chars
         self.stats = ExtractionStats()
+        self._lock = threading.Lock()
 
-    def _ask(self, text: str) -> list | None:
+    def _ask(self, text: str, stats: ExtractionStats) -> list | None:
         messages = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": USER_PROMPT.format(text=text)},
@@ -138,7 +154,7 @@ class LLMConceptExtractor:
             except (ValueError, KeyError, TypeError):
                 if attempt == 1:
                     return None
-                self.stats.retries += 1
+                stats.retries += 1
                 messages = messages + [
                     {"role": "assistant", "content": reply},
                     {"role": "user", "content": RETRY_PROMPT},
@@ -146,7 +162,7 @@ class LLMConceptExtractor:
                 reply = self.chat_model.chat(messages)
         return None
 
-    def _locate(self, text: str, span: str, start: object) -> tuple[int, int] | None:
+    def _locate(self, text: str, span: str, start: object, stats: ExtractionStats) -> tuple[int, int] | None:
         """Return the offsets of ``span`` in ``text``, trusting ``start`` only if it points at it."""
         if isinstance(start, int) and not isinstance(start, bool) and text[start : start + len(span)] == span:
             return start, start + len(span)
@@ -155,52 +171,64 @@ class LLMConceptExtractor:
             hits = [m.start() for m in re.finditer(re.escape(span), text, re.IGNORECASE)]
         if not hits:
             return None
-        self.stats.offsets_repaired += 1
+        stats.offsets_repaired += 1
         anchor = start if isinstance(start, int) and not isinstance(start, bool) else 0
         best = min(hits, key=lambda h: (abs(h - anchor), h))
         return best, best + len(span)
 
     def extract(self, text: str) -> list[tuple[int, int, str]]:
-        self.stats.texts += 1
-        proposed = self._ask(text)
+        # Counted per call and merged at the end, so concurrent calls never interleave their updates.
+        stats = ExtractionStats(texts=1)
+        try:
+            kept = self._extract(text, stats)
+        except LLMRequestError:
+            with self._lock:
+                self.stats.failed_requests += 1
+            raise
+        with self._lock:
+            self.stats.merge(stats)
+        return kept
+
+    def _extract(self, text: str, stats: ExtractionStats) -> list[tuple[int, int, str]]:
+        proposed = self._ask(text, stats)
         if proposed is None:
-            self.stats.failed_texts += 1
+            stats.failed_texts += 1
             return []
         spans: list[tuple[int, int, str]] = []
         for item in proposed:
-            self.stats.spans_proposed += 1
+            stats.spans_proposed += 1
             if not isinstance(item, dict) or not isinstance(item.get("text"), str):
-                self.stats.drop("malformed")
+                stats.drop("malformed")
                 continue
             # Models pad spans with spaces or punctuation; the concept is the stripped core.
             raw = item["text"]
             core = raw.strip().strip(".,;:!?\"'()")
             if not core or len(core) > self.max_span_chars:
-                self.stats.drop("empty_or_long")
+                stats.drop("empty_or_long")
                 continue
             if _NOT_VISUAL.search(core):
-                self.stats.drop("number_or_formula")
+                stats.drop("number_or_formula")
                 continue
             start = item.get("start")
             if isinstance(start, int) and raw != core:
                 start += raw.find(core)
-            located = self._locate(text, core, start)
+            located = self._locate(text, core, start, stats)
             if located is None:
-                self.stats.drop("not_in_text")
+                stats.drop("not_in_text")
                 continue
             key = normalize_concept(core)
             if not key:
-                self.stats.drop("empty_or_long")
+                stats.drop("empty_or_long")
                 continue
             spans.append((located[0], located[1], key))
         spans.sort()
         kept: list[tuple[int, int, str]] = []
         for span in spans:
             if kept and span[0] < kept[-1][1]:
-                self.stats.drop("overlap")
+                stats.drop("overlap")
                 continue
             kept.append(span)
         if self.max_concepts is not None:
             kept = kept[: self.max_concepts]
-        self.stats.spans_kept += len(kept)
+        stats.spans_kept += len(kept)
         return kept

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tokenswap.concepts import Concept, validate_concepts
+from tokenswap.inference.types import LLMRequestError
 from tokenswap.store.build_config import FIXTURE, DataConfig, StoreBuildConfig
 from tokenswap.store.builders import SOURCE_BUILDERS, _build_extractor, build_chat_model
 from tokenswap.swap import unit_hash
@@ -68,56 +69,113 @@ def _owner(key: str, world: int) -> int:
     return min(int(unit_hash("store", key) * world), world - 1)
 
 
-def _progress(total: int | None, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
+class RequestsFailed(RuntimeError):
+    """Requests of a stage failed for good; their rows were not committed and a rerun retries them."""
 
-    return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, leave=False)
+
+def _failed_marker(folder: Path, rank: int) -> Path:
+    return folder / f"failed-r{rank:03d}.json"
 
 
 def _stage_extract(cfg: StoreBuildConfig, state: Path, rank: int, world: int) -> dict:
+    """Find concept spans in this rank's samples, many requests in flight, and commit them chunk by chunk.
+
+    Outcomes come back in sample order (:func:`map_ordered`), so every chunk is byte-identical to a build
+    with one request in flight. A chunk holding a row whose request failed for good is not committed:
+    the stage goes on with the others, records the failures in ``failed-rRRR.json`` instead of its done
+    marker and raises :class:`RequestsFailed`; a rerun redoes only the uncommitted chunks, asking again
+    only what the response cache does not hold.
+    """
+    from tokenswap.inference import map_ordered
+    from tokenswap.inference.progress import RequestProgress
+
+    from .builders import request_concurrency
+
     folder = state / "candidates"
     folder.mkdir(parents=True, exist_ok=True)
     done = folder / f"done-r{rank:03d}.json"
     if done.exists():
         return {"skipped": True}
+    _failed_marker(folder, rank).unlink(missing_ok=True)  # this run retries them
     for tmp in folder.glob(f"part-r{rank:03d}-*.tmp"):
         tmp.unlink()
     committed = {int(_PART.search(p.name).group(2)) for p in _parts(folder, rank)}
-    extractor = None  # built lazily: a resumed rank with every chunk committed needs no model
     size = cfg.samples_per_shard
-    rows: list[dict] = []
-    local = 0
-    chunk = 0
-    bar = _progress(cfg.data.max_samples, f"[r{rank}] extract", cfg.progress and rank == 0)
+    llm = cfg.extractor.llm if cfg.extractor.kind == "llm" else None
+    concurrency = request_concurrency(llm)
+    # Counts this rank's rows as they are committed (not as they are read: reading runs a window ahead).
+    mine = None if cfg.data.max_samples is None else len(range(rank, cfg.data.max_samples, world))
+    bar = RequestProgress(mine, f"[r{rank}] extract", cfg.progress and rank == 0)
     data_stats: dict = {}
-    for i, sample in enumerate(_iter_samples(cfg.data, data_stats)):
-        bar.update(1)
-        if i % world != rank:
-            continue
-        chunk, local = local // size, local + 1
-        if chunk in committed:
-            continue
-        if extractor is None:
-            extractor = _build_extractor(cfg, state, rank)
-        candidates = [
+    counts = {"samples_read": 0}
+    holder: dict = {}  # the extractor, built on the first uncommitted row: a resumed rank may need no model
+
+    def todo() -> Iterator[tuple[int, dict]]:
+        local = 0
+        for i, sample in enumerate(_iter_samples(cfg.data, data_stats)):
+            if i % world != rank:
+                continue
+            chunk, local = local // size, local + 1
+            counts["samples_read"] = local
+            if chunk in committed:
+                bar.update(1)
+                continue
+            if "extractor" not in holder:
+                holder["extractor"] = _build_extractor(cfg, state, rank)
+                bar.add_model(getattr(holder["extractor"], "chat_model", None))
+            yield chunk, sample
+
+    def extract(job: tuple[int, dict]) -> list[dict]:
+        _, sample = job
+        return [
             {"message": m, "start": s, "end": e, "key": k}
             for m, msg in enumerate(sample["messages"])
             if msg["role"] == "user"
-            for s, e, k in extractor.extract(msg["content"])
+            for s, e, k in holder["extractor"].extract(msg["content"])
         ]
-        if candidates:
-            rows.append({"id": sample["id"], "messages": sample["messages"], "candidates": candidates})
-        if local % size == 0:
-            _write_jsonl(folder / f"part-r{rank:03d}-{chunk:06d}.jsonl", rows)
-            rows = []
-    if local % size != 0 and chunk not in committed:
-        _write_jsonl(folder / f"part-r{rank:03d}-{chunk:06d}.jsonl", rows)
+
+    t0 = time.perf_counter()
+    failed: list[dict] = []
+    rows: list[dict] = []
+    current: int | None = None
+    broken = False  # the current chunk has a failed row: not committed
+
+    def commit() -> None:
+        if current is not None and not broken:
+            _write_jsonl(folder / f"part-r{rank:03d}-{current:06d}.jsonl", rows)
+
+    for outcome in map_ordered(extract, todo(), concurrency):
+        bar.update(1)
+        chunk, sample = outcome.item
+        if chunk != current:
+            commit()
+            current, rows, broken = chunk, [], False
+        if not outcome.ok:
+            if not isinstance(outcome.error, LLMRequestError):
+                raise outcome.error
+            broken = True
+            failed.append({"id": sample["id"], "error": str(outcome.error)[:500]})
+            continue
+        if outcome.value:
+            rows.append({"id": sample["id"], "messages": sample["messages"], "candidates": outcome.value})
+    commit()
     bar.close()
     # Every rank reads every row, so each rank's count is the whole source's.
-    info = {"samples_read": local, "malformed_skipped": data_stats.get("malformed", 0)}
+    info: dict = {"samples_read": counts["samples_read"], "malformed_skipped": data_stats.get("malformed", 0)}
+    extractor = holder.get("extractor")
     stats = getattr(extractor, "stats", None)  # only the LLM extractor keeps stats
     if stats is not None:
-        info["llm_extraction"] = vars(stats)
+        info["llm_extraction"] = vars(stats).copy()
+        client = getattr(getattr(extractor, "chat_model", None), "stats", None)
+        info["llm_requests"] = {**(client.as_dict() if client is not None else {}), "stage_wall_s": time.perf_counter() - t0}
+    if failed:
+        info["failed_requests"] = len(failed)
+        info["failed_rows"] = failed[:100]
+        atomic_write(_failed_marker(folder, rank), json.dumps(info).encode())
+        raise RequestsFailed(
+            f"extraction: {len(failed)} request(s) failed for good (first: {failed[0]['id']}: {failed[0]['error']}); "
+            f"their chunks were not committed. Rerun the same command to retry them (answers so far are cached)"
+        )
     atomic_write(done, json.dumps(info).encode())
     return info
 
@@ -134,11 +192,25 @@ def _collect_concepts(state: Path) -> dict[str, tuple[str, int, int]]:
 
 
 def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, world: int) -> dict:
+    """Fetch every concept's images from each source, judge them (many requests in flight) and commit batch by batch.
+
+    The sources run batch after batch in this thread; the judge's requests run ``judge.llm.concurrency``
+    at a time across batch boundaries (the next batch's images are fetched while the judge answers).
+    Verdicts come back in order, so every shard is byte-identical to a build with one request in flight.
+    A batch with a failed judge request is not committed (a rerun fetches and judges it again, the
+    answers so far from the cache); the stage records the failures and raises :class:`RequestsFailed`.
+    """
+    from tokenswap.inference import map_ordered
+    from tokenswap.inference.progress import RequestProgress
+
+    from .builders import request_concurrency
+
     folder = state / "images"
     folder.mkdir(parents=True, exist_ok=True)
     done = folder / f"done-r{rank:03d}.json"
     if done.exists():
         return {"skipped": True, "source_s": 0.0, "judge_s": 0.0}
+    _failed_marker(folder, rank).unlink(missing_ok=True)
     store_dir = out / "store"
     contexts = _collect_concepts(state)
     mine = [k for k in contexts if _owner(k, world) == rank]
@@ -167,30 +239,70 @@ def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, worl
     # shard_size is effectively infinite: we flush once per concept batch so that a batch, with
     # every source's images for its concepts, is one atomic shard.
     writer = StoreWriter(store_dir, rank=rank, shard_size=1 << 62, info=build_info)
-    bar = _progress(len(todo), f"[r{rank}] images", cfg.progress and rank == 0)
+    bar = RequestProgress(len(todo), f"[r{rank}] images", cfg.progress and rank == 0,
+                          [judge.chat_model if judge else None])
+
+    def jobs() -> Iterator[tuple]:
+        """("image", key, i, img, ...) per image to judge, then ("batch", keys, found, rejected) per batch."""
+        for b in range(0, len(todo), cfg.concept_batch_size):
+            batch = todo[b : b + cfg.concept_batch_size]
+            found: dict[str, list[tuple]] = {k: [] for k in batch}
+            for source in sources:
+                t0 = time.perf_counter()
+                result = source.images_for(batch)
+                dt = time.perf_counter() - t0
+                info["source_s"] += dt
+                info["by_source"][source.name] = info["by_source"].get(source.name, 0.0) + dt
+                for key in batch:
+                    found[key] += [(img, score, dict(meta), source.name) for img, score, meta in result.get(key, [])]
+            rejected = [r for s in sources for r in s.rejected]
+            for s in sources:
+                s.rejected.clear()
+            if judge is not None:
+                for key in batch:
+                    for img, _, _, _ in found[key]:
+                        yield ("image", key, img)
+            yield ("batch", batch, found, rejected)
+
+    def verdict(job: tuple) -> dict | None:
+        if job[0] != "image":
+            return None
+        _, key, img = job
+        text, start, end = contexts[key]
+        return judge.judge(text, start, end, key, img)
+
     n_images = 0
-    for b in range(0, len(todo), cfg.concept_batch_size):
-        batch = todo[b : b + cfg.concept_batch_size]
-        found: dict[str, list[tuple]] = {k: [] for k in batch}
-        for source in sources:
-            t0 = time.perf_counter()
-            result = source.images_for(batch)
-            dt = time.perf_counter() - t0
-            info["source_s"] += dt
-            info["by_source"][source.name] = info["by_source"].get(source.name, 0.0) + dt
-            for key in batch:
-                found[key] += [(img, score, dict(meta), source.name) for img, score, meta in result.get(key, [])]
+    failed: list[dict] = []
+    verdicts: list[dict | None] = []  # of the current batch, in job order
+    batch_failed = False
+    t_loop = time.perf_counter()
+    commit_s = 0.0
+    concurrency = request_concurrency(cfg.judge.llm) if judge is not None else 1
+    for outcome in map_ordered(verdict, jobs(), concurrency):
+        job = outcome.item
+        if job[0] == "image":
+            if not outcome.ok:
+                if not isinstance(outcome.error, LLMRequestError):
+                    raise outcome.error
+                batch_failed = True
+                failed.append({"concept": job[1], "error": str(outcome.error)[:500]})
+            verdicts.append(outcome.value)
+            continue
+        _, batch, found, rejected = job
+        if batch_failed:  # not committed: a rerun fetches and judges this batch again
+            verdicts, batch_failed = [], False
+            continue
+        t0 = time.perf_counter()
         if judge is not None:
-            t0 = time.perf_counter()
+            it = iter(verdicts)
             for key in batch:
-                text, start, end = contexts[key]
                 kept = []
                 for img, score, meta, name in found[key]:
-                    meta["judge"] = judge.judge(text, start, end, key, img)
+                    meta["judge"] = next(it)
                     if not (cfg.judge.drop_invalid and meta["judge"]["valid"] is False):
                         kept.append((img, score, meta, name))
                 found[key] = kept
-            info["judge_s"] += time.perf_counter() - t0
+            verdicts = []
         for key in batch:
             if not found[key]:
                 writer.add(key, None, source="none", score=0.0)
@@ -199,14 +311,27 @@ def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, worl
                 n_images += 1
         # Named after the shard about to be committed: a batch redone after a kill overwrites its
         # own list, so every rejection is counted once.
-        rejected = [r for s in sources for r in s.rejected]
         atomic_write(folder / f"rejected-r{rank:03d}-{writer.next_shard:06d}.json", json.dumps(rejected).encode())
-        for s in sources:
-            s.rejected.clear()
         writer.flush()
+        commit_s += time.perf_counter() - t0
         bar.update(len(batch))
     bar.close()
+    if judge is not None:
+        # The time the stage waited for verdicts: the loop's wall time less fetching and committing.
+        info["judge_s"] = max(0.0, time.perf_counter() - t_loop - info["source_s"] - commit_s)
+        stats = getattr(judge.chat_model, "stats", None)
+        info["llm_requests"] = {**(stats.as_dict() if stats is not None else {}),
+                                "stage_wall_s": time.perf_counter() - t_loop}
     info["images"] = n_images
+    if failed:
+        info["failed_requests"] = len(failed)
+        info["failed_concepts"] = failed[:100]
+        atomic_write(_failed_marker(folder, rank), json.dumps(info).encode())
+        raise RequestsFailed(
+            f"judge: {len(failed)} request(s) failed for good (first: concept {failed[0]['concept']!r}: "
+            f"{failed[0]['error']}); their concept batches were not committed. Rerun the same command to retry "
+            "them (answers so far are cached)"
+        )
     atomic_write(done, json.dumps(info).encode())
     return info
 
@@ -281,8 +406,57 @@ def _report(cfg: StoreBuildConfig, out: Path, state: Path, world: int, times: di
         "judge_s": image_info.get("judge_s", 0.0),
         "overhead_s": total_s - source_s,
         "overhead_frac_of_total": (total_s - source_s) / total_s if total_s else 0.0,
+        "llm": _llm_report(extract_markers, image_markers),
         "ranks": {"extract": extract_markers, "images": image_markers},
         "complete": True,
+    }
+    atomic_write(out / "report.json", json.dumps(report, indent=2).encode())
+    return report
+
+
+def _llm_report(extract_markers: list[dict], image_markers: list[dict]) -> dict:
+    """Requests, tokens, retries, errors and wall time of each stage that asked a model, summed over ranks.
+
+    Counts are this run's (a resumed stage counts what it asked after the resume; answers served from the
+    cache are ``cached``); ``wall_s`` is the slowest rank's.
+    """
+    out = {}
+    for stage, markers in (("extract", extract_markers), ("judge", image_markers)):
+        rows = [m["llm_requests"] for m in markers if "llm_requests" in m]
+        if not rows:
+            continue
+        total: dict = {}
+        for row in rows:
+            for k, v in row.items():
+                if k in ("in_flight", "limit", "wall_s", "stage_wall_s"):
+                    continue
+                total[k] = max(total.get(k, 0), v) if k == "max_in_flight" else total.get(k, 0) + v
+        total["wall_s"] = max(r.get("stage_wall_s", 0.0) for r in rows)
+        out[stage] = total
+    return out
+
+
+def write_failure_report(out: Path, state: Path, world: int, error: str) -> dict:
+    """``report.json`` of a build that stopped on failed requests: what failed, where, and how to go on."""
+    markers: dict[str, list[dict]] = {"extract": [], "images": []}
+    failed = 0
+    for stage, folder in (("extract", "candidates"), ("images", "images")):
+        for r in range(world):
+            for name in (f"failed-r{r:03d}.json", f"done-r{r:03d}.json"):
+                path = state / folder / name
+                if path.exists():
+                    marker = json.loads(path.read_text())
+                    markers[stage].append(marker)
+                    failed += marker.get("failed_requests", 0)
+                    break
+    report = {
+        "output_dir": str(out),
+        "complete": False,
+        "failed_requests": failed,
+        "error": error,
+        "next": "rerun the same command: it retries only the failed rows (everything else is committed or cached)",
+        "llm": _llm_report(markers["extract"], markers["images"]),
+        "ranks": markers,
     }
     atomic_write(out / "report.json", json.dumps(report, indent=2).encode())
     return report

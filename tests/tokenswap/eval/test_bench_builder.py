@@ -185,3 +185,75 @@ def test_validity_filter_through_openai_chat_model(store, tmp_path):
     image_parts = [p for r in _JudgeHandler.requests for p in r["messages"][0]["content"] if p["type"] == "image_url"]
     assert image_parts and all(p["image_url"]["url"].startswith("data:image/png;base64,") for p in image_parts)
     assert judge.num_requests == len(_JudgeHandler.requests)
+
+
+def _served(payload: dict) -> str:
+    """The fakes above as one HTTP server: the model name picks judge, proxy or captioner."""
+    import base64
+    import io
+
+    messages = payload["messages"]
+    parts = messages[0]["content"]
+    if payload["model"] == "captioner":
+        url = next(p["image_url"]["url"] for p in parts if p["type"] == "image_url")
+        image = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB")
+        return CAPTIONS[image.getpixel((0, 0))]
+    if payload["model"] == "judge":
+        concept = re.search(r"the concept '([^']+)'", parts[0]["text"]).group(1)
+        return json.dumps({"valid": concept != "moon"})
+    prompt = messages[-1]["content"]
+    prompt = prompt if isinstance(prompt, str) else "".join(p.get("text", "") for p in prompt)
+    rule = RULES[re.search(r"\[(k\d)\]", prompt).group(1)]
+    ok = not rule.get("text_wrong") and all(w in prompt for w in rule["needs"])
+    return "The answer is B." if ok else "The answer is C."
+
+
+def _http_builder(store, out, base_url: str, concurrency: int) -> BenchBuilder:
+    def model(name: str) -> OpenAIChatModel:
+        return OpenAIChatModel(base_url, name, max_retries=1, max_backoff=0.05, concurrency=concurrency,
+                               cache_path=out / "cache" / f"{name}.jsonl")
+
+    return BenchBuilder(extractor=LexiconExtractor(store.keys()), store=store, judge=model("judge"),
+                        proxy=model("proxy"), captioner=model("captioner"), out_dir=out, concurrency=concurrency)
+
+
+def _bench_files(out) -> dict[str, bytes]:
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and p.name != "requests.json" and "cache" not in p.relative_to(out).parts}
+
+
+def test_items_in_flight_write_the_same_bench_as_one_at_a_time(store, tmp_path):
+    import random
+
+    from tokenswap.eval.bench_builder import BenchRequestsFailed
+    from tokenswap.testing import LoadLLMServer
+
+    items = [MCItem(f"{k}-{n}", "astronomy", q, ["w", "x", "y", "z"], 1) for n in range(4) for k, q in QUESTIONS.items()]
+    with LoadLLMServer(_served, latency=lambda payload: random.uniform(0.0, 0.03)) as server:
+        one = _http_builder(store, tmp_path / "one", server.base_url, 1).run(items)
+        assert server.max_in_flight == 1
+        many = _http_builder(store, tmp_path / "many", server.base_url, 8).run(items)
+        assert server.max_in_flight > 2
+        assert one == many and one["kept"] == 8
+        assert _bench_files(tmp_path / "one") == _bench_files(tmp_path / "many")
+        requests = json.loads((tmp_path / "many" / "requests.json").read_text())
+        assert requests["proxy"]["replies"] > 0 and requests["failed_items"] == []
+
+        # The proxy's server drops every request about [k4]: those items are named and not recorded.
+        def dropping(payload):
+            if "[k4]" in json.dumps(payload):
+                raise ConnectionError("scripted drop")
+            return _served(payload)
+
+        server.reply = dropping
+        out = tmp_path / "failing"
+        with pytest.raises(BenchRequestsFailed, match=r"4 item\(s\) had a request that failed for good"):
+            _http_builder(store, out, server.base_url, 8).run(items)
+        recorded = {json.loads(line)["id"] for line in (out / "results.jsonl").read_text().splitlines()}
+        assert recorded == {it.id for it in items} - {f"k4-{n}" for n in range(4)}
+        assert not (out / "summary.json").exists()
+        server.reply = _served  # the server recovers: the rerun fills them in
+        assert _http_builder(store, out, server.base_url, 8).run(items) == one
+    ref = _bench_files(tmp_path / "one")
+    got = _bench_files(out)
+    assert {k: v for k, v in got.items() if k != "results.jsonl"} == {k: v for k, v in ref.items() if k != "results.jsonl"}
