@@ -573,3 +573,13 @@ def test_crossmath_and_rest_count_failed_requests_and_leave_them_out(tmp_path, c
         assert len(server.payloads) - asked == 4 + 2  # the four OCR requests, then the two OCR-first ones
     metrics = json.loads((tmp_path / "rest-out" / "metrics.json").read_text())
     assert metrics["n_failed"] == metrics["n_skipped"] == 0 and metrics["variants"]["sans_200"]["all"]["n"] == 2
+
+
+def test_a_think_block_left_in_the_content_is_not_the_answer(tmp_path):
+    bench = _bench(tmp_path / "bench")
+    reply = answer("Maybe A, or D.\n</think>\n\nAnswer: B")  # a server without a reasoning parser
+    with Loopback(lambda payload, attempt: ("json", reply)) as server:
+        assert tokenswap_main(_eval_args(server, bench, tmp_path / "out", "--limit", "2")) == 0
+    records = _records(tmp_path / "out" / "records.jsonl")
+    assert {(r["response"], r["reasoning"], r["pred"]) for r in records.values()} == {
+        ("Answer: B", "Maybe A, or D.", "B")}

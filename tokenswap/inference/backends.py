@@ -321,13 +321,10 @@ class HFBackend(Backend):
             self.model.eval()
             scores = letter_logprobs(self.model, batch, self._letter_ids)
             self.model.train(was_training)
-            out = []
-            for row in scores.exp().tolist():
-                usage = {"prompt_tokens": 0}
-                out.append(Generation(text=_best_letter(row), letter_probs=row, usage=usage))
-            for g, mask in zip(out, batch["attention_mask"]):
-                g.usage["prompt_tokens"] = int(mask.sum())
-            return out
+            return [
+                Generation(text=_best_letter(row), letter_probs=row, usage={"prompt_tokens": int(mask.sum())})
+                for row, mask in zip(scores.exp().tolist(), batch["attention_mask"])
+            ]
 
         return self._run(prepared, run)
 
@@ -425,11 +422,16 @@ class OpenAIBackend(Backend):
         return {"chat_template_kwargs": kwargs} if kwargs else None
 
     def _generate(self, prepared, max_new_tokens: int, kwargs: dict) -> Iterator[Generation]:
+        from tokenswap.inference.hf import split_reasoning
+
         def ask(messages: list[dict]) -> Generation:
             reply = self.client.request(
                 messages, max_tokens=max_new_tokens, temperature=0.0, extra_body=self._extra(kwargs), use_cache=False
             )
-            return Generation(text=reply.text.strip(), reasoning=reply.reasoning, usage=dict(reply.usage),
+            # A server without a reasoning parser (vLLM without --reasoning-parser) returns the think block in the
+            # content: the answer is still what follows the last "</think>".
+            text, inline = split_reasoning(reply.text)
+            return Generation(text=text.strip(), reasoning=reply.reasoning or inline, usage=dict(reply.usage),
                               finish_reason=reply.finish_reason)
 
         return self._map(prepared, ask)
