@@ -505,9 +505,9 @@ def add_backend_arguments(parser) -> None:
     g.add_argument("--base-url", default=None, help="openai: endpoint root, e.g. http://localhost:8000/v1")
     g.add_argument("--api-key-env", default="OPENAI_API_KEY",
                    help="openai: environment variable holding the API key (its value is never written anywhere)")
-    g.add_argument("--concurrency", type=positive_int, default=32, help="openai: requests in flight")
-    g.add_argument("--timeout", type=float, default=600.0, help="openai: seconds per attempt (long generations)")
-    g.add_argument("--max-retries", type=int, default=5, help="openai: retries of a failed request, with backoff")
+    g.add_argument("--concurrency", type=positive_int, default=32, help="openai: requests in flight (default 32)")
+    g.add_argument("--timeout", type=float, default=600.0, help="openai: seconds per attempt (default 600: long generations)")
+    g.add_argument("--max-retries", type=int, default=5, help="openai: retries of a failed request, with backoff (default 5)")
     g.add_argument("--max-images", type=positive_int, default=None,
                    help="most images per request; an item with more is skipped and counted (vLLM: match "
                         "--limit-mm-per-prompt)")

@@ -37,7 +37,7 @@ def always_b(tiny_qwen2vl, tmp_path_factory):
     """Checkpoint path of the tiny model fine-tuned to reply "B" (then end of turn) to any prompt."""
     import torch
 
-    from tokenswap.eval.generation import build_inputs
+    from tokenswap.inference.hf import build_inputs
     from tokenswap.eval.mc import build_conversation
     from tokenswap.testing import load_qwen2vl
 
