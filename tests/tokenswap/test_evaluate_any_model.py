@@ -590,3 +590,29 @@ def test_old_generation_imports_are_the_inference_room():
     import tokenswap.inference.hf as hf
 
     assert all(getattr(old, name) is getattr(hf, name) for name in old.__all__)
+
+
+def test_qwen3_5_thinking_settings_by_benchmark_and_scorer(tmp_path):
+    import math
+
+    bench = _bench(tmp_path / "bench")
+    data = tmp_path / "cm"
+    assert tokenswap_main(["crossmath", "generate", "--n", "1", "--out", str(data), "--styles", "original"]) == 0
+    top = [("B", math.log(0.9))]
+    with Loopback(lambda payload, attempt: ("json", answer("<answer>1</answer> B", top=top))) as server:
+        def sent(argv) -> set:
+            server.payloads.clear()
+            assert tokenswap_main(argv) == 0
+            return {json.dumps(p.get("chat_template_kwargs"), sort_keys=True) for p in server.payloads}
+
+        base = _eval_args(server, bench, tmp_path / "g", "--limit", "1")
+        base[base.index("some-vlm")] = "Qwen/Qwen3.5-9B"
+        assert sent(base) == {"null"}  # TokenSwap's task files leave the template's default (thinking on)
+        loglik = [*base, "--scorer", "loglik"]
+        loglik[loglik.index(str(tmp_path / "g"))] = str(tmp_path / "l")
+        assert sent(loglik) == {'{"enable_thinking": false}'}  # the letter is scored where an answer starts
+        cm = ["crossmath", "eval", "--backend", "openai", "--base-url", server.base_url, "--model", "Qwen/Qwen3.5-9B",
+              "--data", str(data / "Original"), "--modality", "text"]
+        assert sent([*cm, "--out", str(tmp_path / "c1")]) == {'{"enable_thinking": false}'}  # CrossMath's default
+        assert sent([*cm, "--out", str(tmp_path / "c2"), "--thinking"]) == {'{"enable_thinking": true}'}
+        assert {p["max_tokens"] for p in server.payloads} == {16384}  # CrossMath's release budget
