@@ -17,6 +17,7 @@ import json
 import math
 import os
 import random
+import ssl
 import threading
 import time
 import urllib.parse
@@ -398,6 +399,9 @@ class OpenAIChatModel:
                     client = httpx.AsyncClient(
                         follow_redirects=False,
                         trust_env=False,
+                        # The system's CA store (and OpenSSL's SSL_CERT_FILE), as http.client used before,
+                        # rather than httpx's certifi bundle: a private CA in front of vLLM keeps working.
+                        verify=ssl.create_default_context(),
                         timeout=httpx.Timeout(self.timeout),
                         limits=httpx.Limits(max_connections=ceiling, max_keepalive_connections=ceiling),
                     )
