@@ -616,3 +616,28 @@ def test_qwen3_5_thinking_settings_by_benchmark_and_scorer(tmp_path):
         assert sent([*cm, "--out", str(tmp_path / "c1")]) == {'{"enable_thinking": false}'}  # CrossMath's default
         assert sent([*cm, "--out", str(tmp_path / "c2"), "--thinking"]) == {'{"enable_thinking": true}'}
         assert {p["max_tokens"] for p in server.payloads} == {16384}  # CrossMath's release budget
+
+
+def test_a_server_echoing_the_key_does_not_put_it_in_the_records(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    bench = _bench(tmp_path / "bench")
+
+    with Loopback(lambda payload, attempt: ("json", answer("A"))) as server:
+        # A proxy that answers 401 quoting the Authorization header it got.
+        handler = server.httpd.RequestHandlerClass
+
+        def do_post(self):
+            body = json.dumps({"error": f"invalid key {self.headers['Authorization']}"}).encode()
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        handler.do_POST = do_post
+        args = _eval_args(server, bench, tmp_path / "out", "--max-error-share", "1")
+        assert tokenswap_main(args) == 0
+    captured = capsys.readouterr()
+    records = _records(tmp_path / "out" / "records.jsonl")
+    assert all("invalid key Bearer [API key]" in r["error"] for r in records.values())
+    _assert_no_secret(tmp_path, texts=(captured.out, captured.err))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+import os
 import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -411,12 +412,18 @@ class OpenAIBackend(Backend):
             try:
                 result = ask(self._messages(conv))
             except LLMRequestError as err:
-                result = Generation(error=str(err))
+                result = Generation(error=self._redacted(str(err)))
             result.resized = resized
             return result
 
         for outcome in map_ordered(call, prepared, concurrency=self.concurrency):
             yield outcome.result()
+
+    def _redacted(self, message: str) -> str:
+        # The error quotes the server's reply; a server (or proxy) that echoes the Authorization header back
+        # would otherwise put the key into the records.
+        key = os.environ.get(getattr(self.client, "api_key_env", "") or "")
+        return message.replace(key, "[API key]") if key else message
 
     def _extra(self, kwargs: dict) -> dict | None:
         return {"chat_template_kwargs": kwargs} if kwargs else None
