@@ -147,3 +147,24 @@ def test_a_kill_under_concurrency_cannot_tear_the_cache(tmp_path):
     rows = [json.loads(line) for line in path.read_text().splitlines()]  # every line whole
     assert sorted(r["key"] for r in rows) == sorted({r["key"] for r in rows}) and len(rows) == 300
     assert {r["response"] for r in rows} == {f"re: q{i}" for i in range(300)}
+
+
+def test_the_deadline_holds_while_the_headers_drip_and_under_load():
+    from tokenswap.testing import ScriptedLLMServer
+
+    def drip_headers(h) -> None:  # the status line, then one header byte every 0.1 s: no read ever times out
+        h.wfile.write(b"HTTP/1.1 200 OK\r\n")
+        h.wfile.flush()
+        for byte in b"X-Slow: " + b"z" * 300:
+            h.wfile.write(bytes([byte]))
+            h.wfile.flush()
+            time.sleep(0.1)
+
+    with ScriptedLLMServer() as server:
+        server.script = [drip_headers] * 8
+        model = OpenAIChatModel(server.base_url, "m", timeout=1.0, max_retries=0, concurrency=8)
+        t0 = time.monotonic()
+        outcomes = list(map_ordered(lambda q: model.chat([{"role": "user", "content": q}]), ["a", "b", "c", "d"], 4))
+        assert time.monotonic() - t0 < 3.0  # 4 attempts at once, each cut at its 1 s deadline
+        assert all(isinstance(o.error, LLMRequestError) and "1s deadline" in str(o.error) for o in outcomes)
+        assert model.stats.errors == 4 and model.stats.in_flight == 0

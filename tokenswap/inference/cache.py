@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +72,15 @@ class ResponseCache:
         path: the JSONL file (created with its parent folder on first write).
     """
 
+    fsync_every_s = 1.0
+
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self._data: dict[str, dict] = {}
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._pid = os.getpid()
+        self._synced = 0.0
         if self.path.exists():
             raw = self.path.read_bytes()
             for line in raw.splitlines():
@@ -124,17 +128,24 @@ class ResponseCache:
                 view = view[os.write(self._fd, view) :]
             self._data[key] = row
             fd = self._fd
-        # A kill loses nothing written (the page cache has it); fsync is for a power cut, and outside the
-        # lock so that 32 threads do not queue behind one disk flush each.
-        try:
-            os.fsync(fd)
-        except OSError:  # closed meanwhile by close(): the line is written all the same
-            pass
+            now = time.monotonic()
+            due = now - self._synced >= self.fsync_every_s
+            if due:
+                self._synced = now
+        # A kill loses nothing written (the page cache has it); fsync guards against a power cut, at most once per
+        # `fsync_every_s` and outside the lock, so 32 threads do not each wait for a disk flush (a power cut loses
+        # at most that second of answers, asked again on the rerun).
+        if due:
+            try:
+                os.fsync(fd)
+            except OSError:  # closed meanwhile by close(): the line is written all the same
+                pass
         return True
 
     def close(self) -> None:
         with self._lock:
             if self._fd is not None and self._pid == os.getpid():
+                os.fsync(self._fd)
                 os.close(self._fd)
             self._fd = None
 

@@ -2,14 +2,16 @@
 
 One :class:`OpenAIChatModel` serves every thread of a process: the build stages and the evaluators call
 :meth:`OpenAIChatModel.request` from :func:`tokenswap.inference.map_ordered`'s threads, and the client keeps
-at most ``concurrency`` HTTP attempts in flight on one pooled ``httpx.AsyncClient`` running on a background
-event loop. Every attempt is wrapped in one ``asyncio`` deadline, so connect + send + wait + read together
-take at most ``timeout`` seconds, whatever the server drips.
+at most ``concurrency`` HTTP attempts in flight on one pooled, thread-safe ``httpx.Client``. Each attempt
+runs in its caller's thread with a deadline every socket operation is held to (connect, TLS, send, wait and
+read each get at most the time left), so the whole attempt takes at most ``timeout`` seconds, whatever the
+server drips. The synchronous client was chosen over ``httpx.AsyncClient`` on a background loop after
+measuring both on loopback: ~0.5 ms of CPU per request against ~3 ms, which on a busy machine is the
+difference between keeping a 32-slot server full or not.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import email.utils
 import io
@@ -25,6 +27,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import httpcore
 import httpx
 from PIL import Image
 
@@ -81,6 +84,78 @@ def _retry_after(value: str | None, cap: float) -> float | None:
     if not math.isfinite(seconds):
         return None
     return min(max(0.0, seconds), cap)
+
+
+_attempt_deadline = threading.local()  # .at: the monotonic deadline of the attempt running in this thread
+
+
+def _capped(timeout: float | None, error: type[Exception]) -> float | None:
+    """``timeout`` held to the time left of this thread's attempt; raises ``error`` once none is left."""
+    deadline = getattr(_attempt_deadline, "at", None)
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise error("the attempt's deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read, write and TLS handshake waits no longer than the attempt has left.
+
+    httpx's timeouts are per socket operation: a read timeout restarts with every chunk, so a server
+    sending a byte a second holds a call for ever. Capping each operation by the deadline makes the
+    attempt's total bounded instead.
+    """
+
+    def __init__(self, inner: httpcore.NetworkStream):
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _capped(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _capped(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context, server_hostname=None, timeout=None) -> httpcore.NetworkStream:
+        inner = self._inner.start_tls(ssl_context, server_hostname, _capped(timeout, httpcore.ConnectTimeout))
+        return _DeadlineStream(inner)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.SyncBackend):
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        stream = super().connect_tcp(host, port, _capped(timeout, httpcore.ConnectTimeout), local_address,
+                                     socket_options)
+        return _DeadlineStream(stream)
+
+    def connect_unix_socket(self, path, timeout=None, socket_options=None):
+        return _DeadlineStream(super().connect_unix_socket(path, _capped(timeout, httpcore.ConnectTimeout),
+                                                           socket_options))
+
+
+def _transport(ceiling: int) -> httpx.HTTPTransport:
+    """httpx's own transport over a connection pool whose sockets keep the attempt deadline.
+
+    ``HTTPTransport`` takes no network backend, so its pool is rebuilt with the same settings and ours.
+    The system's CA store (and OpenSSL's ``SSL_CERT_FILE``) verifies TLS, as ``http.client`` did,
+    rather than httpx's certifi bundle: a private CA in front of a vLLM server keeps working.
+    """
+    context = ssl.create_default_context()
+    transport = httpx.HTTPTransport(verify=context, trust_env=False)
+    transport._pool = httpcore.ConnectionPool(
+        ssl_context=context,
+        max_connections=ceiling,
+        max_keepalive_connections=ceiling,
+        keepalive_expiry=5.0,
+        network_backend=_DeadlineBackend(),
+    )
+    return transport
 
 
 @dataclass
@@ -145,9 +220,9 @@ class RequestStats:
 class _AdaptiveLimit:
     """At most ``ceiling`` attempts in flight, halved by a 429/503 and climbing back by one per round of successes.
 
-    Lives on the client's event loop (no locks needed). A decrease counts once per round: only an
-    attempt that started after the last decrease can lower the limit again, so 32 rejections of one
-    burst halve it once, not 32 times. ``Retry-After`` pauses every attempt, not only the one it came with.
+    A decrease counts once per round: only an attempt that started after the last decrease can lower the
+    limit again, so 32 rejections of one burst halve it once, not 32 times. ``Retry-After`` pauses every
+    attempt, not only the one it came with.
     """
 
     def __init__(self, ceiling: int, stats: RequestStats):
@@ -158,23 +233,22 @@ class _AdaptiveLimit:
         self.epoch = 0
         self.stats = stats
         stats.limit = ceiling
-        self._cond = asyncio.Condition()
+        self._cond = threading.Condition()
 
-    async def acquire(self) -> int:
-        while True:
-            wait = self.paused_until - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-                continue
-            async with self._cond:
-                await self._cond.wait_for(lambda: self.in_flight < max(1, int(self.limit)))
-                if self.paused_until > time.monotonic():
-                    continue  # a Retry-After arrived while this attempt waited for a slot
-                self.in_flight += 1
-                return self.epoch
+    def acquire(self) -> int:
+        with self._cond:
+            while True:
+                wait = self.paused_until - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                elif self.in_flight < max(1, int(self.limit)):
+                    self.in_flight += 1
+                    return self.epoch
+                else:
+                    self._cond.wait()
 
-    async def release(self, epoch: int, outcome: str, retry_after: float | None = None) -> None:
-        async with self._cond:
+    def release(self, epoch: int, outcome: str, retry_after: float | None = None) -> None:
+        with self._cond:
             self.in_flight -= 1
             if outcome == "throttled":
                 if epoch == self.epoch:
@@ -192,8 +266,7 @@ class _AdaptiveLimit:
 class OpenAIChatModel:
     """A model served behind ``POST {base_url}/chat/completions`` (OpenAI, vLLM, SGLang, Ollama, ...).
 
-    Built on ``httpx`` (one pooled async client on a background event loop) and hardened for long
-    unattended builds:
+    Built on ``httpx`` (one pooled, thread-safe client) and hardened for long unattended builds:
 
     - **Many requests in flight.** :meth:`request` is thread-safe; with ``concurrency=32`` up to 32
       HTTP attempts run at once (drive it with :func:`tokenswap.inference.map_ordered`).
@@ -206,8 +279,8 @@ class OpenAIChatModel:
       proxies and ``.netrc`` from the environment are not used (``trust_env=False``): the key goes to
       ``base_url``'s host and nowhere else.
     - **A deadline per attempt**, not per socket read: connect, send, wait and read together
-      take at most ``timeout`` seconds (one ``asyncio`` deadline around the whole attempt, the
-      per-phase timeouts no longer than it), so a server dripping one byte a second cannot hold a call.
+      take at most ``timeout`` seconds (every socket operation waits at most the time the attempt has
+      left), so a server dripping one byte a second cannot hold a call.
       A call with retries is bounded by ``(max_retries + 1) * timeout`` plus the backoff sleeps
       (plus any wait for a free slot).
     - **A response size limit** (``max_response_bytes``), checked against ``Content-Length``
@@ -278,10 +351,9 @@ class OpenAIChatModel:
         self._rng = random.Random()
         self._lock = threading.Lock()
         self._pending: dict[str, Future] = {}  # cache key -> the call asking it now
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_pid: int | None = None
-        self._client: httpx.AsyncClient | None = None
-        self._limit: _AdaptiveLimit | None = None
+        self._client: httpx.Client | None = None
+        self._client_pid: int | None = None
+        self._limit = _AdaptiveLimit(concurrency, self.stats)
 
     def __repr__(self) -> str:
         return f"OpenAIChatModel(base_url={self.base_url!r}, model={self.model!r}, concurrency={self.concurrency})"
@@ -357,25 +429,12 @@ class OpenAIChatModel:
         return reply
 
     def close(self) -> None:
-        """Close the connection pool and stop the background event loop (the client restarts them if used again)."""
-        loop, client = self._loop, self._client
-        self._loop = self._client = self._limit = None
-        if loop is None or self._loop_pid != os.getpid():
-            return
-        if client is not None:
-            try:
-                asyncio.run_coroutine_threadsafe(client.aclose(), loop).result(timeout=5)
-            except Exception:  # noqa: BLE001 - closing is best effort
-                pass
-        loop.call_soon_threadsafe(loop.stop)
+        """Close the connection pool (the client opens a new one if used again) and the cache file."""
+        client, self._client = self._client, None
+        if client is not None and self._client_pid == os.getpid():
+            client.close()
         if self.cache is not None:
             self.cache.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
     # ------------------------------------------------------------------ internals
 
@@ -388,28 +447,17 @@ class OpenAIChatModel:
             else:
                 future.set_result(reply)
 
-    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+    def _http(self) -> httpx.Client:
         with self._lock:
-            if self._loop is None or self._loop_pid != os.getpid():  # first use, or a forked child
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="tokenswap-http", daemon=True).start()
-                ceiling = self.concurrency
-
-                async def setup() -> tuple[httpx.AsyncClient, _AdaptiveLimit]:
-                    client = httpx.AsyncClient(
-                        follow_redirects=False,
-                        trust_env=False,
-                        # The system's CA store (and OpenSSL's SSL_CERT_FILE), as http.client used before,
-                        # rather than httpx's certifi bundle: a private CA in front of vLLM keeps working.
-                        verify=ssl.create_default_context(),
-                        timeout=httpx.Timeout(self.timeout),
-                        limits=httpx.Limits(max_connections=ceiling, max_keepalive_connections=ceiling),
-                    )
-                    return client, _AdaptiveLimit(ceiling, self.stats)
-
-                self._client, self._limit = asyncio.run_coroutine_threadsafe(setup(), loop).result()
-                self._loop, self._loop_pid = loop, os.getpid()
-            return self._loop
+            if self._client is None or self._client_pid != os.getpid():  # first use, or a forked child
+                self._client = httpx.Client(
+                    transport=_transport(self.concurrency),
+                    follow_redirects=False,
+                    trust_env=False,
+                    timeout=httpx.Timeout(self.timeout),
+                )
+                self._client_pid = os.getpid()
+            return self._client
 
     def _ask(
         self, messages: list[dict], max_tokens: int, temperature: float, top_logprobs: int | None, extra_body: dict | None
@@ -425,21 +473,20 @@ class OpenAIChatModel:
             payload["top_logprobs"] = top_logprobs
         if extra_body:
             payload.update(extra_body)
-        body = json.dumps(payload).encode()  # encoded here, in the calling thread, not on the event loop
-        loop = self._ensure_loop()
+        body = json.dumps(payload).encode()
         try:
-            return asyncio.run_coroutine_threadsafe(self._call(body), loop).result()
+            return self._call(body)
         except LLMRequestError:
             self.stats.add(errors=1)
             raise
 
-    async def _call(self, body: bytes) -> Reply:
+    def _call(self, body: bytes) -> Reply:
         headers = {"Content-Type": "application/json", "Accept": "application/json", "Accept-Encoding": "identity"}
         api_key = os.environ.get(self.api_key_env)  # read per request: a rotated key is picked up
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         limit = self._limit
-        assert limit is not None
+        client = self._http()
         last_error = ""
         retry_after: float | None = None
         for attempt in range(self.max_retries + 1):
@@ -447,35 +494,37 @@ class OpenAIChatModel:
                 # Full jitter: ranks retrying the same overloaded server spread out instead of
                 # returning together.
                 delay = self._rng.uniform(0.0, min(self.max_backoff, 0.5 * 2**attempt))
-                await asyncio.sleep(max(delay, retry_after or 0.0))
+                time.sleep(max(delay, retry_after or 0.0))
                 self.stats.add(retries=1)
-            epoch = await limit.acquire()
+            epoch = limit.acquire()
             self.stats._start()
             outcome = "error"
+            _attempt_deadline.at = time.monotonic() + self.timeout
             try:
-                reply = await asyncio.wait_for(self._attempt(body, headers), self.timeout)
+                reply = self._attempt(client, body, headers)
                 outcome = "ok"
                 return reply
-            except asyncio.TimeoutError:
-                last_error, retry_after = f"no complete answer within the {self.timeout:g}s deadline", None
             except _Retryable as e:
                 last_error, retry_after = str(e), e.retry_after
                 if e.throttled:
                     outcome = "throttled"
                     self.stats.add(throttled=1)
             finally:
+                _attempt_deadline.at = None
                 self.stats._end()
-                await limit.release(epoch, outcome, retry_after if outcome == "throttled" else None)
+                limit.release(epoch, outcome, retry_after if outcome == "throttled" else None)
         raise LLMRequestError(f"{self.url} failed after {self.max_retries + 1} attempts; last error: {last_error}")
 
-    async def _attempt(self, body: bytes, headers: dict[str, str]) -> Reply:
+    def _attempt(self, client: httpx.Client, body: bytes, headers: dict[str, str]) -> Reply:
         url = self.url
-        client = self._client
-        assert client is not None
         try:
-            async with client.stream("POST", url, content=body, headers=headers) as response:
+            with client.stream("POST", url, content=body, headers=headers) as response:
                 status = response.status_code
-                raw = await self._read_body(response)
+                raw = self._read_body(response)
+        except httpx.TimeoutException as e:
+            if time.monotonic() >= _attempt_deadline.at:
+                raise _Retryable(f"no complete answer within the {self.timeout:g}s deadline") from None
+            raise _Retryable(f"{type(e).__name__}: {e}") from None
         except httpx.RemoteProtocolError as e:
             # A body shorter than its Content-Length, or a connection dropped mid-answer.
             raise _Retryable(f"IncompleteRead or dropped connection: {e}") from None
@@ -526,7 +575,7 @@ class OpenAIChatModel:
         )
         return reply
 
-    async def _read_body(self, response: httpx.Response) -> bytes:
+    def _read_body(self, response: httpx.Response) -> bytes:
         limit = self.max_response_bytes
         length = response.headers.get("Content-Length")
         if length is not None and length.isdigit() and int(length) > limit:
@@ -534,7 +583,7 @@ class OpenAIChatModel:
                 f"{self.url} announced a {int(length):,}-byte reply, more than max_response_bytes={limit:,}"
             )
         chunks, size = [], 0
-        async for chunk in response.aiter_raw():
+        for chunk in response.iter_raw():
             size += len(chunk)
             if size > limit:
                 raise LLMRequestError(f"{self.url} sent more than max_response_bytes={limit:,} bytes; reply refused")

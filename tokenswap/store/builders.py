@@ -107,8 +107,15 @@ def _lexicon_vocabulary(cfg: StoreBuildConfig) -> list[str]:
 
 
 def request_concurrency(cfg: LLMConfig | None) -> int:
-    """How many calls to drive at once through the model an ``llm`` section describes (1 for a local model)."""
-    return 1 if cfg is None or cfg.backend != "openai" else cfg.concurrency
+    """How many rows to have in hand at once for the model an ``llm`` section describes (1 for a local model).
+
+    A little more than ``concurrency``: a row's thread also builds its request and parses its answer, and
+    while it does so the client's slot should already serve another row. The client itself keeps at most
+    ``concurrency`` HTTP requests in flight; ``concurrency: 1`` stays one row at a time.
+    """
+    if cfg is None or cfg.backend != "openai" or cfg.concurrency == 1:
+        return 1
+    return cfg.concurrency + max(2, cfg.concurrency // 4)
 
 
 def _build_extractor(cfg: StoreBuildConfig, state: Path, rank: int) -> ConceptExtractor:
