@@ -641,3 +641,14 @@ def test_a_server_echoing_the_key_does_not_put_it_in_the_records(tmp_path, monke
     records = _records(tmp_path / "out" / "records.jsonl")
     assert all("invalid key Bearer [API key]" in r["error"] for r in records.values())
     _assert_no_secret(tmp_path, texts=(captured.out, captured.err))
+
+
+def test_a_folder_holding_another_run_is_refused(tmp_path, capsys):
+    bench = _bench(tmp_path / "bench")
+    with Loopback(lambda payload, attempt: ("json", answer("A"))) as server:
+        args = _eval_args(server, bench, tmp_path / "out", "--limit", "1")
+        assert tokenswap_main(args) == 0
+        assert tokenswap_main([*args, "--max-new-tokens", "64"]) == 2  # other records would mix into one summary
+        assert "max_new_tokens: 2048 before, 64 now" in capsys.readouterr().err
+        assert tokenswap_main([*args[:-2], "--limit", "2", "--concurrency", "4"]) == 0  # more items: resumed
+    assert len(_records(tmp_path / "out" / "records.jsonl")) == 4
