@@ -21,9 +21,26 @@ from tokenswap.cli import main
          "`data.path` '{tmp}/typo.jsonl' does not exist"),
         (["build-store", "--config", "store_embedded.yaml", "output_dir={tmp}/b", "data.max_samples=-1"],
          "`max_samples` must be >= 1"),
+        (["eval", "--backend", "openai", "--model", "m", "--bench", "{tmp}/nope", "--out", "{tmp}/r"],
+         "--backend openai needs --base-url"),
+        (["eval", "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--recognition",
+          "--bench", "{tmp}/nope", "--out", "{tmp}/r"], "--recognition needs the log-likelihood of whole"),
+        (["eval", "--model", "m", "--max-error-share", "5", "--out", "{tmp}/r"], "must be between 0 and 1"),
+        (["eval", "--backend", "openai", "--base-url", "ftp://user:pw@host/v1", "--model", "m", "--out", "{tmp}/r"],
+         "--base-url must be an http(s) URL"),
+        (["eval", "--backend", "openai", "--base-url", "https://me:pw@host/v1", "--model", "m", "--out", "{tmp}/r"],
+         "--base-url must carry no user, password or query ('https://host/v1' without them)"),
+        (["crossmath", "eval", "--backend", "openai", "--model", "m", "--data", "{tmp}/nope", "--modality", "text",
+          "--out", "{tmp}/r"], "--backend openai needs --base-url"),
+        (["rest", "eval", "--backend", "openai", "--model", "m", "--data", "{tmp}/built", "--out", "{tmp}/r"],
+         "--backend openai needs --base-url"),
+        (["rest", "eval", "--model", "m", "--data", "{tmp}/built", "--family", "llava", "--out", "{tmp}/r"],
+         "--family must be one of"),
     ],
     ids=["rest-n-negative", "rest-n-zero", "rest-data-missing", "rest-eval-data-missing", "rest-eval-model-missing",
-         "rest-eval-batch-negative", "build-store-data-typo", "build-store-negative-limit"],
+         "rest-eval-batch-negative", "build-store-data-typo", "build-store-negative-limit", "eval-openai-no-url",
+         "eval-openai-recognition", "eval-error-share-range", "eval-url-scheme", "eval-url-credentials", "crossmath-openai-no-url",
+         "rest-openai-no-url", "rest-unknown-family"],
 )
 def test_missing_inputs_and_bad_counts_exit_2_with_one_clear_line(tmp_path, capsys, argv, message):
     (tmp_path / "built").mkdir()
@@ -35,6 +52,6 @@ def test_missing_inputs_and_bad_counts_exit_2_with_one_clear_line(tmp_path, caps
     err = capsys.readouterr().err
     assert code == 2
     assert message.format(tmp=tmp_path) in err
-    assert "Traceback" not in err and "Repo id must" not in err
+    assert "Traceback" not in err and "Repo id must" not in err and "pw@" not in err
     assert not (tmp_path / "r").exists() and not (tmp_path / "b" / "state").exists()
 

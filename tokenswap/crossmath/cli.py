@@ -6,13 +6,19 @@ Generate 300 puzzles (the released easy/medium/hard mix) in all four styles::
 
 This writes ``<out>/<Style>/crossmath.jsonl`` in the released record format plus the puzzle
 and solved PNGs under the released names (``<Style>/test_images_blank_hr/<id>_blank.png``, ...).
-Evaluate a model greedily in one modality::
+Evaluate a model greedily in one modality, locally or through any OpenAI-compatible endpoint::
 
     tokenswap crossmath eval --model Qwen/Qwen2-VL-7B-Instruct --data data/crossmath/Original \\
-        --modality image --max-new-tokens 4096 --out runs/crossmath
+        --modality image --out runs/crossmath
+    tokenswap crossmath eval --backend openai --base-url http://localhost:8000/v1 --model Qwen/Qwen3.5-9B \\
+        --data data/crossmath/Original --modality image --out runs/crossmath-qwen35
 
-This writes ``predictions_<modality>.jsonl`` (one line per puzzle), ``metrics_<modality>.json``
-and ``metrics_<modality>.md``. Both commands resume: finished puzzles are skipped, and a rerun
+The release's budget is 16,384 new tokens, and Qwen3.5 runs with thinking off unless ``--thinking``
+(its ``batch_inference_qwen35.py``); the release samples 4 runs with the model's own sampling
+settings, where tokenswap decodes greedily once. This writes ``predictions_<modality>.jsonl`` (one
+line per puzzle, appended as each finishes), ``metrics_<modality>.json`` (with token usage and the
+failed / skipped counts) and ``metrics_<modality>.md``. Both commands resume: finished puzzles are
+skipped (failed requests are asked again), and a rerun
 with different generator flags (or another model, for eval) into the same folder is refused.
 Compare our generator and renderer with a checkout of the released test set::
 
@@ -40,10 +46,12 @@ from tokenswap.crossmath.metrics import (
 )
 from tokenswap.crossmath.prompt import MODALITIES, build_messages
 from tokenswap.crossmath.render import STYLES, puzzle_id_from_image, render_grid
+from tokenswap.inference.backends import add_backend_arguments
 
 __all__ = ["cli_main"]
 
 JSONL_NAME = "crossmath.jsonl"
+RELEASE_MAX_NEW_TOKENS = 16384  # batch_inference_qwen35.py --max_new_tokens
 
 
 class _RefusedError(Exception):
@@ -81,13 +89,16 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--operators", default="+-*/", help="operator set, e.g. +-*/ or +-")
 
     ev = sub.add_parser("eval", help="greedy evaluation of a model in one modality")
-    ev.add_argument("--model", required=True, help="model folder or hub id (Qwen2-VL family)")
+    ev.add_argument("--model", required=True,
+                    help="hf: model folder or hub id (Qwen families); openai: the served model name")
     ev.add_argument("--data", required=True, help="a CrossMath JSONL or its style folder")
     ev.add_argument("--modality", choices=MODALITIES, required=True)
     ev.add_argument("--n", type=positive_int, default=None, help="evaluate the first N puzzles (default: all)")
-    ev.add_argument("--max-new-tokens", type=int, default=4096)
-    ev.add_argument("--batch-size", type=int, default=8)
+    ev.add_argument("--max-new-tokens", type=positive_int, default=RELEASE_MAX_NEW_TOKENS,
+                    help=f"generation budget (default: the release's {RELEASE_MAX_NEW_TOKENS})")
+    ev.add_argument("--batch-size", type=positive_int, default=8, help="hf: puzzles per generate call")
     ev.add_argument("--out", required=True, help="output folder for predictions and metrics")
+    add_backend_arguments(ev)
 
     fid = sub.add_parser("fidelity", help="statistics and pixel parity against the released test set")
     fid.add_argument("--released", required=True, help="a checkout of github.com/xuyige/CrossMath or its data folder")
@@ -177,86 +188,97 @@ def _fidelity(args: argparse.Namespace) -> int:
     return 0
 
 
-def _generate_batch(model, processor, records: list[dict], modality: str, max_new_tokens: int) -> list[str]:
-    import torch
-
-    messages = [
-        build_messages(modality, record["markdown_table"], load_image(record) if modality != "text" else None)
-        for record in records
-    ]
-    texts = [processor.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in messages]
-    images = [part["image"] for m in messages for part in m[0]["content"] if part["type"] == "image"]
-    inputs = processor(text=texts, images=images or None, padding=True, return_tensors="pt").to(model.device)
-    with torch.inference_mode():
-        output = model.generate(
-            **inputs,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=processor.tokenizer.pad_token_id,
-        )
-    return processor.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-
-
 def _evaluate(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    from tokenswap.inference.backends import (
+        BackendConfigError,
+        check_backend_arguments,
+        describe_arguments,
+        open_backend,
+        resolve_settings,
+    )
+    from tokenswap.inference.runs import RecordLog, check_error_share, run_units, tally
 
+    try:
+        check_backend_arguments(args)
+    except BackendConfigError as err:
+        raise _RefusedError(str(err)) from None
     data = find_jsonl(args.data)
     records = load_crossmath(data)[: args.n]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pred_path = out / f"predictions_{args.modality}.jsonl"
-    previous = read_jsonl(pred_path, repair=True) if pred_path.exists() else []
-    other_models = {p["model"] for p in previous} - {args.model}
+    log = RecordLog(pred_path, key_field="id")
+    other_models = {p["model"] for p in log.records.values()} - {args.model}
     if other_models:
         raise _RefusedError(
             f"{pred_path} holds predictions of {sorted(other_models)}, not {args.model!r}; pick another --out"
         )
-    done = {p["id"] for p in previous}
-    todo = [r for r in records if r["id"] not in done]
+    settings = resolve_settings(args, "crossmath")
+    todo = [r for r in records if not log.answered(r["id"])]
+    backend = None
     if todo:
-        import torch
+        backend = open_backend(args, settings, batch_size=args.batch_size)
+        for line in settings.applied:
+            print(f"tokenswap crossmath eval: release setting: {line}", file=sys.stderr)
 
-        from tokenswap.testing import load_qwen2vl
+        def conversation(record: dict) -> list[dict]:
+            image = load_image(record) if args.modality != "text" else None
+            return build_messages(args.modality, record["markdown_table"], image)
 
-        model, processor = load_qwen2vl(args.model)
-        if torch.cuda.is_available():
-            model = model.to("cuda")
-        model.eval()
-        # Decoder-only batched generation needs the prompts flush against the new tokens.
-        processor.tokenizer.padding_side = "left"
-        for start in tqdm(range(0, len(todo), args.batch_size), desc=f"crossmath eval {args.modality}", unit="batch"):
-            batch = todo[start : start + args.batch_size]
-            responses = _generate_batch(model, processor, batch, args.modality, args.max_new_tokens)
-            for record, response in zip(batch, responses):
-                append_jsonl(
-                    pred_path,
-                    {
-                        "id": record["id"],
-                        "model": args.model,
-                        "modality": args.modality,
-                        "difficulty": record.get("difficulty"),
-                        "response": response,
-                        "prediction": extract_answer(response),
-                        "answer": record["markdown_answer"],
-                        "answer_step": record["markdown_answer_step"],
-                    },
-                )
-    by_id = {p["id"]: p for p in read_jsonl(pred_path)}
-    preds = [by_id[r["id"]]["prediction"] for r in records]
-    run = score_run(preds, [gold_answer(r) for r in records], [gold_hops(r) for r in records])
+        def make_record(record: dict, fields: dict) -> dict:
+            response = fields.pop("response")
+            return {
+                "id": record["id"],
+                "model": args.model,
+                "modality": args.modality,
+                "difficulty": record.get("difficulty"),
+                "response": response,
+                "prediction": extract_answer(response) if response is not None else None,
+                "answer": record["markdown_answer"],
+                "answer_step": record["markdown_answer_step"],
+                "backend": args.backend,
+                **{k: v for k, v in fields.items() if k != "id"},
+            }
+
+        try:
+            run_units(backend, log, records, lambda r: r["id"], conversation, make_record,
+                      max_new_tokens=args.max_new_tokens, progress=f"crossmath eval {args.modality}",
+                      max_error_share=args.max_error_share)
+        finally:
+            backend.close()
+    rows = [log.records[r["id"]] for r in records]
+    counts = tally(rows)
+    scored = [(r, p) for r, p in zip(records, rows) if "error" not in p and "skipped" not in p]
+    preds = [p["prediction"] for _, p in scored]
+    run = score_run(preds, [gold_answer(r) for r, _ in scored], [gold_hops(r) for r, _ in scored])
     summary = aggregate_runs([run])
     report = {
         "model": args.model,
         "data": str(data),
         "modality": args.modality,
-        "n": len(records),
+        "n": len(scored),
         "no_answer": sum(p is None for p in preds),
         "metrics": run,
+        "backend": args.backend,
+        "max_new_tokens": args.max_new_tokens,
+        "model_settings": settings.as_dict(),
+        "n_puzzles": len(records),
+        "n_failed": counts["failed"],
+        "n_skipped": counts["skipped"],
+        "usage": counts["usage"],
     }
+    report["backend_info"] = describe_arguments(args)
+    check_error_share(counts, args.max_error_share, "requests")
     (out / f"metrics_{args.modality}.json").write_text(json.dumps(report, indent=2) + "\n")
     table = format_metrics_table({args.modality: summary})
     (out / f"metrics_{args.modality}.md").write_text(table + "\n")
     print(table)
+    if counts["failed"] or counts["skipped"]:
+        print(f"{counts['failed']} failed and {counts['skipped']} skipped puzzles left out of the scores "
+              f"({counts['first_error'] or counts['first_skip']})")
+    usage = counts["usage"]
+    print(f"tokens: {usage['prompt_tokens']:,} prompt, {usage['completion_tokens']:,} completion over "
+          f"{usage['requests']:,} requests")
     return 0
 
 
@@ -269,12 +291,18 @@ def cli_main(argv: list[str]) -> int:
     Returns:
         The exit status.
     """
+    from tokenswap.inference.backends import NoLogprobsError
+    from tokenswap.inference.runs import ErrorShareExceeded
+
     args = _parser().parse_args(argv)
     try:
         return {"generate": _generate, "eval": _evaluate, "fidelity": _fidelity}[args.command](args)
-    except _RefusedError as err:
+    except (_RefusedError, NoLogprobsError) as err:
         print(f"tokenswap crossmath {args.command}: {err}", file=sys.stderr)
         return 2
+    except ErrorShareExceeded as err:
+        print(f"tokenswap crossmath {args.command}: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

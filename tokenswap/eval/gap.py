@@ -45,7 +45,6 @@ from typing import Literal
 
 import torch
 
-from tokenswap.eval.generation import build_inputs, generate_from_inputs
 from tokenswap.eval.mc import (
     IMAGE_TAG,
     LETTERS,
@@ -59,6 +58,14 @@ from tokenswap.eval.mc import (
     shots_for,
 )
 from tokenswap.eval.recognition import recognition_items
+from tokenswap.inference.hf import (
+    OPEN_THINK,
+    build_inputs,
+    close_open_think,
+    generate_from_inputs,
+    letter_logprobs,
+    split_reasoning,
+)
 
 __all__ = ["NAMING_ANSWER", "NAMING_PROMPT", "GapEvaluator", "GapResult", "GapStats", "Scorer", "letter_token_ids",
            "summarize"]
@@ -423,6 +430,10 @@ class GapEvaluator:
         self.max_new_tokens = max_new_tokens
         self.progress = progress
         self.letter_ids = letter_token_ids(processor.tokenizer) if scorer == "loglik" else None
+        # A template whose generation prompt opens a think block (Qwen3.5): the answer is read after "</think>".
+        probe = [{"role": "user", "content": [{"type": "text", "text": "?"}]}]
+        self._opens_think = processor.apply_chat_template(probe, tokenize=False, add_generation_prompt=True).endswith(
+            OPEN_THINK)
 
         text_shots: dict[str, list[MCItem]] = {}
         inter_shots: dict[str, list[MCItem]] = {}
@@ -489,7 +500,8 @@ class GapEvaluator:
                 self._batches.append((idx, self._naming_inputs([self.units[u] for u, _ in slots])))
                 continue
             convs = [build_conversation(self.units[u].item, self.prompt, self.units[u].shots) for u, _ in slots]
-            self._batches.append((idx, build_inputs(self.processor, convs)))
+            # loglik reads the answer's first token: after a closed think block where the template opens one.
+            self._batches.append((idx, build_inputs(self.processor, convs, close_think=self.scorer == "loglik")))
         self._built_for = (rank, world)
 
     def _naming_inputs(self, units: Sequence[_Unit]):
@@ -499,7 +511,8 @@ class GapEvaluator:
         for unit in units:
             image = _as_rgb(unit.item.images[1])
             conv = [{"role": "user", "content": _naming_content(self.naming_prompt, image)}]
-            prompt = self.processor.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+            # The reply is scored where training puts an answer: after a closed think block (Qwen3.5).
+            prompt = close_open_think(self.processor.apply_chat_template(conv, tokenize=False, add_generation_prompt=True))
             prompts.append(prompt)
             fulls.append(prompt + self.naming_answer.format(concept=unit.item.choices[unit.candidate]))
             images.append(image)
@@ -523,11 +536,8 @@ class GapEvaluator:
 
     # -- scoring -----------------------------------------------------------------
 
-    @torch.no_grad()
     def _loglik(self, model, batch) -> list[str]:
-        out = model(**batch.to(model.device), use_cache=False, logits_to_keep=1)
-        logprobs = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1)  # (B, V)
-        scores = torch.stack([torch.logsumexp(logprobs[:, ids], dim=-1) for ids in self.letter_ids], dim=-1)  # (B, 4)
+        scores = letter_logprobs(model, batch, self.letter_ids)  # (B, 4)
         return [LETTERS[i] for i in scores.argmax(dim=-1).tolist()]
 
     @torch.no_grad()
@@ -570,7 +580,7 @@ class GapEvaluator:
                     preds, responses = self._loglik(model, batch), [None] * len(idx)
                 else:
                     responses = generate_from_inputs(model, self.processor, batch, self.max_new_tokens)
-                    preds = [extract_answer(r) for r in responses]
+                    preds = [extract_answer(split_reasoning(r, self._opens_think)[0]) for r in responses]
                 local += [(u, p, r) for u, p, r in zip(idx, preds, responses) if u is not None]
         finally:
             model.train(was_training)

@@ -7,6 +7,8 @@ Examples::
     tokenswap rest eval --model Qwen/Qwen2-VL-7B-Instruct --data rest/mmlu --out runs/rest-mmlu --ocr
     tokenswap rest eval --model PATH --data rest/mmlu --out runs/rest-plus --perturbations   # all 10 variants
     tokenswap rest eval --model PATH --data rest/mmlu --out runs/x --perturbations mono_50,color_red
+    tokenswap rest eval --backend openai --base-url http://localhost:8000/v1 --model Qwen/Qwen2.5-VL-7B-Instruct \\
+        --data rest/mmlu --out runs/rest-vllm --ocr
 
 Both commands are resumable: rerun the same command after an interruption.
 """
@@ -19,6 +21,7 @@ import os
 import sys
 
 from tokenswap.cli import looks_like_path, non_negative_int, positive_int, require_model, require_path
+from tokenswap.inference.backends import add_backend_arguments
 
 __all__ = ["cli_main"]
 
@@ -38,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--color", default="red", help="colour of the coloured variant: name or R,G,B")
 
     ev = sub.add_parser("eval", help="generate in every modality, score RER/CFR/MMC, write report")
-    ev.add_argument("--model", required=True, help="checkpoint folder or hub id (Qwen2-VL family)")
+    ev.add_argument("--model", required=True,
+                    help="hf: checkpoint folder or hub id (Qwen families); openai: the served model name")
     ev.add_argument("--data", required=True, help="folder written by `tokenswap rest build`")
     ev.add_argument("--out", required=True, help="output folder (predictions.jsonl is resumed)")
     ev.add_argument(
@@ -51,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--ocr", action="store_true", help="OCR control (CER, OCR-correct subset) and OCR-first")
     ev.add_argument("--n", type=positive_int, default=None, help="evaluate the first N items only")
     ev.add_argument("--max-new-tokens", type=positive_int, default=None, help="default 1024 (2048 for soebench)")
-    ev.add_argument("--batch-size", type=positive_int, default=8)
+    ev.add_argument("--batch-size", type=positive_int, default=8, help="hf: conversations per generate call")
+    add_backend_arguments(ev)
     return parser
 
 
@@ -85,15 +90,27 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import torch
-
+    from tokenswap.inference.backends import (
+        BackendConfigError,
+        NoLogprobsError,
+        check_backend_arguments,
+        describe_arguments,
+        open_backend,
+        resolve_settings,
+    )
+    from tokenswap.inference.runs import ErrorShareExceeded
     from tokenswap.rest.build import BASE_VARIANT
     from tokenswap.rest.evaluate import run_rest_eval
-    from tokenswap.testing import load_qwen2vl
 
+    try:
+        check_backend_arguments(args)
+    except BackendConfigError as err:
+        print(f"tokenswap rest eval: error: {err}", file=sys.stderr)
+        return 2
     require_path(args.data, "--data", kind="dir")
     require_path(os.path.join(args.data, "meta.json"), "--data (a folder written by `tokenswap rest build`) file")
-    require_model(args.model)
+    if args.backend == "hf":
+        require_model(args.model)
     with open(f"{args.data}/meta.json") as f:
         built = json.load(f)["variants"]
     variants = [BASE_VARIANT]
@@ -101,22 +118,30 @@ def _eval(args: argparse.Namespace) -> int:
         variants += [v for v in built if v != BASE_VARIANT]
     elif args.perturbations:
         variants += [v for v in args.perturbations.split(",") if v and v != BASE_VARIANT]
-    model, processor = load_qwen2vl(args.model)
-    if torch.cuda.is_available():
-        model = model.to("cuda")
-    metrics = run_rest_eval(
-        model,
-        processor,
-        args.data,
-        args.out,
-        variants=variants,
-        ocr=args.ocr,
-        n=args.n,
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
-        progress=True,
-        model_name=args.model,
-    )
+    settings = resolve_settings(args, "rest")
+    try:
+        metrics = run_rest_eval(
+            None,
+            None,
+            args.data,
+            args.out,
+            variants=variants,
+            ocr=args.ocr,
+            n=args.n,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            progress=True,
+            model_name=args.model,
+            backend=lambda: open_backend(args, settings, batch_size=args.batch_size),
+            max_error_share=args.max_error_share,
+            run_info={"backend_info": describe_arguments(args), "model_settings": settings.as_dict()},
+        )
+    except NoLogprobsError as err:
+        print(f"tokenswap rest eval: error: {err}", file=sys.stderr)
+        return 2
+    except ErrorShareExceeded as err:
+        print(f"tokenswap rest eval: error: {err}", file=sys.stderr)
+        return 1
     base = metrics["variants"][BASE_VARIANT]["all"]
     shown = [base["accuracy"][m] for m in ("text", "image", "mixed")] + [base["rer"]]
     text_acc, image_acc, mixed_acc, rer = ("n/a" if v is None else f"{v:.3f}" for v in shown)
@@ -124,6 +149,9 @@ def _eval(args: argparse.Namespace) -> int:
         f"rest eval: {metrics['n_items']} items, acc text/image/mixed = {text_acc}/{image_acc}/{mixed_acc}, "
         f"RER {rer}; report in {args.out}/report.md"
     )
+    usage = metrics["usage"]
+    print(f"rest eval: {metrics['n_failed']} failed and {metrics['n_skipped']} skipped requests left out; tokens: "
+          f"{usage['prompt_tokens']:,} prompt, {usage['completion_tokens']:,} completion")
     return 0
 
 

@@ -1,9 +1,11 @@
 """Run a model on a REST dataset folder: answers in three modalities, OCR control, OCR-first, metrics.
 
-Generation is greedy (temperature 0) through :func:`tokenswap.eval.generation.generate`. Every
-response is appended to ``OUT/predictions.jsonl`` as soon as its batch finishes, keyed by
-``item|task|variant``; a rerun skips keys already there, so an interrupted run resumes. Scores are
-recomputed from the stored responses each time (fixing the extractor needs no regeneration).
+Generation is greedy (temperature 0) through a backend (:mod:`tokenswap.inference.backends`: a local
+checkpoint or any OpenAI-compatible endpoint). Every response is appended to ``OUT/predictions.jsonl``
+as soon as it finishes, keyed by ``item|task|variant``; a rerun skips keys already answered, so an
+interrupted run resumes. Scores are recomputed from the stored responses each time (fixing the
+extractor needs no regeneration). A failed request is recorded with ``error`` and asked again by the
+next run; meanwhile its item is left out of that variant's scores (``excluded`` in ``metrics.json``).
 
 Tasks per item: ``text`` once; for each evaluated variant ``image`` and ``mixed``; with OCR also
 ``ocr_item`` and ``ocr_stem`` (transcriptions of the two renderings) and ``ocr_first`` (answer the
@@ -47,21 +49,6 @@ def default_max_new_tokens(source: str) -> int:
     return 2048 if source == "soebench" else 1024
 
 
-def _read_predictions(path: Path) -> dict[str, dict]:
-    if not path.exists():
-        return {}
-    rows = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            # A run killed mid-write leaves at most one torn last line; it is simply redone.
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            rows[row["key"]] = row
-    return rows
-
-
 def _conversation(task: _Task, data_dir: Path, predictions: dict[str, dict]) -> list[dict]:
     item = task.item
     if task.task == "text":
@@ -79,22 +66,35 @@ def _conversation(task: _Task, data_dir: Path, predictions: dict[str, dict]) -> 
     raise ValueError(f"unknown task {task.task!r}")
 
 
-def _run_tasks(model, processor, tasks, data_dir, predictions, pred_path, max_new_tokens, batch_size, progress):
-    from tokenswap.eval.generation import generate
+def _run_tasks(backend, tasks, data_dir, log, max_new_tokens, progress, max_error_share=None) -> None:
+    from tokenswap.inference.runs import run_units
 
-    todo = [t for t in tasks if t.key not in predictions]
-    with open(pred_path, "a", encoding="utf-8") as f:
-        for start in range(0, len(todo), batch_size):
-            batch = todo[start : start + batch_size]
-            convs = [_conversation(t, data_dir, predictions) for t in batch]
-            responses = generate(model, processor, convs, max_new_tokens=max_new_tokens, batch_size=batch_size)
-            for t, response in zip(batch, responses):
-                row = {"key": t.key, "item_id": t.item.id, "task": t.task, "variant": t.variant, "response": response}
-                predictions[t.key] = row
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-            f.flush()
-            if progress:
-                print(f"rest eval: {min(start + batch_size, len(todo))}/{len(todo)} generations", flush=True)
+    def make_record(t: _Task, fields: dict) -> dict:
+        return {"key": t.key, "item_id": t.item.id, "task": t.task, "variant": t.variant, **fields}
+
+    ready, blocked = [], []
+    for t in tasks:
+        source = log.records.get(f"{t.item.id}|ocr_item|{t.variant}") if t.task == "ocr_first" else None
+        (blocked if t.task == "ocr_first" and (source is None or source.get("response") is None) else ready).append(t)
+    for t in blocked:  # OCR-first answers the model's own transcription; without one there is nothing to ask
+        if not log.answered(t.key):
+            log.append(make_record(t, {"key": t.key, "response": None,
+                                       "skipped": "its ocr_item transcription failed or was skipped"}))
+    run_units(backend, log, ready, lambda t: t.key, lambda t: _conversation(t, data_dir, log.records), make_record,
+              max_new_tokens=max_new_tokens, progress="rest eval" if progress else None,
+              max_error_share=max_error_share)
+
+
+def _usable(predictions: dict[str, dict], key: str) -> bool:
+    row = predictions.get(key)
+    return row is not None and "error" not in row and "skipped" not in row
+
+
+def _needed_keys(item: RestItem, variant: str, ocr: bool) -> list[str]:
+    tasks = [("text", TEXT_VARIANT), ("image", variant), ("mixed", variant)]
+    if ocr:
+        tasks += [("ocr_item", variant), ("ocr_stem", variant), ("ocr_first", variant)]
+    return [f"{item.id}|{task}|{v}" for task, v in tasks]
 
 
 def score_predictions(
@@ -112,7 +112,10 @@ def score_predictions(
         return extract_answer(predictions[f"{item.id}|{task}|{variant}"]["response"], item.answer_type, item.options)
 
     results = {}
+    all_items = items
     for variant in variants:
+        # Items with a failed or skipped request in this variant are left out, never scored as wrong.
+        items = [i for i in all_items if all(_usable(predictions, k) for k in _needed_keys(i, variant, ocr))]
         outcomes, cer_item, cer_stem, ocr_first_ok = [], [], [], []
         for item in items:
             ocr_ok = None
@@ -167,25 +170,36 @@ def run_rest_eval(
     batch_size: int = 8,
     progress: bool = False,
     model_name: str = "",
+    backend=None,
+    max_error_share: float = 1.0,
+    run_info: dict | None = None,
 ) -> dict:
     """Generate (resumably), score and report one model on a REST dataset folder.
 
     Args:
-        model: a Qwen2-VL-family ``*ForConditionalGeneration`` model.
-        processor: its processor.
+        model: a Qwen2-VL-family ``*ForConditionalGeneration`` model (None when ``backend`` is given).
+        processor: its processor (None when ``backend`` is given).
         data_dir: a folder written by :func:`tokenswap.rest.build.build_rest_dataset`.
         out_dir: where ``predictions.jsonl``, ``metrics.json``, ``report.md`` and ``accuracy.png`` go.
         variants: rendering variants to evaluate (``sans_200`` = plain REST; others = REST+).
         ocr: run the OCR control and the OCR-first counterfactual.
         n: evaluate only the first ``n`` items.
         max_new_tokens: generation budget; default 1024 (2048 for SoEBench).
-        batch_size: conversations per generate call.
-        progress: print one line per batch.
+        batch_size: conversations per generate call (``hf``).
+        progress: show a progress bar.
         model_name: recorded in the report.
+        backend: a :class:`tokenswap.inference.backends.Backend` (default: ``hf`` around ``model``), or a
+            zero-argument callable returning one, called only when something is left to ask.
+        max_error_share: raise :class:`tokenswap.inference.runs.ErrorShareExceeded` (before writing
+            ``metrics.json``) when more than this share of the requests failed.
+        run_info: extra fields for ``metrics.json`` (the backend and settings the command line chose).
 
     Returns:
         The metrics dict written to ``metrics.json``.
     """
+    from tokenswap.inference.backends import Backend, HFBackend
+    from tokenswap.inference.runs import RecordLog, check_error_share, tally
+
     data, out = Path(data_dir), Path(out_dir)
     meta = json.loads((data / "meta.json").read_text())
     unknown = [v for v in variants if v not in meta["variants"]]
@@ -194,18 +208,27 @@ def run_rest_eval(
     items = read_items(data / "items.jsonl")[:n]
     max_new_tokens = max_new_tokens or default_max_new_tokens(meta["source"])
     out.mkdir(parents=True, exist_ok=True)
-    pred_path = out / "predictions.jsonl"
-    predictions = _read_predictions(pred_path)
+    log = RecordLog(out / "predictions.jsonl")
 
     # Group tasks by kind so batches hold similar prompts; ocr_first needs the ocr_item transcripts first.
     tasks = [_Task(item, "text", TEXT_VARIANT) for item in items]
     kinds = ["image", "mixed"] + (["ocr_item", "ocr_stem"] if ocr else [])
     tasks += [_Task(item, kind, v) for kind in kinds for v in variants for item in items]
-    _run_tasks(model, processor, tasks, data, predictions, pred_path, max_new_tokens, batch_size, progress)
-    if ocr:
-        second = [_Task(item, "ocr_first", v) for v in variants for item in items]
-        _run_tasks(model, processor, second, data, predictions, pred_path, max_new_tokens, batch_size, progress)
-
+    second = [_Task(item, "ocr_first", v) for v in variants for item in items] if ocr else []
+    opened = None
+    if any(not log.answered(t.key) for t in tasks + second):
+        if backend is None:
+            opened = HFBackend(model, processor, model_name, batch_size=batch_size)
+        else:
+            opened = backend if isinstance(backend, Backend) else backend()
+        try:
+            _run_tasks(opened, tasks, data, log, max_new_tokens, progress, max_error_share)
+            if second:
+                _run_tasks(opened, second, data, log, max_new_tokens, progress, max_error_share)
+        finally:
+            opened.close()
+    predictions = log.records
+    counts = tally(predictions[t.key] for t in tasks + second)
     metrics = {
         "model": model_name,
         "data": str(data),
@@ -215,7 +238,17 @@ def run_rest_eval(
         "ocr": ocr,
         "base_variant": BASE_VARIANT,
         "variants": score_predictions(items, predictions, variants, ocr),
+        "n_requests": counts["n"],
+        "n_failed": counts["failed"],
+        "n_skipped": counts["skipped"],
+        "excluded": {
+            v: [i.id for i in items if not all(_usable(predictions, k) for k in _needed_keys(i, v, ocr))]
+            for v in variants
+        },
+        "usage": counts["usage"],
+        **(run_info or {}),
     }
+    check_error_share(counts, max_error_share, "requests")
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     write_report(metrics, out)
     return metrics

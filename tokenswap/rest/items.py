@@ -297,7 +297,7 @@ def build_conversation(item: RestItem, modality: Modality | Literal["ocr_first"]
         text: transcription for ``ocr_first``.
 
     Returns:
-        Chat messages for :func:`tokenswap.eval.generation.generate`.
+        Chat messages for :func:`tokenswap.inference.hf.generate` or any backend.
     """
     instruction = _INSTRUCTIONS[item.answer_type]
     if modality == "text":

@@ -198,7 +198,7 @@ def collect_pair_states(model, processor, texts: Sequence[str], images: Sequence
     Returns:
         ``(image_hidden, text_hidden)``, each ``(L+1, N, H)`` float32 on CPU.
     """
-    from tokenswap.eval.generation import build_inputs
+    from tokenswap.inference.hf import build_inputs
 
     if len(texts) != len(images):
         raise ValueError(f"need one image per text, got {len(texts)} texts and {len(images)} images")

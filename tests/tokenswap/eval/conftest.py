@@ -37,8 +37,8 @@ def always_b(tiny_qwen2vl, tmp_path_factory):
     """Checkpoint path of the tiny model fine-tuned to reply "B" (then end of turn) to any prompt."""
     import torch
 
-    from tokenswap.eval.generation import build_inputs
     from tokenswap.eval.mc import build_conversation
+    from tokenswap.inference.hf import build_inputs
     from tokenswap.testing import load_qwen2vl
 
     model, processor = load_qwen2vl(tiny_qwen2vl)

@@ -56,7 +56,38 @@ def test_bench_config_loads():
 
 
 def test_eval_cli_defaults_to_the_release_protocol():
-    from tokenswap.eval.cli import _parser
+    from tokenswap.eval.cli import _parser, max_new_tokens
+    from tokenswap.inference.model_settings import release_settings
 
     args = _parser().parse_args(["--model", "m"])
-    assert (args.scorer, args.max_new_tokens, args.bench) == ("generate", 2048, "dongx1997/TokenSwap-Bench")
+    assert (args.scorer, args.bench, args.backend, args.concurrency) == (
+        "generate", "dongx1997/TokenSwap-Bench", "hf", 32)
+    # The release's budget, and its per-model one for Qwen2.5-VL (the task file's model_specific_generation_kwargs).
+    assert max_new_tokens(args, release_settings("tokenswap", "qwen2_vl")) == 2048
+    assert max_new_tokens(args, release_settings("tokenswap", "qwen2_5_vl")) == 128
+    args = _parser().parse_args(["--model", "m", "--max-new-tokens", "64"])
+    assert max_new_tokens(args, release_settings("tokenswap", "qwen2_5_vl")) == 64
+
+
+def test_eval_cli_per_item_path_equals_the_in_loop_evaluator(tiny_qwen2vl, tmp_path):
+    """`tokenswap eval` (hf, one process: per-item records, resumable) scores as GapEvaluator does, both scorers."""
+    from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs
+    from tokenswap.eval.gap import GapEvaluator
+    from tokenswap.testing import load_qwen2vl
+
+    _write_bench(tmp_path / "bench")
+    pairs = load_tokenswap_bench_pairs(tmp_path / "bench")
+    model, processor = load_qwen2vl(tiny_qwen2vl)
+    for scorer in ("loglik", "generate"):
+        out = tmp_path / scorer
+        argv = ["--model", str(tiny_qwen2vl), "--bench", str(tmp_path / "bench"), "--scorer", scorer,
+                "--max-new-tokens", "4", "--batch-size", "3", "--out", str(out)]
+        assert cli_main(argv) == 0
+        result = json.loads((out / "gap.json").read_text())
+        assert len((out / "records.jsonl").read_text().splitlines()) == 2 * len(pairs)
+        expected = GapEvaluator(processor, pairs, scorer=scorer, max_new_tokens=4, progress=False).evaluate(model)
+        for got, want in zip(result["items"], expected.items):
+            assert (got["pred_text"], got["pred_interleaved"]) == (want["pred_text"], want["pred_interleaved"])
+        assert result["backend"] == "hf" and result["usage"]["requests"] == 2 * len(pairs)
+        assert cli_main(argv) == 0  # resumed: nothing left to ask, the same summary
+        assert json.loads((out / "gap.json").read_text()) == result

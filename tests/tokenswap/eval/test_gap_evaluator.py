@@ -261,3 +261,41 @@ def test_two_process_cpu_equals_single_process(tiny_qwen2vl, tmp_path, make_pair
         for a, b in zip(dist[scorer]["recognition"], single[scorer]["recognition"]):
             assert a.pop("loglik_naming") == pytest.approx(b.pop("loglik_naming"), abs=1e-4)
     assert dist == single
+
+
+def test_loglik_scores_qwen3_5_where_training_puts_the_answer(tiny_family, make_pairs):
+    """Qwen3.5's generation prompt opens a think block (``<think>\\n``); training writes an answer without reasoning
+    after ``<think>\\n\\n</think>\\n\\n``. The in-loop scorer and the hf backend read the letters there."""
+    import torch
+
+    from tokenswap.eval.mc import build_conversation
+    from tokenswap.families import family_of, render_conversation
+    from tokenswap.inference.backends import HFBackend
+
+    model, processor = load_qwen2vl(tiny_family("qwen3_5"))
+    family = family_of("qwen3_5")
+    pairs = make_pairs(3)
+    evaluator = GapEvaluator(processor, pairs, scorer="loglik", batch_size=1, progress=False)
+    result = evaluator.evaluate(model)
+    letter_ids = letter_token_ids(processor.tokenizer)
+    built = {idx[0]: batch for idx, batch in evaluator._batches}
+    for i, ((text, inter), record) in enumerate(zip(pairs, result.items)):
+        for u, (item, pred) in enumerate(((text, record["pred_text"]), (inter, record["pred_interleaved"]))):
+            conv = build_conversation(item)
+            assert processor.apply_chat_template(conv, tokenize=False, add_generation_prompt=True).endswith(
+                "<|im_start|>assistant\n<think>\n")
+            # Where training puts the answer: the text before "B" in a rendered (user, assistant "B") turn.
+            rendered, learn = render_conversation(family, [*conv, {"role": "assistant", "content": "B"}],
+                                                  family.default_system_prompt)
+            prefix = rendered[: learn[0][1] - len("B<|im_end|>")]
+            assert prefix.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+            images = [p["image"] for p in conv[0]["content"] if p["type"] == "image"]
+            expected = processor(text=[prefix], images=images or None, return_tensors="pt")
+            assert torch.equal(built[2 * i + u]["input_ids"], expected["input_ids"])
+            with torch.no_grad():
+                logprobs = model(**expected).logits[0, -1].float().log_softmax(-1)
+            letters = torch.stack([torch.logsumexp(logprobs[ids], 0) for ids in letter_ids])
+            assert pred == "ABCD"[int(letters.argmax())]
+            backend = HFBackend(model, processor, "tiny-qwen3.5", letter_ids=letter_ids)
+            (scored,) = backend.score_letters([conv])
+            assert scored.letter_probs == pytest.approx(letters.exp().tolist(), rel=1e-4, abs=1e-6)
