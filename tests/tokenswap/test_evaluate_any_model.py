@@ -522,6 +522,20 @@ def test_loglik_is_refused_where_the_server_returns_no_logprobs(served, varied_m
     assert not (tmp_path / "out" / "records.jsonl").exists()  # refused at the first item, nothing recorded
 
 
+def test_openai_reasoning_models_get_max_completion_tokens_and_no_temperature(tmp_path):
+    # api.openai.com answers 400 to max_tokens or a temperature for o-series / GPT-5 models.
+    bench = _bench(tmp_path / "bench")
+    with Loopback(lambda payload, attempt: ("json", answer("A"))) as server:
+        for name, out in (("gpt-5-mini", "gpt5"), ("gpt-4o", "gpt4o")):
+            server.payloads.clear()
+            args = _eval_args(server, bench, tmp_path / out, "--limit", "1")
+            args[args.index("some-vlm")] = name
+            assert tokenswap_main(args) == 0
+            fields = [(p.get("max_tokens"), p.get("temperature"), p.get("max_completion_tokens")) for p in server.payloads]
+            assert fields and set(fields) == ({(None, None, 2048)} if name == "gpt-5-mini" else {(2048, 0, None)})
+            assert all("max_tokens" not in p for p in server.payloads) or name != "gpt-5-mini"
+
+
 @pytest.mark.parametrize("name", ["hf", "model_settings", "backends"])
 def test_inference_doctests(name):
     import doctest

@@ -430,10 +430,13 @@ class OpenAIBackend(Backend):
 
     def _generate(self, prepared, max_new_tokens: int, kwargs: dict) -> Iterator[Generation]:
         from tokenswap.inference.hf import split_reasoning
+        from tokenswap.inference.model_settings import openai_reasoning_fields
+
+        extra = {**(self._extra(kwargs) or {}), **(openai_reasoning_fields(self.name, max_new_tokens) or {})} or None
 
         def ask(messages: list[dict]) -> Generation:
             reply = self.client.request(
-                messages, max_tokens=max_new_tokens, temperature=0.0, extra_body=self._extra(kwargs), use_cache=False
+                messages, max_tokens=max_new_tokens, temperature=0.0, extra_body=extra, use_cache=False
             )
             # A server without a reasoning parser (vLLM without --reasoning-parser) returns the think block in the
             # content: the answer is still what follows the last "</think>".

@@ -38,6 +38,7 @@ __all__ = [
     "SOURCES",
     "ModelSettings",
     "family_from_name",
+    "openai_reasoning_fields",
     "release_settings",
     "resize_to_pixels",
 ]
@@ -69,6 +70,26 @@ def family_from_name(name: str) -> str | None:
         if pattern.search(name):
             return family
     return None
+
+
+# OpenAI's reasoning models (o1, o3, o4-mini, GPT-5.x) refuse `max_tokens` (they take `max_completion_tokens`,
+# which also bounds the hidden reasoning) and any temperature but the default: platform.openai.com/docs/guides/reasoning.
+_OPENAI_REASONING = re.compile(r"^(openai/)?(o\d|gpt-5)", re.I)
+
+
+def openai_reasoning_fields(name: str, max_new_tokens: int) -> dict | None:
+    """Payload fields for an OpenAI reasoning model's chat request, or None for any other model.
+
+    They decode with the model's own sampling (no temperature 0 exists for them), so two runs can differ.
+
+    >>> openai_reasoning_fields("gpt-5-mini", 128)
+    {'max_tokens': None, 'temperature': None, 'max_completion_tokens': 128}
+    >>> openai_reasoning_fields("gpt-4o", 128) is None
+    True
+    """
+    if not _OPENAI_REASONING.match(name):
+        return None
+    return {"max_tokens": None, "temperature": None, "max_completion_tokens": max_new_tokens}
 
 
 def _dense(family: str | None) -> str | None:

@@ -385,7 +385,8 @@ class OpenAIChatModel:
 
         Thread-safe. ``top_logprobs=k`` asks for the first generated token's top-k alternatives
         (``Reply.top_logprobs``); ``extra_body`` is merged into the JSON payload (server-specific
-        fields such as vLLM's ``chat_template_kwargs``).
+        fields such as vLLM's ``chat_template_kwargs``; a ``None`` value removes that field, e.g.
+        ``{"max_tokens": None, "max_completion_tokens": 512}`` for OpenAI's reasoning models).
 
         Raises:
             LLMRequestError: the retries are spent, or the server refused for good (a 4xx, a
@@ -479,6 +480,8 @@ class OpenAIChatModel:
             payload["top_logprobs"] = top_logprobs
         if extra_body:
             payload.update(extra_body)
+            # A None in extra_body removes a field: OpenAI's reasoning models refuse max_tokens and temperature.
+            payload = {k: v for k, v in payload.items() if v is not None}
         body = json.dumps(payload).encode()
         try:
             return self._call(body)
