@@ -460,10 +460,12 @@ def section_shard_rewrite(t: Tally, work: Path, model: Path) -> None:
               f"{sorted(expect_text)}), counted {counted}, warnings {warned[:1]}")
 
     def fresh(name: str, order=REWRITE_CONCEPTS):
+        """A store whose every picture was read once (hashed, and then trusted while the file stays unchanged),
+        and a collator with an empty pixel cache, so what it shows next comes from the file as it is then."""
         shard = _noisy_store(work / name, order)
         store = ImageStore(work / name)
-        collator = TokenSwapCollator(processor, store, max_length=512, dummy_image=False)
-        return shard, store, collator
+        pictures(TokenSwapCollator(processor, store, max_length=512, dummy_image=False))
+        return shard, store, TokenSwapCollator(processor, store, max_length=512, dummy_image=False)
 
     shard, _, collator = fresh("rewrite-ref")
     ref, _ = pictures(collator)

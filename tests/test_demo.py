@@ -44,6 +44,7 @@ def check_against_record(figures: dict[str, float], argv: list[str]) -> None:
     if os.environ.get("TOKENSWAP_UPDATE_DEMO_RECORD"):
         RECORD.write_text(json.dumps({"regenerate": REGENERATE, "argv": argv, "figures": figures}, indent=1) + "\n")
         return
+    assert RECORD.exists(), f"no {RECORD}: make it with `{REGENERATE}` and commit it"
     record = json.loads(RECORD.read_text())
     assert record["argv"] == argv, f"{RECORD} was made with other demo flags; regenerate it: {REGENERATE}"
     # Accuracies are fractions of 24 questions: a moved answer moves one by >= 0.04; 1e-6 absorbs float noise only.

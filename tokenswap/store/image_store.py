@@ -143,6 +143,11 @@ def _image_spans(column: pa.ChunkedArray, base: int, size: int) -> list[tuple[in
     return spans
 
 
+def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What changes when a file is replaced, truncated or written to (a write always moves ``st_ctime_ns``)."""
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev
+
+
 def image_id_of(data: bytes) -> str:
     """Content address of encoded image bytes (stable across rebuilds and shards)."""
     return hashlib.sha1(data).hexdigest()[:16]
@@ -217,6 +222,7 @@ class ImageStore:
             raise StoreFormatError(f"{info_path}: format is {self.info.get('format')!r}, expected {FORMAT!r}")
         self._paths: list[Path] = []
         self._fds: dict[int, int] = {}  # shard -> open descriptor, oldest first (bounded: a store may have 10k shards)
+        self._verified: dict[int, tuple[tuple, set[int]]] = {}  # shard -> (file identity, offsets hashed under it)
         self._index: dict[str, list[StoreImage]] = {}
         self._attempted: set[str] = set()
         for path in _list_shards(self.root):
@@ -273,19 +279,29 @@ class ImageStore:
     def _read(self, image: StoreImage) -> bytes:
         shard, span = image._loc
         path = self._paths[shard]
+        identity = None
         if isinstance(span, bytes):
             data, why = span, "the shard's decoded buffer"
         else:
             offset, length = span
             try:
-                data = os.pread(self._fd(shard), length, offset)
+                fd = self._fd(shard)
+                identity = _identity(os.fstat(fd))
+                data = os.pread(fd, length, offset)
+                verified = self._verified.get(shard)
+                # Hashed once per image and process while the file stays as it was (the same inode, size, mtime and
+                # ctime before and after the read; any write moves ctime): a hash costs about as much as 1/15 of
+                # decoding the PNG, and a re-decode after a pixel-cache eviction need not pay it again.
+                if (verified is not None and verified[0] == identity and offset in verified[1]
+                        and len(data) == length and _identity(os.fstat(fd)) == identity):
+                    return data
             except OSError as e:
                 raise ImageMismatchError(
                     f"{path}: image {image.image_id} of concept {image.key!r} cannot be read ({e.strerror or e}); "
                     "the shard was removed or damaged after the store was opened: restore it and restart"
                 ) from None
-            why = (f"the shard is {os.fstat(self._fd(shard)).st_size} bytes now, the image ended at byte "
-                   f"{offset + length} (truncated in place?)" if len(data) < length else "its bytes changed")
+            why = (f"the shard is {identity[1]} bytes now, the image ended at byte {offset + length} (truncated in "
+                   "place?)" if len(data) < length else "its bytes changed")
         if image_id_of(data) != image.image_id:
             raise ImageMismatchError(
                 f"{path}: image {image.image_id} of concept {image.key!r} does not match its content hash ({why}); "
@@ -293,11 +309,16 @@ class ImageStore:
                 "immutable: write a new file and rename it over the old one (as StoreWriter does), then restart "
                 "the run to read the store as it is now"
             )
+        if identity is not None and _identity(os.fstat(self._fd(shard))) == identity:
+            verified = self._verified.get(shard)
+            if verified is None or verified[0] != identity:
+                verified = self._verified[shard] = (identity, set())
+            verified[1].add(span[0])
         return data
 
     def __getstate__(self) -> dict:
         # Descriptors are per process: a spawned worker opens its own (and the hash check still holds).
-        return {**self.__dict__, "_fds": {}}
+        return {**self.__dict__, "_fds": {}, "_verified": {}}
 
     def __del__(self) -> None:
         for fd in getattr(self, "_fds", {}).values():

@@ -161,6 +161,7 @@ def test_a_shard_copied_over_in_place_serves_no_other_concepts_picture(tmp_path,
 
     shard = _one_shard_store(tmp_path / "store", COLOURS)
     store = ImageStore(tmp_path / "store")
+    assert len({store.get(c)[0].load_bytes() for c in CONCEPTS}) == 8  # each read (and hashed) once before
     # A rebuild elsewhere with the pictures of other concepts, copied over the live shard as `cp` does
     # (truncate and write the same inode, which is what a reader's memory map sees).
     other = _one_shard_store(tmp_path / "rebuilt", COLOURS[::-1])
