@@ -12,7 +12,8 @@ has no image, so a resumed build does not try it again). Shards are the same Arr
 
 Reads are checked: an image's bytes are read with ``pread`` (a shard truncated in place under a
 running reader is a short read, not the SIGBUS a memory map gives) and hashed against the image id,
-their content address, before they are served. A shard rewritten in place (``cp`` or
+their content address, before they are served (once per image and process while the shard file keeps its
+inode, size, mtime and ctime). A shard rewritten in place (``cp`` or
 ``rsync --inplace`` over it) therefore never serves another concept's picture: the read raises
 :class:`ImageMismatchError`, which the collator counts (``concepts_text_hash_mismatch``) and keeps as text.
 
