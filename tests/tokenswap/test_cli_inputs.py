@@ -164,7 +164,9 @@ def test_rest_eval_on_a_variant_that_was_not_built(tiny_qwen2vl, tmp_path, capsy
     (tmp_path / "rest" / "meta.json").write_text('{"variants": ["sans_200"]}')
     code, err = run_cli(["rest", "eval", "--model", tiny_qwen2vl, "--data", tmp_path / "rest", "--out",
                          tmp_path / "o", "--perturbations", "mono_50"], capsys)
-    assert_refused(code, err, "--perturbations ['mono_50'] are not in", "built: ['sans_200']")
+    assert_refused(code, err, f"variants ['mono_50'] were not built in '{tmp_path / 'rest' / 'meta.json'}' "
+                   "(built: ['sans_200'])")
+    assert not (tmp_path / "o").exists()
 
 
 # ---------------------------------------------------------------------------- compare

@@ -113,8 +113,8 @@ def _eval(args: argparse.Namespace) -> int:
     require_path(args.data, "--data", kind="dir")
     require_path(os.path.join(args.data, "meta.json"), "--data (a folder written by `tokenswap rest build`) file")
     require_model(args.model)
-    built = _built_variants(os.path.join(args.data, "meta.json"))
-    require_output_dir(args.out)
+    meta = os.path.join(args.data, "meta.json")
+    built = _built_variants(meta)
     variants = [BASE_VARIANT]
     if args.perturbations == "all":
         variants += [v for v in built if v != BASE_VARIANT]
@@ -122,7 +122,9 @@ def _eval(args: argparse.Namespace) -> int:
         variants += [v for v in args.perturbations.split(",") if v and v != BASE_VARIANT]
     unknown = [v for v in variants if v not in built]
     if unknown:
-        raise InputError(f"--perturbations {unknown} are not in {args.data}/meta.json; built: {built}")
+        raise InputError(f"variants {unknown} were not built in {meta!r} (built: {built}); pick --perturbations "
+                         "among those, or rebuild the folder with `tokenswap rest build`")
+    require_output_dir(args.out)
     model, processor = load_qwen2vl(args.model)
     if torch.cuda.is_available():
         model = model.to("cuda")
