@@ -46,9 +46,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _load_pairs(bench: str, split: str, limit: int | None = None) -> list:
     """The bench's paired items; a bench whose rows are malformed or missing is an InputError naming it."""
-    from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs
-
     from datasets.exceptions import DatasetGenerationError
+
+    from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs
 
     try:
         pairs = load_tokenswap_bench_pairs(bench, split, limit)
