@@ -34,7 +34,7 @@ CASES = [
     ("gpu_packing.py", ["--shape", "tiny", "--device", "cpu", "--attn", "auto", "--steps", "1"],
      rf"gpu_packing: non-pad tokens/s packed/padded {RATIO}", True),
     # the sections that take under two minutes on the CI machine; "0 tried" would check nothing, so it fails
-    ("faults.py", ["--sections", "data,malformed,llm,workers"], r"faults: [1-9]\d* tried, \d+ handled, 0 lost", False),
+    ("faults.py", ["--sections", "data,malformed,llm,shard_rewrite,workers"], r"faults: [1-9]\d* tried, \d+ handled, 0 lost", False),
 ]
 
 
