@@ -1,10 +1,64 @@
-"""A reduced demo (one seed, few steps) end to end through the real accelerate launches."""
+"""A reduced demo (one seed, few steps) end to end through the real accelerate launches.
+
+Its figures are compared with a committed record, ``tests/assets/demo_reduced_record.json``, so a change that
+moves what the demo reports is seen in the change that makes it. When a change moves them on purpose, regenerate
+the record in the same commit (and the README's demo table from a fresh ``make demo``)::
+
+    TOKENSWAP_UPDATE_DEMO_RECORD=1 python -m pytest tests/test_demo.py
+"""
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
+import torch
+
+RECORD = Path(__file__).parent / "assets" / "demo_reduced_record.json"
+REGENERATE = "TOKENSWAP_UPDATE_DEMO_RECORD=1 python -m pytest tests/test_demo.py"
+
+
+def demo_figures(report: dict) -> dict[str, float]:
+    """Every number the demo report states about the runs (accuracies, gaps, recognition, paired differences),
+    flat: ``groups/group_b/text/gap/abs/seed0 -> 0.25``."""
+    seeds = report["seeds"]
+    flat: dict[str, float] = {}
+
+    def walk(prefix: str, node) -> None:
+        if isinstance(node, dict) and "values" in node:
+            for seed, value in zip(node.get("seeds", seeds), node["values"]):
+                flat[f"{prefix}/seed{seed}"] = value
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                walk(f"{prefix}/{key}", child)
+        elif isinstance(node, (int, float)) and not isinstance(node, bool):
+            flat[prefix] = node
+
+    for section in ("pretrained_only", "groups", "paired_difference"):
+        walk(section, report[section])
+    return flat
+
+
+def check_against_record(figures: dict[str, float], argv: list[str]) -> None:
+    if os.environ.get("TOKENSWAP_UPDATE_DEMO_RECORD"):
+        RECORD.write_text(json.dumps({"regenerate": REGENERATE, "argv": argv, "figures": figures}, indent=1) + "\n")
+        return
+    assert RECORD.exists(), f"no {RECORD}: make it with `{REGENERATE}` and commit it"
+    record = json.loads(RECORD.read_text())
+    assert record["argv"] == argv, f"{RECORD} was made with other demo flags; regenerate it: {REGENERATE}"
+    # Accuracies are fractions of 24 questions: a moved answer moves one by >= 0.04; 1e-6 absorbs float noise only.
+    # The run is on one thread; another CPU's kernels could still move a near tie, which this message covers too.
+    moved = sorted(k for k in set(figures) | set(record["figures"])
+                   if k not in figures or k not in record["figures"] or abs(figures[k] - record["figures"][k]) > 1e-6)
+    assert not moved, (
+        f"the reduced demo's figures differ from {RECORD} in {len(moved)} place(s): "
+        + "; ".join(f"{k}: recorded {record['figures'].get(k)}, got {figures.get(k)}" for k in moved[:12])
+        + f". If your change moved them on purpose, regenerate the record with `{REGENERATE}`, commit it with the "
+        "change, and regenerate the README demo table from a fresh `make demo`; otherwise the change altered what "
+        "the demo measures."
+    )
 
 
 def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch):
@@ -12,12 +66,21 @@ def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch):
     from tokenswap.demo import main
 
     monkeypatch.setenv("WANDB_MODE", "offline")
+    # One thread everywhere (pre-training, each post-training run, the in-process evaluations): float sums, and so
+    # a near-tied answer, depend on the thread count, and the record must not depend on the CI machine's cores.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     out = tmp_path / "demo"
     argv = ["--out", str(out), "--seeds", "0", "--concepts", "8", "--pretrain-steps", "12", "--post-steps", "6",
             "--eval-every", "3", "--phrasings", "2"]
-    assert main(argv) == 0
+    try:
+        assert main([*argv, "--jobs", str(os.cpu_count() or 1)]) == 0  # cores / jobs = 1 thread per run
+    finally:
+        torch.set_num_threads(threads)
 
     report = json.loads((out / "report.json").read_text())
+    check_against_record(demo_figures(report), argv[2:])
     arms = report["comparison"]["arms"]
     assert list(arms) == ["baseline", "text", "tokenswap"]
     for arm, row in arms.items():

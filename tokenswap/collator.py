@@ -34,7 +34,7 @@ from tokenswap.encoding import TemplateEncoder
 from tokenswap.families import VISION_TOKENS, Family, family_of, render_conversation
 from tokenswap.images import DEFAULT_MAX_IMAGE_PIXELS, BadImageError, load_image
 from tokenswap.pixel_cache import PIXEL_DTYPES, PixelCache, concat_pixels
-from tokenswap.store.image_store import ImageStore
+from tokenswap.store.image_store import ImageMismatchError, ImageStore
 from tokenswap.store.prepare import PreparedImageError, load_prepared, prepared_pixels, prepared_shape
 from tokenswap.swap import SwapPolicy
 
@@ -179,7 +179,9 @@ class TokenSwapCollator:
         on_bad_image: what a native image that cannot be used does to its sample: ``"skip"`` drops
             the sample (counted as ``samples_dropped_bad_native_image``, warned once), ``"error"``
             raises :class:`~tokenswap.images.BadImageError` naming the image and the sample. Store
-            images of swapped concepts that cannot be used always stay text (counted).
+            images of swapped concepts that cannot be used always stay text (counted as
+            ``concepts_text_corrupt_image``, or ``concepts_text_hash_mismatch`` for bytes that no longer match
+            their content hash: a shard rewritten in place).
         on_bad_sample: what a sample the collator refuses (see "Hostile data") does: ``"skip"``
             (counted as ``samples_skipped_<reason>``, warned once per reason) or ``"error"`` (raises
             ``ValueError`` naming the sample).
@@ -559,8 +561,12 @@ class TokenSwapCollator:
                             self._warn_once("native", f"sample {examples[b]['id']!r} skipped: {got}")
                             dropped = True
                             continue
-                        self.stats["concepts_text_corrupt_image"] += 1
-                        self._warn_once("corrupt", str(got) + "; kept as text")
+                        if isinstance(got, ImageMismatchError):  # the shard changed on disk, not a bad picture
+                            self.stats["concepts_text_hash_mismatch"] += 1
+                            self._warn_once("mismatch", str(got) + "; kept as text")
+                        else:
+                            self.stats["concepts_text_corrupt_image"] += 1
+                            self._warn_once("corrupt", str(got) + "; kept as text")
                         continue
                     if start > pos:
                         parts.append({"type": "text", "text": m["content"][pos:start]})

@@ -26,6 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokenswap.cli import InputError, read_json, require_output_dir
 from tokenswap.eval.stats import mean_ci
 
 __all__ = ["RunRecord", "compare_runs", "load_run", "make_wandb_report", "mean_ci", "paired_difference",
@@ -128,15 +129,22 @@ def read_trainer_run(output_dir: str | os.PathLike) -> RunRecord:
     log = out / "log_history.json"
     if not log.exists():
         raise FileNotFoundError(f"{out}: no log_history.json (written by the recipes when training ends)")
-    config = json.loads((out / "tokenswap_config.json").read_text()) if (out / "tokenswap_config.json").exists() else {}
+    fix = "the run did not finish writing it (killed?): rerun or resume the run, or leave the folder out of --runs"
+    config = read_json(out / "tokenswap_config.json", "run config", fix) if (out / "tokenswap_config.json").exists() else {}
+    if not isinstance(config, dict):
+        raise InputError(f"run config {str(out / 'tokenswap_config.json')!r} is a JSON {type(config).__name__}, "
+                         f"not an object; {fix}")
+    # An empty file is a run that crashed before its first log line: no history (compare skips it).
+    history = read_json(log, "training log", fix) if log.read_bytes().strip() else []
+    if not isinstance(history, list) or not all(isinstance(row, dict) for row in history):
+        raise InputError(f"training log {str(log)!r} is not a JSON list of log rows; {fix}")
     run = config.get("run", {})
     return RunRecord(
         name=f"{run.get('pair', out.name)}-{run.get('arm', '?')}",
         group=run.get("pair", ""),
         arm=run.get("arm", "?"),
         config=config,
-        # An empty file is a run that crashed before its first log line: no history (compare skips it).
-        history=json.loads(log.read_text() or "[]"),
+        history=history,
     )
 
 
@@ -339,6 +347,17 @@ def make_wandb_report(entity: str, project: str, group: str, metrics: tuple[str,
     )
 
 
+def _distinct_runs(specs: list[str]) -> None:
+    """One run given twice would count as two runs of its arm (a pair with itself, a mean over copies)."""
+    seen: dict[str, str] = {}
+    for spec in specs:
+        key = spec if spec.startswith("wandb:") else os.path.realpath(spec)
+        if key in seen:
+            same = f"{seen[key]!r} and {spec!r} are" if seen[key] != spec else f"{spec!r} is"
+            raise InputError(f"--runs: {same} the same run given twice; give each run once")
+        seen[key] = spec
+
+
 def cli_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tokenswap compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", nargs="+", required=True,
@@ -350,10 +369,10 @@ def cli_main(argv: list[str]) -> int:
     parser.add_argument("--project", default="tokenswap")
     parser.add_argument("--group")
     args = parser.parse_args(argv)
+    _distinct_runs(args.runs)
+    out = require_output_dir(args.out)
     runs = [r for spec in args.runs for r in load_run(spec)]
     table = compare_runs(runs, tuple(args.metrics))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.json").write_text(json.dumps(table, indent=2))
     (out / "comparison.md").write_text(to_markdown(table))
     plot_runs(runs, tuple(args.metrics), out / "comparison.png")

@@ -82,11 +82,95 @@ class _YamlBool(str):
         return obj
 
 
+MAX_ALIASES = 100
+"""Aliases (``*name``) one YAML document may use: enough to share a section, far from an alias bomb."""
+MAX_NODES = 100_000
+"""Nodes one YAML document may hold with every alias expanded (a config has hundreds)."""
+
+
 class _Loader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that keeps the word of YAML 1.1 booleans (:class:`_YamlBool`)."""
+    """``yaml.SafeLoader`` that keeps the word of YAML 1.1 booleans (:class:`_YamlBool`) and refuses what a config
+    never needs but an accident or an attack can hold: a duplicate key (PyYAML keeps the last value silently),
+    more than :data:`MAX_ALIASES` aliases or :data:`MAX_NODES` expanded nodes (an alias bomb, which the checks on
+    the expanded values would grow until memory runs out) and an anchor used inside itself (recursion)."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._aliases = 0
 
     def construct_yaml_bool(self, node):
         return _YamlBool(node.value, super().construct_yaml_bool(node))
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise yaml.composer.ComposerError(
+                    None, None, f"more than {MAX_ALIASES} aliases (*name) in one document (an alias bomb?); "
+                    "write the repeated values out", self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+    def compose_document(self):
+        # As yaml.composer.Composer.compose_document, keeping the anchors until the node graph is checked.
+        self.get_event()
+        node = self.compose_node(None, None)
+        self.get_event()
+        anchors, self.anchors = self.anchors, {}
+        _check_nodes(node, {id(n): (name, n) for name, n in anchors.items()})
+        return node
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first: dict = {}
+            for key_node, _ in node.value:  # explicit keys only: a merged `<<: *base` key may be overridden
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                if key in first:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {str(key)!r} (first at line {first[key].line + 1}); keep one",
+                        key_node.start_mark)
+                first[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_nodes(root: yaml.Node, anchors: dict[int, tuple[str, yaml.Node]]) -> None:
+    """Refuse a node graph with a cycle (a recursive anchor) or more than :data:`MAX_NODES` nodes once expanded.
+
+    Iterative: a cycle or a deep nesting must give this message, not a RecursionError.
+    """
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, Any]] = []
+
+    def children(node):
+        if isinstance(node, yaml.MappingNode):
+            return iter([n for pair in node.value for n in pair])
+        return iter(node.value if isinstance(node, yaml.SequenceNode) else ())
+
+    stack.append((root, children(root)))
+    on_path.add(id(root))
+    while stack:
+        node, todo = stack[-1]
+        child = next(todo, None)
+        if child is None:
+            stack.pop()
+            on_path.discard(id(node))
+            total = 1 + sum(size[id(c)] for c in children(node))
+            if total > MAX_NODES:
+                raise yaml.composer.ComposerError(
+                    None, None, f"more than {MAX_NODES:,} values once its aliases are expanded (an alias bomb?); "
+                    "write the values out or use fewer aliases", node.start_mark)
+            size[id(node)] = total
+            continue
+        if id(child) in on_path:
+            name = anchors.get(id(child), ("?", child))[0]
+            raise yaml.composer.ComposerError(
+                None, None, f"the anchor &{name} (line {child.start_mark.line + 1}) is used inside itself, a "
+                "recursive value no config can hold; write the value out", node.start_mark)
+        if id(child) not in size:
+            on_path.add(id(child))
+            stack.append((child, children(child)))
 
 
 _Loader.add_constructor("tag:yaml.org,2002:bool", _Loader.construct_yaml_bool)
@@ -256,7 +340,10 @@ def load_config(cls: type[T], path: str | os.PathLike | None = None, overrides: 
         try:
             value = yaml.load(raw, Loader=_Loader) if raw != "" else ""
         except yaml.YAMLError as e:
-            problems.append(f"override {item!r}: the value is not valid YAML ({_yaml_problem(e)}); quote it")
+            problems.append(f"override {item[:200]!r}: the value is not valid YAML ({_yaml_problem(e)}); quote it")
+            continue
+        except RecursionError:
+            problems.append(f"override {item[:200]!r}: the value is nested too deeply; quote it")
             continue
         _set_dotted(data, key.strip(), value)
     if problems:
@@ -269,8 +356,8 @@ def load_config(cls: type[T], path: str | os.PathLike | None = None, overrides: 
 
 def _yaml_problem(e: yaml.YAMLError) -> str:
     mark = getattr(e, "problem_mark", None)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return f"{getattr(e, 'problem', None) or e}{where}"
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{getattr(e, 'problem', None) or e}"
 
 
 def _read_yaml(path: Path) -> dict:
@@ -286,7 +373,9 @@ def _read_yaml(path: Path) -> dict:
     try:
         loaded = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
-        raise ConfigError([f"YAML syntax error: {_yaml_problem(e)}"], str(path)) from None
+        raise ConfigError([f"YAML error at {_yaml_problem(e)}" if getattr(e, "problem_mark", None) else f"YAML error: {e}"], str(path)) from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise ConfigError(["YAML nested too deeply (thousands of levels); a config has a few"], str(path)) from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):

@@ -230,9 +230,10 @@ def write_corrupt_entry(root, key):
     """Simulate on-disk damage: a shard row whose bytes no longer decode (StoreWriter refuses to write one)."""
     import pyarrow as pa
 
-    from tokenswap.store.image_store import SCHEMA
+    from tokenswap.store.image_store import SCHEMA, image_id_of
 
-    row = {"key": key, "concept": key, "image_id": "deadbeefdeadbeef", "image": b"\x89PNG\r\n\x1a\ntruncated",
+    data = b"\x89PNG\r\n\x1a\ntruncated"  # under its own content hash: it reaches the decoder, which refuses it
+    row = {"key": key, "concept": key, "image_id": image_id_of(data), "image": data,
            "source": "broken", "score": 1.0, "width": 8, "height": 8, "meta": "{}"}
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, SCHEMA) as writer:

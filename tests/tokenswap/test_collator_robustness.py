@@ -20,7 +20,7 @@ from PIL import Image
 
 from tokenswap.collator import TokenSwapCollator
 from tokenswap.images import BadImageError
-from tokenswap.store.image_store import SCHEMA, ImageStore, StoreWriter
+from tokenswap.store.image_store import SCHEMA, ImageStore, StoreWriter, image_id_of
 from tokenswap.swap import SwapPolicy
 from tokenswap.testing import png_bomb
 
@@ -118,8 +118,9 @@ GOOD = sample("good", GOOD_USER, concepts=[span(GOOD_USER, "cat"), span(GOOD_USE
 def test_hostile_store_images_stay_text(tiny_processor, tmp_path, make):
     with StoreWriter(tmp_path) as w:
         w.add("apple", Image.new("RGB", (30, 30), "red"), source="ok")
-    rows = [{"key": k, "image_id": f"bad{i}", "image": data} for i, (k, data) in
-            enumerate(zip(["cat", "dog", "tree", "fish"], hostile_images().values()))]
+    # Their true content hashes: the bytes reach the decoder's checks (a wrong id stops them before, as a mismatch).
+    rows = [{"key": k, "image_id": image_id_of(data), "image": data} for k, data in
+            zip(["cat", "dog", "tree", "fish"], hostile_images().values())]
     write_rows(tmp_path, rows)
     collator = make(store=ImageStore(tmp_path))
     user = "a cat, a dog, a tree, a fish and an apple"

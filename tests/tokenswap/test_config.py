@@ -249,3 +249,51 @@ def test_booleans_and_mistyped_mapping_entries_are_refused_by_name(override, exp
     with pytest.raises(ConfigError) as e:
         load_config(cls, None, ["name=x", override] if cls is Toy else [override])
     assert problems_of(e) == [expected]
+
+
+# ---------------------------------------------------------------------------- hostile YAML
+def _laughs(levels: int) -> str:
+    """The billion-laughs bomb: each level is 9 aliases of the one below (9**levels values expanded)."""
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels + 1)]
+    return "free:\n" + "".join(f"  {line}\n" for line in lines)
+
+
+def test_an_alias_bomb_is_refused_at_once(tmp_path):
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=r"toy\.yaml:\n  - YAML error at line 7, column 7: more than 100,000 values "
+                                          r"once its aliases are expanded \(an alias bomb\?\)"):
+        load_config(Words, write(tmp_path, _laughs(8)))  # 81 aliases, 387 million values: ran out of memory
+    with pytest.raises(ConfigError, match="more than 100 aliases"):
+        load_config(Words, write(tmp_path, "free:\n  a: &a 1\n  b: [" + ", ".join(["*a"] * 101) + "]\n"))
+    with pytest.raises(ConfigError, match="override 'free=.*more than 100,000 values"):
+        load_config(Words, None, ["free=" + _laughs(8).replace("\n  ", ", ").replace("free:, ", "{")[:-1] + "}"])
+    assert time.monotonic() - start < 5
+    # What a config uses anchors for still works: a shared section, merged and overridden.
+    cfg = load_config(Words, write(tmp_path, "free:\n  base: &b {k: 1, j: 2}\n  run: {<<: *b, k: 3}\n"))
+    assert cfg.free == {"base": {"k": 1, "j": 2}, "run": {"k": 3, "j": 2}}
+
+
+@pytest.mark.parametrize("text", ["free: &r {x: *r}\n", "labels: &r [a, *r]\n", "free: {a: &r [{b: [*r]}]}\n"],
+                         ids=["mapping", "list", "nested"])
+def test_a_recursive_anchor_is_refused_by_name(tmp_path, text):
+    with pytest.raises(ConfigError, match=r"YAML error at line 1, column \d+: the anchor &r \(line 1\) is used inside "
+                                          "itself, a recursive value no config can hold"):
+        load_config(Words, write(tmp_path, text))
+
+
+def test_a_duplicate_key_is_refused_naming_the_key_and_both_lines(tmp_path):
+    text = "name: run\noptim:\n  lr: 1.0e-4\n  betas: [0.9, 0.99]\n  lr: 10.0\n"
+    with pytest.raises(ConfigError) as e:
+        load_config(Toy, write(tmp_path, text))  # trained at 10.0 before: PyYAML keeps the last value
+    assert problems_of(e) == ["YAML error at line 5, column 3: duplicate key 'lr' (first at line 3); keep one"]
+    with pytest.raises(ConfigError, match=r"line 1, column 8: duplicate key 'k' \(first at line 1\)"):
+        load_config(Words, None, ["free={k: 1, k: 2}"])
+    assert load_config(Words, write(tmp_path, "label: no\nfree: {no: 1, off: 2}\n")).label == "no"  # two words
+
+
+def test_deep_nesting_is_a_config_error_not_a_recursion_error(tmp_path):
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_config(Words, write(tmp_path, "free: " + "[" * 5000 + "]" * 5000 + "\n"))

@@ -33,7 +33,7 @@ import os
 import sys
 from pathlib import Path
 
-from tokenswap.cli import positive_int
+from tokenswap.cli import non_negative_int, positive_int, require_items, require_model, require_output_dir
 from tokenswap.crossmath.data import append_jsonl, find_jsonl, load_crossmath, load_image, read_jsonl
 from tokenswap.crossmath.generator import DEFAULT_COLS, DEFAULT_ROWS, DIFFICULTIES, Puzzle, generate_puzzles
 from tokenswap.crossmath.metrics import (
@@ -69,15 +69,15 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", required=True, help="output folder; one subfolder per style")
     gen.add_argument("--styles", nargs="+", choices=sorted(STYLES), default=list(STYLES))
     gen.add_argument(
-        "--rows", type=int, default=DEFAULT_ROWS, help="canvas rows (odd); puzzles are cropped to their cells"
+        "--rows", type=positive_int, default=DEFAULT_ROWS, help="canvas rows (odd); puzzles are cropped to their cells"
     )
-    gen.add_argument("--cols", type=int, default=DEFAULT_COLS, help="canvas columns (odd)")
+    gen.add_argument("--cols", type=positive_int, default=DEFAULT_COLS, help="canvas columns (odd)")
     gen.add_argument(
         "--n-equations", type=positive_int, default=None, help="equations per puzzle (default: the released 5-15)"
     )
     gen.add_argument(
         "--range",
-        type=int,
+        type=non_negative_int,
         nargs=2,
         default=None,
         metavar=("LO", "HI"),
@@ -144,7 +144,7 @@ def _generate(args: argparse.Namespace) -> int:
         generate_puzzles(1, args.seed, args.difficulty, **kwargs)
     except ValueError as err:
         raise _RefusedError(str(err)) from None
-    out.mkdir(parents=True, exist_ok=True)
+    require_output_dir(out)
     params_path = out / "generate_params.json"
     if params_path.exists() and json.loads(params_path.read_text()) != params:
         raise _RefusedError(
@@ -183,8 +183,8 @@ def _fidelity(args: argparse.Namespace) -> int:
 
     try:
         print(fidelity_report(args.released, n=args.n, seed=args.seed, pixel_limit=args.pixel_limit))
-    except FileNotFoundError as err:
-        raise _RefusedError(str(err)) from None
+    except (FileNotFoundError, KeyError, ValueError) as err:  # a file missing, empty, or not CrossMath records
+        raise _RefusedError(err.args[0] if isinstance(err, KeyError) else str(err)) from None
     return 0
 
 
@@ -203,9 +203,15 @@ def _evaluate(args: argparse.Namespace) -> int:
     except BackendConfigError as err:
         raise _RefusedError(str(err)) from None
     data = find_jsonl(args.data)
-    records = load_crossmath(data)[: args.n]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        records = load_crossmath(data)[: args.n]
+    except (KeyError, ValueError) as err:  # a record without a field, a line that is not JSON
+        raise _RefusedError(f"--data: {err.args[0] if isinstance(err, KeyError) else err}") from None
+    require_items(records, f"--data {str(data)!r}", "puzzles", "pass a CrossMath JSONL with at least one record "
+                  "(`tokenswap crossmath generate` writes one)")
+    if args.backend == "hf":
+        require_model(args.model)  # for openai, --model is the served name
+    out = require_output_dir(args.out)
     pred_path = out / f"predictions_{args.modality}.jsonl"
     log = RecordLog(pred_path, key_field="id")
     other_models = {p["model"] for p in log.records.values()} - {args.model}

@@ -485,11 +485,16 @@ def fidelity_report(
 
     Raises:
         FileNotFoundError: if a released JSONL is missing.
+        tokenswap.cli.InputError: if a released JSONL holds no records.
     """
+    from tokenswap.cli import require_items
     from tokenswap.crossmath.data import load_crossmath
     from tokenswap.crossmath.generator import DIFFICULTIES, generate_puzzles
 
     by_style = {style: load_crossmath(released_jsonl(released, style)) for style in STYLES}
+    for style, records in by_style.items():
+        require_items(records, str(released_jsonl(released, style)), "puzzles",
+                      "restore it from a checkout of github.com/xuyige/CrossMath (each style holds 250)")
     released_stats = [puzzle_stats(r) for r in by_style["original"]]
     ours = summarize([puzzle_stats(p.to_record()) for p in generate_puzzles(n, seed)])
     per_level = [puzzle_stats(p.to_record()) for level in DIFFICULTIES for p in generate_puzzles(n, seed, level)]

@@ -33,6 +33,7 @@ def load_split(path: str | os.PathLike, config: str, split: str):
 
     Raises:
         FileNotFoundError: a local folder without that config/split; names the paths tried.
+        ValueError: a local split whose files hold no rows.
     """
     import datasets
 
@@ -40,6 +41,12 @@ def load_split(path: str | os.PathLike, config: str, split: str):
     if local.is_dir():
         files = sorted(local.glob(f"{config}/{split}-*.parquet")) or sorted(local.glob(f"{config}/{split}/*.parquet"))
         if files:
+            import pyarrow.parquet as pq
+
+            # datasets reads a file of zero rows as "BatchSize must be greater than 0", naming no file.
+            if all(pq.ParquetFile(f).metadata.num_rows == 0 for f in files):
+                raise ValueError(f"{', '.join(map(str, files))}: no rows in {config}/{split}; the split is empty "
+                                 "(rebuild it, or pass another split)")
             return datasets.load_dataset("parquet", data_files={split: [str(f) for f in files]}, split=split)
         if not (local / "README.md").exists():
             raise FileNotFoundError(

@@ -38,6 +38,7 @@ def load_tokenswap_bench(
 
     Raises:
         KeyError: missing fields, or a tag whose ``image_N`` column is absent or empty in its row.
+        ValueError: a row that is no valid item (an ``answer`` out of range, not 4 choices); names the row.
     """
     ds = load_split(path, config, split)
     if limit is not None:
@@ -50,13 +51,16 @@ def load_tokenswap_bench(
     image_columns = {int(m.group(1)): c for c in ds.column_names if (m := _IMAGE_COLUMN.match(c))}
     items = []
     for i, row in enumerate(ds):
-        item = MCItem(
-            id=f"{split}/{i}",
-            subject=row["subject"],
-            question=row["question"],
-            choices=list(row["choices"]),
-            answer=int(row["answer"]),
-        )
+        try:
+            item = MCItem(
+                id=f"{split}/{i}",
+                subject=row["subject"],
+                question=row["question"],
+                choices=list(row["choices"]),
+                answer=int(row["answer"]),
+            )
+        except (ValueError, TypeError) as e:  # an answer out of 0..3, three choices, a null field
+            raise ValueError(f"{path} ({config}/{split}) row {i}: {e}; fix or drop that row") from None
         images = {}
         for tag in image_tags(item):
             column = image_columns.get(tag)

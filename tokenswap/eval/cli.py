@@ -39,6 +39,8 @@ import os
 import sys
 from pathlib import Path
 
+from tokenswap.cli import InputError, positive_int, require_items, require_model, require_output_dir
+
 __all__ = ["cli_main"]
 
 DEFAULT_MAX_NEW_TOKENS = 2048  # the release's generation_kwargs
@@ -55,10 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--scorer", choices=["loglik", "generate"], default="generate",
                    help="generate: the release protocol (default); loglik: next-token letter, P('X') + P(' X')")
     p.add_argument("--prompt", choices=["zero_shot", "cot", "k_shot"], default="zero_shot")
-    p.add_argument("--k", type=int, default=5, help="shots for --prompt k_shot (from the bench's dev split)")
-    p.add_argument("--limit", type=int, default=None, help="evaluate the first N items")
-    p.add_argument("--batch-size", type=int, default=8, help="hf: conversations per generate/forward call")
-    p.add_argument("--max-new-tokens", type=int, default=None,
+    p.add_argument("--k", type=positive_int, default=5, help="shots for --prompt k_shot (from the bench's dev split)")
+    p.add_argument("--limit", type=positive_int, default=None, help="evaluate the first N items")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="hf: conversations per generate/forward call")
+    p.add_argument("--max-new-tokens", type=positive_int, default=None,
                    help=f"generate budget (default: the release's, {DEFAULT_MAX_NEW_TOKENS}; 128 for Qwen2.5-VL)")
     p.add_argument("--recognition", action="store_true",
                    help="add the concept-identification controls (naming form and multiple-choice form; hf only)")
@@ -83,8 +85,10 @@ def _check(args) -> None:
         )
     if args.prompt == "cot" and args.scorer != "generate":
         raise BackendConfigError("--prompt cot needs --scorer generate (loglik reads one next token)")
-    if args.batch_size < 1:
-        raise BackendConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
+    # Every input is checked before a model loads or a request leaves, and the output folder before hours of work.
+    if args.backend == "hf":
+        require_model(args.model)  # for openai, --model is the served name
+    require_output_dir(args.out)
 
 
 def cli_main(argv: list[str] | None = None) -> int:
@@ -105,13 +109,29 @@ def cli_main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _shots(args):
+def _load_pairs(bench: str, split: str, limit: int | None = None) -> list:
+    """The bench's paired items; a bench whose rows are malformed or missing is an InputError naming it."""
+    from datasets.exceptions import DatasetGenerationError
+
     from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs
 
+    try:
+        pairs = load_tokenswap_bench_pairs(bench, split, limit)
+    except (KeyError, ValueError) as e:  # a missing field, an answer out of range, the two configs disagreeing
+        raise InputError(f"--bench {bench!r}: {e.args[0] if isinstance(e, KeyError) else e}") from None
+    except DatasetGenerationError as e:  # a damaged parquet file; datasets' own message names no file
+        raise InputError(f"--bench {bench!r}: cannot be read ({e.__cause__ or e}); restore or rebuild it") from None
+    require_items(pairs, f"--bench {bench!r} (split {split!r})", "rows",
+                  "pass a bench built by `tokenswap build-bench` or the hub's dongx1997/TokenSwap-Bench, and a split "
+                  "it has")
+    return pairs
+
+
+def _shots(args):
     if args.prompt != "k_shot":
         return None
     shots: dict = {}
-    for text, inter in load_tokenswap_bench_pairs(args.bench, "dev"):
+    for text, inter in _load_pairs(args.bench, "dev"):
         shots.setdefault(text.subject, []).append((text, inter))
     return shots
 
@@ -129,7 +149,6 @@ def _evaluate_in_one_pass(args) -> int:
     """Today's distributed path: every rank scores a shard with GapEvaluator (hf only)."""
     from accelerate import Accelerator
 
-    from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs
     from tokenswap.eval.gap import GapEvaluator
     from tokenswap.inference.backends import resolve_settings
     from tokenswap.testing import load_qwen2vl
@@ -144,7 +163,7 @@ def _evaluate_in_one_pass(args) -> int:
             "runs in one process: drop --recognition / accelerate launch, or pass --no-model-settings"
         )
     state = Accelerator()  # sets up the process group from the launcher's env (ACCELERATE_USE_CPU included)
-    pairs = load_tokenswap_bench_pairs(args.bench, args.split, args.limit)
+    pairs = _load_pairs(args.bench, args.split, args.limit)
     shots = _shots(args)
     model, processor = load_qwen2vl(args.model)
     model.to(state.device)
@@ -190,7 +209,6 @@ def check_run_identity(out: Path, identity: dict, command: str) -> None:
 
 
 def _evaluate_records(args) -> int:
-    from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs
     from tokenswap.eval.gap import summarize
     from tokenswap.eval.mc import build_conversation, extract_answer, shots_for
     from tokenswap.inference.backends import describe_arguments, open_backend, resolve_settings
@@ -200,7 +218,7 @@ def _evaluate_records(args) -> int:
     budget = max_new_tokens(args, settings)
     out = Path(args.out)
     check_run_identity(out, _identity(args, settings, budget), "tokenswap eval")
-    pairs = load_tokenswap_bench_pairs(args.bench, args.split, args.limit)
+    pairs = _load_pairs(args.bench, args.split, args.limit)
     shots = _shots(args)
     units = []  # (form, item, shots)
     for text, inter in pairs:

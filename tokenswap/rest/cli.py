@@ -16,11 +16,19 @@ Both commands are resumable: rerun the same command after an interruption.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
-from tokenswap.cli import looks_like_path, non_negative_int, positive_int, require_model, require_path
+from tokenswap.cli import (
+    InputError,
+    looks_like_path,
+    non_negative_int,
+    positive_int,
+    read_json,
+    require_model,
+    require_output_dir,
+    require_path,
+)
 from tokenswap.inference.backends import add_backend_arguments
 
 __all__ = ["cli_main"]
@@ -84,9 +92,20 @@ def _build(args: argparse.Namespace) -> int:
         print(f"tokenswap rest build: error: {args.source} data {args.data!r} gave no items after the REST filters "
               f"({dict(extra.get('filter_counts', {}))}); nothing written", file=sys.stderr)
         return 1
+    require_output_dir(args.out)
     stats = build_rest_dataset(items, args.out, source=args.source, color=args.color, extra_meta=extra)
     print(f"rest build: {stats['written']} written, {stats['skipped']} already there, {stats['total']} in {args.out}")
     return 0
+
+
+def _built_variants(meta: str) -> list[str]:
+    fix = "rebuild the folder with `tokenswap rest build` (it writes meta.json)"
+    built = read_json(meta, "--data file", fix)
+    variants = built.get("variants") if isinstance(built, dict) else None
+    if not isinstance(variants, list) or not all(isinstance(v, str) for v in variants):
+        raise InputError(f"--data file {meta!r} has no `variants` list of rendering names (got "
+                         f"{type(variants).__name__ if variants is not None else 'none'}); {fix}")
+    return variants
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -110,14 +129,19 @@ def _eval(args: argparse.Namespace) -> int:
     require_path(args.data, "--data", kind="dir")
     require_path(os.path.join(args.data, "meta.json"), "--data (a folder written by `tokenswap rest build`) file")
     if args.backend == "hf":
-        require_model(args.model)
-    with open(f"{args.data}/meta.json") as f:
-        built = json.load(f)["variants"]
+        require_model(args.model)  # for openai, --model is the served name
+    meta = os.path.join(args.data, "meta.json")
+    built = _built_variants(meta)
     variants = [BASE_VARIANT]
     if args.perturbations == "all":
         variants += [v for v in built if v != BASE_VARIANT]
     elif args.perturbations:
         variants += [v for v in args.perturbations.split(",") if v and v != BASE_VARIANT]
+    unknown = [v for v in variants if v not in built]
+    if unknown:
+        raise InputError(f"variants {unknown} were not built in {meta!r} (built: {built}); pick --perturbations "
+                         "among those, or rebuild the folder with `tokenswap rest build`")
+    require_output_dir(args.out)
     settings = resolve_settings(args, "rest")
     try:
         metrics = run_rest_eval(

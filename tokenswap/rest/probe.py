@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from tokenswap.cli import InputError, positive_int, require_model, require_output_dir, require_path
+
 __all__ = [
     "DEFAULT_LABELS",
     "cli_main",
@@ -288,16 +290,23 @@ def cli_main(argv: list[str] | None = None) -> int:
     """Entry point of ``tokenswap probe``."""
     parser = argparse.ArgumentParser(prog="tokenswap probe", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="checkpoint folder or hub id (Qwen2-VL family)")
-    parser.add_argument("--pairs", type=int, default=100, help="number of text/rendered-text pairs")
+    parser.add_argument("--pairs", type=positive_int, default=100, help="number of text/rendered-text pairs")
     parser.add_argument("--texts", default=None, help="file with one text per line (default: built-in labels)")
     parser.add_argument("--out", default="probe_out", help="output folder")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--batch-size", type=positive_int, default=8)
     args = parser.parse_args(argv)
 
     from tokenswap.testing import load_qwen2vl
 
+    require_model(args.model)
+    require_output_dir(args.out)
     if args.texts:
-        pool = [line.strip() for line in Path(args.texts).read_text(encoding="utf-8").splitlines() if line.strip()]
+        require_path(args.texts, "--texts", kind="file")
+        try:
+            lines = Path(args.texts).read_bytes().decode("utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            raise InputError(f"--texts {args.texts!r} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+        pool = [line.strip() for line in lines if line.strip()]
     else:
         pool = DEFAULT_LABELS
     if not 2 <= args.pairs <= len(pool):

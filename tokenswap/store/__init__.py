@@ -2,12 +2,13 @@
 
 from .build import build_store, load_swap_dataset, read_swap_dataset
 from .embedded import build_embedded_store, load_fixture
-from .image_store import CorruptImageError, ImageStore, StoreFormatError, StoreImage, StoreWriter
+from .image_store import CorruptImageError, ImageMismatchError, ImageStore, StoreFormatError, StoreImage, StoreWriter
 from .sources import GenerationSource, OpenMojiSource, RenderedTextSource, RetrievalSource, concept_seed
 
 __all__ = [
     "CorruptImageError",
     "GenerationSource",
+    "ImageMismatchError",
     "ImageStore",
     "OpenMojiSource",
     "RenderedTextSource",

@@ -10,6 +10,13 @@ has no image, so a resumed build does not try it again). Shards are the same Arr
 ``datasets.Dataset.from_file`` memory-maps, so :meth:`ImageStore.to_dataset` gives a normal
 ``datasets.Dataset`` that can be saved, sharded or pushed to a hub.
 
+Reads are checked: an image's bytes are read with ``pread`` (a shard truncated in place under a
+running reader is a short read, not the SIGBUS a memory map gives) and hashed against the image id,
+their content address, before they are served (once per image and process while the shard file keeps its
+inode, size, mtime and ctime). A shard rewritten in place (``cp`` or
+``rsync --inplace`` over it) therefore never serves another concept's picture: the read raises
+:class:`ImageMismatchError`, which the collator counts (``concepts_text_hash_mismatch``) and keeps as text.
+
 Writes are atomic: a shard is written to a temporary name, fsynced and renamed. A process
 killed mid-write leaves at most a ``*.tmp`` file, which readers ignore and writers delete.
 """
@@ -35,6 +42,7 @@ from tokenswap.images import BadImageError, check_image_size, load_image
 
 __all__ = [
     "CorruptImageError",
+    "ImageMismatchError",
     "ImageStore",
     "StoreFormatError",
     "StoreImage",
@@ -65,6 +73,10 @@ class CorruptImageError(BadImageError):
     """Stored bytes that do not decode as a usable image (a :class:`~tokenswap.images.BadImageError`)."""
 
 
+class ImageMismatchError(CorruptImageError):
+    """Bytes read for an image that do not hash to its id: its shard changed on disk after the store was opened."""
+
+
 class StoreFormatError(ValueError):
     """A store file (``store.json`` or a shard) that is not what the format says; the message names the file."""
 
@@ -86,11 +98,14 @@ def _read_info(path: Path) -> dict:
     return info
 
 
-def _read_shard(path: Path) -> pa.Table:
-    """One shard as an Arrow table with every column of :data:`SCHEMA`, or a :class:`StoreFormatError`."""
+def _open_table(path: Path) -> tuple[pa.Table, int]:
+    """One shard as an Arrow table over a memory map, and the address the map starts at (or a StoreFormatError)."""
     fix = "restore the file, or delete it (its concepts then have no images) and rebuild them"
     try:
-        table = pa.ipc.open_stream(pa.memory_map(str(path))).read_all()
+        mm = pa.memory_map(str(path))
+        base = mm.read_buffer(1).address  # where the map starts: image offsets in the file are addresses - base
+        mm.seek(0)
+        table = pa.ipc.open_stream(mm).read_all()
     except (pa.ArrowException, OSError, ValueError) as e:
         raise StoreFormatError(
             f"{path}: not a readable Arrow IPC stream ({type(e).__name__}: {e}); the shard is damaged "
@@ -101,7 +116,37 @@ def _read_shard(path: Path) -> pa.Table:
              or not table.schema.field(f.name).type.equals(f.type)]
     if wrong:
         raise StoreFormatError(f"{path}: not an image-store shard, wrong columns: {', '.join(wrong)}; {fix}")
-    return table
+    return table, base
+
+
+def _read_shard(path: Path) -> pa.Table:
+    """One shard as an Arrow table with every column of :data:`SCHEMA`, or a :class:`StoreFormatError`."""
+    return _open_table(path)[0]
+
+
+def _image_spans(column: pa.ChunkedArray, base: int, size: int) -> list[tuple[int, int] | bytes | None]:
+    """Per row: ``(file offset, length)`` of the image bytes, the bytes themselves where the shard holds them
+    in another form (a compressed buffer decoded in memory), or None for a row without an image."""
+    spans: list[tuple[int, int] | bytes | None] = []
+    for chunk in column.chunks:
+        valid = chunk.is_valid().to_pylist()
+        buffers = chunk.buffers()
+        data = buffers[2]
+        offsets = memoryview(buffers[1]).cast("i")[chunk.offset : chunk.offset + len(chunk) + 1] if buffers[1] else []
+        in_file = data is not None and base <= data.address and data.address + data.size <= base + size
+        for i in range(len(chunk)):
+            if not valid[i]:
+                spans.append(None)
+            elif in_file:
+                spans.append((data.address - base + offsets[i], offsets[i + 1] - offsets[i]))
+            else:
+                spans.append(chunk[i].as_py())
+    return spans
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What changes when a file is replaced, truncated or written to (a write always moves ``st_ctime_ns``)."""
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev
 
 
 def image_id_of(data: bytes) -> str:
@@ -119,23 +164,30 @@ class StoreImage:
     score: float
     meta: dict = field(default_factory=dict, compare=False)
     _store: ImageStore | None = field(default=None, repr=False, compare=False)
-    _loc: tuple[int, int] = field(default=(-1, -1), repr=False, compare=False)
+    _loc: tuple[int, tuple[int, int] | bytes] = field(default=(-1, b""), repr=False, compare=False)
 
     def load_bytes(self) -> bytes:
+        """The encoded image, checked against its content hash.
+
+        Raises:
+            ImageMismatchError: the bytes on disk are not this image's any more (its shard was rewritten or
+                truncated in place after the store was opened); names the shard and the fix.
+        """
         assert self._store is not None
-        shard, row = self._loc
-        return self._store._tables[shard].column("image")[row].as_py()
+        return self._store._read(self)
 
     def load(self) -> Image.Image:
         """Decode to an RGB PIL image.
 
         Raises:
             CorruptImageError: the bytes are not a readable image; names the concept and id.
+            ImageMismatchError: the bytes are not this image's any more (see :meth:`load_bytes`).
         """
         what = f"image {self.image_id} of concept {self.key!r} in {self._store.root if self._store else '?'}"
+        data = self.load_bytes()  # an ImageMismatchError names the shard: a changed file, not a bad picture
         try:
             # Size and aspect are checked before decoding: a store is data, and may hold a bomb.
-            return load_image(self.load_bytes(), what=what)
+            return load_image(data, what=what)
         except BadImageError as e:
             raise CorruptImageError(
                 f"{e}; the stored image does not decode into a usable image: rebuild that concept or delete its "
@@ -169,13 +221,19 @@ class ImageStore:
         self.info = _read_info(info_path)
         if self.info.get("format") != FORMAT:
             raise StoreFormatError(f"{info_path}: format is {self.info.get('format')!r}, expected {FORMAT!r}")
-        self._tables: list[pa.Table] = []
+        self._paths: list[Path] = []
+        self._fds: dict[int, int] = {}  # shard -> open descriptor, oldest first (bounded: a store may have 10k shards)
+        self._verified: dict[int, tuple[tuple, set[int]]] = {}  # shard -> (file identity, offsets hashed under it)
         self._index: dict[str, list[StoreImage]] = {}
         self._attempted: set[str] = set()
         for path in _list_shards(self.root):
-            table = _read_shard(path)
-            shard = len(self._tables)
-            self._tables.append(table)
+            shard = len(self._paths)
+            self._paths.append(path)
+            # The descriptor is opened before the map: reads go to the file this index was built from,
+            # also after a rename puts another file at the path (the hash check covers any other case).
+            self._fd(shard)
+            table, base = _open_table(path)
+            spans = _image_spans(table.column("image"), base, os.fstat(self._fds[shard]).st_size)
             cols = {n: table.column(n).to_pylist() for n in ("key", "image_id", "source", "score", "meta")}
             has_image = table.column("image").is_valid().to_pylist()
             for row, key in enumerate(cols["key"]):
@@ -200,11 +258,75 @@ class ImageStore:
                         score=float(cols["score"][row]),
                         meta=meta,
                         _store=self,
-                        _loc=(shard, row),
+                        _loc=(shard, spans[row]),
                     )
                 )
+            del table  # the map goes with it: reads are preads, which a file truncated under them cannot crash
         for images in self._index.values():
             images.sort(key=lambda im: -im.score)
+
+    _MAX_OPEN = 64
+
+    def _fd(self, shard: int) -> int:
+        # A forked data-loader worker shares the parent's descriptors: fine, a pread moves no file offset.
+        fd = self._fds.pop(shard, None)
+        if fd is None:
+            if len(self._fds) >= self._MAX_OPEN:
+                os.close(self._fds.pop(next(iter(self._fds))))
+            fd = os.open(self._paths[shard], os.O_RDONLY)
+        self._fds[shard] = fd  # most recent last
+        return fd
+
+    def _read(self, image: StoreImage) -> bytes:
+        shard, span = image._loc
+        path = self._paths[shard]
+        identity = None
+        if isinstance(span, bytes):
+            data, why = span, "the shard's decoded buffer"
+        else:
+            offset, length = span
+            try:
+                fd = self._fd(shard)
+                identity = _identity(os.fstat(fd))
+                data = os.pread(fd, length, offset)
+                verified = self._verified.get(shard)
+                # Hashed once per image and process while the file stays as it was (the same inode, size, mtime and
+                # ctime before and after the read; any write moves ctime): a hash costs about as much as 1/15 of
+                # decoding the PNG, and a re-decode after a pixel-cache eviction need not pay it again.
+                if (verified is not None and verified[0] == identity and offset in verified[1]
+                        and len(data) == length and _identity(os.fstat(fd)) == identity):
+                    return data
+            except OSError as e:
+                raise ImageMismatchError(
+                    f"{path}: image {image.image_id} of concept {image.key!r} cannot be read ({e.strerror or e}); "
+                    "the shard was removed or damaged after the store was opened: restore it and restart"
+                ) from None
+            why = (f"the shard is {identity[1]} bytes now, the image ended at byte {offset + length} (truncated in "
+                   "place?)" if len(data) < length else "its bytes changed")
+        if image_id_of(data) != image.image_id:
+            raise ImageMismatchError(
+                f"{path}: image {image.image_id} of concept {image.key!r} does not match its content hash ({why}); "
+                "the shard was rewritten or truncated in place after this process opened the store. Shards are "
+                "immutable: write a new file and rename it over the old one (as StoreWriter does), then restart "
+                "the run to read the store as it is now"
+            )
+        if identity is not None and _identity(os.fstat(self._fd(shard))) == identity:
+            verified = self._verified.get(shard)
+            if verified is None or verified[0] != identity:
+                verified = self._verified[shard] = (identity, set())
+            verified[1].add(span[0])
+        return data
+
+    def __getstate__(self) -> dict:
+        # Descriptors are per process: a spawned worker opens its own (and the hash check still holds).
+        return {**self.__dict__, "_fds": {}, "_verified": {}}
+
+    def __del__(self) -> None:
+        for fd in getattr(self, "_fds", {}).values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def __contains__(self, concept: str) -> bool:
         return normalize_concept(concept) in self._index

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pyarrow as pa
 import pytest
 from PIL import Image
@@ -124,3 +126,113 @@ def test_a_damaged_swap_dataset_shard_is_named_by_file_and_line(tmp_path):
     part.write_bytes(good.encode() + good[:20].encode() + b"\n")
     with pytest.raises(ValueError, match=rf"{part} line 2: not valid JSON"):
         read_swap_dataset(tmp_path)
+
+
+# ---------------------------------------------------------------------------- shards changed under a reader
+COLOURS = ["red", "blue", "green", "yellow", "purple", "orange", "black", "white"]
+CONCEPTS = ["cat", "dog", "apple", "tree", "car", "boat", "house", "bird"]
+
+
+def _one_shard_store(root, colours):
+    """A store of the 8 concepts in one shard, concept i a noisy picture in ``colours[i]``; the shard's path.
+
+    Noise keeps each PNG ~12 kB, so the shard spans many memory pages (a truncation then cuts pages a
+    memory map would fault on)."""
+    with StoreWriter(root) as w:
+        for concept, colour in zip(CONCEPTS, colours):
+            noise = Image.frombytes("RGB", (64, 64), random.Random(colour).randbytes(64 * 64 * 3))
+            w.add(concept, Image.blend(Image.new("RGB", (64, 64), colour), noise, 0.5), source="test")
+    (shard,) = (root / "shards").glob("*.arrow")
+    return shard
+
+
+def _sample(concept):
+    text = f"Draw a {concept} please"
+    return {"id": concept, "messages": [{"role": "user", "content": text}, {"role": "assistant", "content": "ok"}],
+            "concepts": [{"message": 0, "start": 7, "end": 7 + len(concept), "key": concept}], "images": []}
+
+
+def test_a_shard_copied_over_in_place_serves_no_other_concepts_picture(tmp_path, tiny_processor):
+    import shutil
+    import warnings
+
+    from tokenswap.collator import TokenSwapCollator
+    from tokenswap.store.image_store import ImageMismatchError
+
+    shard = _one_shard_store(tmp_path / "store", COLOURS)
+    store = ImageStore(tmp_path / "store")
+    assert len({store.get(c)[0].load_bytes() for c in CONCEPTS}) == 8  # each read (and hashed) once before
+    # A rebuild elsewhere with the pictures of other concepts, copied over the live shard as `cp` does
+    # (truncate and write the same inode, which is what a reader's memory map sees).
+    other = _one_shard_store(tmp_path / "rebuilt", COLOURS[::-1])
+    inode = shard.stat().st_ino
+    shutil.copyfile(other, shard)
+    assert shard.stat().st_ino == inode and shard.read_bytes() == other.read_bytes()
+    for c in CONCEPTS:
+        with pytest.raises(ImageMismatchError, match=rf"{shard}: image \w+ of concept '{c}' does not match its "
+                                                     r"content hash .*rename it over the old one"):
+            store.get(c)[0].load_bytes()
+    collator = TokenSwapCollator(tiny_processor, store, max_length=512, dummy_image=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batch = collator([_sample(c) for c in CONCEPTS])
+    assert collator.stats["concepts_text_hash_mismatch"] == 8, sorted(collator.stats.items())
+    assert collator.stats["concepts_swapped"] == 0 and collator.stats["concepts_text_corrupt_image"] == 0
+    assert "pixel_values" not in batch and (batch["mm_token_type_ids"] == 0).all()  # no picture at all
+    assert len([w for w in caught if "content hash" in str(w.message)]) == 1
+
+
+def test_bytes_written_in_place_fail_only_the_image_they_hit(tmp_path):
+    from tokenswap.store.image_store import ImageMismatchError
+
+    shard = _one_shard_store(tmp_path, COLOURS)
+    store = ImageStore(tmp_path)
+    before = {c: store.get(c)[0].load_bytes() for c in CONCEPTS}
+    data = shard.read_bytes()
+    at = data.index(before["apple"]) + len(before["apple"]) // 2
+    with open(shard, "r+b") as f:  # rsync --inplace / a bad disk: the same file, some bytes changed
+        f.seek(at)
+        f.write(bytes(b ^ 0xFF for b in data[at : at + 4]))
+    with pytest.raises(ImageMismatchError, match="concept 'apple' does not match its content hash"):
+        store.get("apple")[0].load_bytes()
+    assert {c: store.get(c)[0].load_bytes() for c in CONCEPTS if c != "apple"} == \
+        {c: b for c, b in before.items() if c != "apple"}
+
+
+def test_a_shard_truncated_in_place_under_a_reader_is_a_clear_fallback_not_sigbus(tmp_path):
+    # In a child process: before the reads were preads, the reader's memory map died here with SIGBUS (rc -7).
+    import subprocess
+    import sys
+
+    shard = _one_shard_store(tmp_path, COLOURS)
+    half = shard.stat().st_size // 2
+    code = f"""
+import os
+from tokenswap.store import ImageStore
+from tokenswap.store.image_store import ImageMismatchError
+store = ImageStore({str(tmp_path)!r})
+os.truncate({str(shard)!r}, {half})
+served, refused = 0, []
+for c in {CONCEPTS!r}:
+    try:
+        store.get(c)[0].load(); served += 1
+    except ImageMismatchError as e:
+        refused.append(str(e))
+print(served, len(refused))
+print(refused[0])
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    served, refused = map(int, proc.stdout.splitlines()[0].split())
+    assert served + refused == 8 and 3 <= served <= 4, proc.stdout  # the pictures wholly before the cut are intact
+    assert f"{shard}: image" in proc.stdout and f"the shard is {half} bytes now" in proc.stdout
+    assert "truncated in place" in proc.stdout
+
+
+def test_a_store_pickles_and_reads_in_the_copy(tmp_path):
+    import pickle
+
+    _one_shard_store(tmp_path, COLOURS)
+    store = ImageStore(tmp_path)
+    clone = pickle.loads(pickle.dumps(store))
+    assert clone.get("cat")[0].load_bytes() == store.get("cat")[0].load_bytes()

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from tokenswap.collator import TokenSwapCollator
-from tokenswap.store.image_store import SCHEMA, ImageStore, StoreWriter
+from tokenswap.store.image_store import SCHEMA, ImageStore, StoreWriter, image_id_of
 from tokenswap.store.prepare import PreparedImageError, load_prepared, prepare_store, prepared_name
 from tokenswap.swap import SwapPolicy
 
@@ -72,25 +72,31 @@ def test_prepared_names_never_leave_the_folder():
     assert prepared_name("../x") != prepared_name("..x")
 
 
-def test_hostile_ids_are_prepared_inside_and_read_back(tiny_processor, hostile_store, tmp_path):
+def test_hostile_ids_are_never_served_nor_name_a_file(tiny_processor, hostile_store, tmp_path, caplog):
+    # An id that is not its bytes' content hash never gets past the read (ImageMismatchError): prepare_store
+    # writes nothing for it, inside the folder or out, and the collator keeps its concept as text.
     store, keys = hostile_store
     ip = tiny_processor.image_processor
     planted = tmp_path / "store" / "prepared" / "evil.npy"  # where "<folder>/../../evil.npy" used to land
     planted.parent.mkdir(parents=True, exist_ok=True)
     np.save(planted, np.zeros((3, 28, 56), np.uint8))
-    folder = prepare_store(store, ip)
+    with caplog.at_level(logging.WARNING, logger="tokenswap.store.prepare"):
+        folder = prepare_store(store, ip)
     outside = [p for p in tmp_path.rglob("*.npy") if folder not in p.parents]
     assert outside == [planted]  # only the planted file: nothing was written outside the folder
-    assert len(list(folder.glob("*.npy"))) == store.num_images
+    assert [p.name for p in folder.glob("*.npy")] == [prepared_name(store.get("apple")[0].image_id)]
+    assert f"{len(HOSTILE_IDS)} image(s)" in caplog.text and "does not match its content hash" in caplog.text
     assert not (tmp_path / "tokenswap-abs-evil.npy").exists()
 
     examples = [sample(["apple", *keys[:4]]), {**sample(keys[4:]), "id": "t"}]
-    plain = TokenSwapCollator(tiny_processor, store, SwapPolicy(swap_prob=1.0), dummy_image=False)(examples)
-    collator = TokenSwapCollator(tiny_processor, store, SwapPolicy(swap_prob=1.0), dummy_image=False,
-                                 prepared=str(folder))
-    batches_equal(collator(examples), plain)
-    assert collator.stats["prepared_fallback"] == 0
-    assert collator.stats["image_decodes"] == 0  # every image came from the prepared copy
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = TokenSwapCollator(tiny_processor, store, SwapPolicy(swap_prob=1.0), dummy_image=False)(examples)
+        collator = TokenSwapCollator(tiny_processor, store, SwapPolicy(swap_prob=1.0), dummy_image=False,
+                                     prepared=str(folder))
+        batches_equal(collator(examples), plain)
+    assert collator.stats["prepared_fallback"] == 0 and collator.stats["concepts_swapped"] == 1
+    assert collator.stats["concepts_text_hash_mismatch"] == len(HOSTILE_IDS)
 
 
 @pytest.mark.parametrize(
@@ -131,13 +137,14 @@ def test_prepare_store_leaves_out_images_that_do_not_decode(tiny_processor, tmp_
     root = tmp_path / "store"
     with StoreWriter(root) as w:
         w.add("apple", Image.new("RGB", (70, 50), "red"), source="ok")
-    write_rows(root, [{"key": "cut", "image_id": "cutcutcutcutcut0", "image": png("blue")[:60]},
-                      {"key": "sliver", "image_id": "sliversliver0000", "image": png("white", (1, 4000))}])
+    cut, sliver = png("blue")[:60], png("white", (1, 4000))
+    write_rows(root, [{"key": "cut", "image_id": image_id_of(cut), "image": cut},
+                      {"key": "sliver", "image_id": image_id_of(sliver), "image": sliver}])
     store = ImageStore(root)
     with caplog.at_level(logging.WARNING, logger="tokenswap.store.prepare"):
         folder = prepare_store(store, tiny_processor.image_processor)
     assert [p.name for p in folder.glob("*.npy")] == [prepared_name(store.get("apple")[0].image_id)]
-    assert "2 image(s)" in caplog.text and "cutcutcutcutcut0" in caplog.text
+    assert "2 image(s)" in caplog.text and image_id_of(cut) in caplog.text
     collator = TokenSwapCollator(tiny_processor, store, SwapPolicy(swap_prob=1.0), dummy_image=False,
                                  prepared=str(folder))
     with warnings.catch_warnings():
