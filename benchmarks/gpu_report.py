@@ -55,8 +55,8 @@ def _device_name(device: str) -> str:
 def _requirement_problems(site: Path | None) -> list[str]:
     """Requirements of the carried distributions and tokenswap's ranges, against what this interpreter sees."""
     import importlib.metadata as md
-    import tomllib
 
+    import tomllib
     from packaging.requirements import Requirement
     from packaging.version import Version
 
