@@ -6,10 +6,12 @@
 #           with 7:1 grouped-query attention), and tokens/s, MFU and peak memory padded vs packed on a
 #           Qwen2-VL-2B-shaped model plus one 7B-shaped LoRA step (benchmarks/gpu_packing.py).
 #
-#   bash benchmarks/gpu_check.sh --part 1 --wheels DIR --report $OUT/r   # on the GPU machine; then part 2
+#   bash benchmarks/gpu_check.sh --part 1 --wheels DIR --report /tmp/r1   # on the GPU machine; then --part 2
+#     (through the device tool, which brings back 8 files: then tar czf $OUT/r1.tgz -C /tmp r1)
 #   bash benchmarks/gpu_check.sh --dry-run [--part 1|2]                  # anywhere: the same steps on the CPU twin
 #   STEPS=40 SCRATCH=/tmp/gpu_check PYTHON=python3 bash benchmarks/gpu_check.sh
 #
+# --only a,b: only these steps of the part (run names, exactness, gpu_packing_2b, gpu_packing_7b), to rerun one.
 # --wheels DIR: install the wheels benchmarks/gpu_wheels.sh DIR fetched (pip --no-deps --target, first on
 # PYTHONPATH). --report DIR: where the summary (summary.txt, rewritten after every step), the logs and the JSON
 # figures go (a few MB; default $SCRATCH/report). Everything else (the private site-packages, the model, the image
@@ -33,12 +35,14 @@ DRY_RUN=0
 WHEELS=""
 PART=all
 REPORT=""
+ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY_RUN=1 ;;
     --wheels) WHEELS=${2:?--wheels needs a folder (made by benchmarks/gpu_wheels.sh)}; shift ;;
     --part) PART=${2:?--part needs 1, 2 or all}; shift ;;
     --report) REPORT=${2:?--report needs a folder}; shift ;;
+    --only) ONLY=",${2:?--only needs step names, comma-separated},"; shift ;;
     -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1 (use --part 1|2, --wheels DIR, --report DIR, --dry-run)" >&2; exit 2 ;;
   esac
@@ -50,7 +54,8 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=
 export PYTHONUNBUFFERED=1
 START=$SECONDS
 if [ "$DRY_RUN" = 1 ]; then
-  PART_BUDGET=${PART_BUDGET:-3000}  # a 2-core CPU is slower than the GPU: the twin checks the steps, not the lease
+  # A shared 2-core CPU is far slower than the GPU: the twin checks the steps, not the lease.
+  PART_BUDGET=${PART_BUDGET:-3000} STEP_TIMEOUT=${STEP_TIMEOUT:-600}
   DEVICE=cpu
   STEPS=${STEPS:-2}
   PYTHON=$(bash benchmarks/gpu_twin.sh | tail -n 1) || { echo "gpu_check: building the CPU twin failed" >&2; exit 1; }
@@ -65,7 +70,7 @@ if [ "$DRY_RUN" = 1 ]; then
   fi
   echo "gpu_check: dry run on the CPU twin ($PYTHON, wheels $WHEELS)"
 else
-  PART_BUDGET=${PART_BUDGET:-540}
+  PART_BUDGET=${PART_BUDGET:-540} STEP_TIMEOUT=${STEP_TIMEOUT:-}
   DEVICE=cuda
   STEPS=${STEPS:-20}
 fi
@@ -122,6 +127,7 @@ overrides() {  # $1 name, $2 extra overrides: what every run shares, so the arms
     "train.logging_steps=$LOG_EVERY train.save_steps=100000 train.report_to=[none] wandb.mode=disabled $2"
 }
 in_part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
+wanted() { [ -z "$ONLY" ] || [[ "$ONLY" == *",$1,"* ]]; }  # --only: rerun some steps of a part
 
 # Every run's YAML + overrides against PostTrainConfig first, in one process (cheap; catches typos before GPU time).
 SPECS=()
@@ -157,10 +163,10 @@ timeout 180 "${REPORT_PY[@]}" assets > "$SCRATCH/assets.log" 2>&1 || { cat "$SCR
 grep '^gpu_check: model' "$SCRATCH/assets.log"
 [ -f "$SCRATCH/model/config.json" ] || { echo "gpu_check: building the model/store failed" >&2; exit 1; }
 
-RUN_TIMEOUT=${RUN_TIMEOUT:-120}
+RUN_TIMEOUT=${RUN_TIMEOUT:-${STEP_TIMEOUT:-120}}
 for spec in "${RUNS[@]}"; do
   IFS='|' read -r name part launch yaml extra <<< "$spec"
-  in_part "$part" || continue
+  in_part "$part" && wanted "$name" || continue
   if [ -n "${SKIP[$name]:-}" ]; then
     "${REPORT_PY[@]}" skip "$name" "${SKIP[$name]}" >/dev/null
     echo "gpu_check: run $name skipped: ${SKIP[$name]}"
@@ -185,8 +191,10 @@ done
 
 if in_part 2; then
   # -------------------------------------------------------------------------- packed attention exactness
-  TEST_TIMEOUT=${TEST_TIMEOUT:-200}
-  if budget "exactness" "$TEST_TIMEOUT" exactness; then
+  TEST_TIMEOUT=${TEST_TIMEOUT:-${STEP_TIMEOUT:-200}}
+  if ! wanted exactness; then
+    :
+  elif budget "exactness" "$TEST_TIMEOUT" exactness; then
     echo "gpu_check: packed rows equal their samples on $DEVICE, every kernel, bf16, head_dim 128 + GQA 7:1"
     timeout -k 10 "$TEST_TIMEOUT" "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu -rs \
       --junitxml "$SCRATCH/packing_test.xml" tests/tokenswap/test_packing.py > "$SCRATCH/packing_test.log" 2>&1
@@ -202,9 +210,10 @@ if in_part 2; then
   else
     BENCHES=("gpu_packing_tiny|--shape tiny --device cpu --steps 1")
   fi
-  BENCH_TIMEOUT=${BENCH_TIMEOUT:-100}
+  BENCH_TIMEOUT=${BENCH_TIMEOUT:-${STEP_TIMEOUT:-100}}
   for b in "${BENCHES[@]}"; do
     IFS='|' read -r name bargs <<< "$b"
+    wanted "$name" || continue
     budget "$name" "$BENCH_TIMEOUT" bench || { status=1; continue; }
     echo "gpu_check: benchmarks/gpu_packing.py $bargs"
     # shellcheck disable=SC2086
