@@ -195,7 +195,12 @@ class ThroughputCallback(TrainerCallback):
             import torch
 
             if torch.cuda.is_available():
-                self.peak = peak_tflops_of(torch.cuda.get_device_name())
+                name = torch.cuda.get_device_name()
+                self.peak = peak_tflops_of(name)
+                if self.peak is None:
+                    from tokenswap.training.distributed import print0
+
+                    print0(f"[tokenswap] perf/mfu not logged: {no_peak_reason(name)}")
         self._last = self._snapshot()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
