@@ -196,7 +196,7 @@ if in_part 2; then
     :
   elif budget "exactness" "$TEST_TIMEOUT" exactness; then
     echo "gpu_check: packed rows equal their samples on $DEVICE, every kernel, bf16, head_dim 128 + GQA 7:1"
-    timeout -k 10 "$TEST_TIMEOUT" "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu -rs \
+    timeout -k 10 "$TEST_TIMEOUT" "$PYTHON" -m pytest -v -p no:cacheprovider -m gpu -rs \
       --junitxml "$SCRATCH/packing_test.xml" tests/tokenswap/test_packing.py > "$SCRATCH/packing_test.log" 2>&1
     rc=$?
     [ "$rc" != 0 ] && tail -n 30 "$SCRATCH/packing_test.log" >&2

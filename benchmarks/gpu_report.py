@@ -275,10 +275,13 @@ def tests(args) -> int:
     shutil.copy(scratch / "packing_test.log", report / "packing_test.log")
     by_kernel: dict[str, dict[str, int]] = {k: {} for k in KERNELS}
     reasons: dict[str, set[str]] = {k: set() for k in KERNELS}
+
+    def kernel_of(test_id: str) -> str | None:
+        return next((k for k in sorted(KERNELS, key=len, reverse=True) if f"-{k}-" in test_id), None)
+
     if xml_path.exists():
         for case in ET.parse(xml_path).iter("testcase"):
-            kernel = next((k for k in sorted(KERNELS, key=len, reverse=True) if f"-{k}-" in case.get("name", "")),
-                          None)
+            kernel = kernel_of(case.get("name", ""))
             if kernel is None:
                 continue
             outcome = "passed"
@@ -289,6 +292,13 @@ def tests(args) -> int:
                     outcome = "skipped"
                     reasons[kernel].add((child.get("message") or "").removeprefix("could not import 'flash_attn': "))
             by_kernel[kernel][outcome] = by_kernel[kernel].get(outcome, 0) + 1
+    else:  # stopped before pytest wrote its XML (a timeout): the verbose lines of the tests that did run
+        log = (scratch / "packing_test.log").read_text(errors="replace")
+        for test_id, outcome in re.findall(r"::\w+\[([^\]]+)\] (PASSED|FAILED|SKIPPED|ERROR)", log):
+            kernel = kernel_of(f"-{test_id}-")
+            if kernel is not None:
+                outcome = {"ERROR": "failed"}.get(outcome, outcome.lower())
+                by_kernel[kernel][outcome] = by_kernel[kernel].get(outcome, 0) + 1
     status = 0 if int(args.rc) in (0, 5) else 1
     for kernel, counts in by_kernel.items():
         if not counts:
