@@ -77,9 +77,15 @@ fi
 SCRATCH=${SCRATCH:-/tmp/tokenswap_gpu_check}
 REPORT=${REPORT:-$SCRATCH/report}
 rm -rf "$SCRATCH/runs" "$SCRATCH/site"
+# The report folder is emptied of an earlier report's files, so it must be empty or one of ours.
+if [ -d "$REPORT" ] && [ -n "$(ls -A "$REPORT")" ] && [ ! -f "$REPORT/.gpu_check_report" ]; then
+  echo "gpu_check: --report $REPORT is not empty and holds no earlier report; name a new or empty folder" >&2
+  exit 2
+fi
 mkdir -p "$SCRATCH/runs" "$REPORT"
 REPORT=$(cd "$REPORT" && pwd)
 rm -rf "$REPORT/runs" "$REPORT/results.jsonl" "$REPORT"/*.log "$REPORT"/*.json "$REPORT/summary.txt"
+touch "$REPORT/.gpu_check_report"
 : > "$REPORT/results.jsonl"
 SITE="$SCRATCH/site"
 if [ -n "$WHEELS" ]; then

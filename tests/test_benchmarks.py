@@ -116,3 +116,12 @@ def test_faults_fails_when_no_fault_was_tried(tmp_path):
     done = subprocess.run([sys.executable, str(BENCHMARKS / "faults.py"), "--sections", ","], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and done.stdout.splitlines()[-1] == "faults: 0 tried, 0 handled, 0 lost"
+
+
+def test_gpu_check_leaves_a_folder_that_is_not_its_report_alone(tmp_path):
+    """--report DIR is emptied of an earlier report's files: a folder holding anything else is refused, untouched."""
+    (tmp_path / "figures.json").write_text("{}")
+    done = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), "--report", str(tmp_path)], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "SCRATCH": str(tmp_path / "scratch")})
+    assert done.returncode == 2 and "not empty" in done.stderr
+    assert (tmp_path / "figures.json").read_text() == "{}"
