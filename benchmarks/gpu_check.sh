@@ -1,248 +1,238 @@
 #!/usr/bin/env bash
-# One-GPU check of the training path on a CUDA machine as it comes (its own torch, no flash-attn needed):
-# post-training runs (text arm, tokenswap arm padded and packed, tokenswap under DeepSpeed ZeRO-3, QLoRA, Liger),
-# the packed-attention exactness tests on CUDA (every kernel, bf16), and tokens/s per GPU, MFU and peak memory,
-# padded vs packed, on a Qwen2-VL-2B-shaped model plus one 7B-shaped LoRA step. Ends with one summary table.
+# One-GPU check of the training path on a CUDA machine as it comes (its own torch, no flash-attn needed), in two
+# parts that each fit one 600 s device command:
+#   part 1: post-training runs: text arm, tokenswap arm padded and packed, tokenswap under DeepSpeed ZeRO-3;
+#   part 2: QLoRA (packed), Liger, the packed-attention exactness tests on CUDA (every kernel, bf16, head_dim 128
+#           with 7:1 grouped-query attention), and tokens/s, MFU and peak memory padded vs packed on a
+#           Qwen2-VL-2B-shaped model plus one 7B-shaped LoRA step (benchmarks/gpu_packing.py).
 #
-#   bash benchmarks/gpu_check.sh                    # on a machine with one CUDA GPU (about 5-8 minutes)
-#   bash benchmarks/gpu_check.sh --wheels DIR       # first install the wheels benchmarks/gpu_wheels.sh DIR fetched
-#   bash benchmarks/gpu_check.sh --dry-run          # anywhere: check the packages, the configs and overrides,
-#                                                   # print the commands, run nothing
-#   STEPS=40 OUT=/tmp/gpu_check PYTHON=python3 bash benchmarks/gpu_check.sh
+#   bash benchmarks/gpu_check.sh --part 1 --wheels DIR --report /tmp/r1   # on the GPU machine; then --part 2
+#     (through the device tool, which brings back 8 files: then tar czf $OUT/r1.tgz -C /tmp r1)
+#   bash benchmarks/gpu_check.sh --dry-run [--part 1|2]                  # anywhere: the same steps on the CPU twin
+#   STEPS=40 SCRATCH=/tmp/gpu_check PYTHON=python3 bash benchmarks/gpu_check.sh
 #
-# Uses the torch that is installed (nothing here pins or installs torch) and this checkout's tokenswap (put first
-# on PYTHONPATH, not installed). A bare CUDA image usually lacks trl, datasets, deepspeed, peft, bitsandbytes,
-# liger-kernel or our transformers release: benchmarks/gpu_wheels.sh DIR downloads them on a machine with package
-# access, and --wheels DIR installs them into a private folder ($OUT/site) first. Runs whose optional package
-# cannot load (bitsandbytes: qlora, liger-kernel: liger) are reported as skipped with the reason, not as failures.
-# Builds a small real-architecture Qwen2-VL (hidden 1024, 8 layers, random weights) and the tiny drawn-shapes
-# image store into $OUT; each run is recipes/post_train.py under `accelerate launch` for $STEPS steps in bf16 with
-# model.attn_implementation=auto; samples/s from log_history.json (warm-up included), peak memory from torch's
-# max_memory_allocated (benchmarks/peak_memory.py) and nvidia-smi sampled every 200 ms. Exits non-zero if any
-# step fails.
+# --only a,b: only these steps of the part (run names, exactness, gpu_packing_2b, gpu_packing_7b), to rerun one.
+# --wheels DIR: install the wheels benchmarks/gpu_wheels.sh DIR fetched (pip --no-deps --target, first on
+# PYTHONPATH). --report DIR: where the summary (summary.txt, rewritten after every step), the logs and the JSON
+# figures go (a few MB; default $SCRATCH/report). Everything else (the private site-packages, the model, the image
+# store, checkpoints) stays in $SCRATCH under /tmp. --dry-run: the CPU twin of the GPU image (benchmarks/
+# gpu_twin.sh: the image's packages at their versions, cached), the wheels gpu_wheels.sh fetches for this
+# machine's Python carried over it exactly as above, then the same preflight, the same runs (one CPU step each,
+# toy width), the same parsing and the same summary: what would fail on the GPU fails here first.
+#
+# Every step has a timeout, and a part stops starting steps when fewer seconds than a step's timeout are left of
+# PART_BUDGET (default 540 s), so a part ends inside 600 s; such a step reads "skipped (part budget ...)". Runs
+# whose optional package cannot work (bitsandbytes: qlora; liger-kernel, decided by patching a tiny model as the
+# Trainer would: liger) are reported as skipped with the reason. Uses the torch that is installed (nothing here
+# installs torch) and this checkout's tokenswap, first on PYTHONPATH. Exits non-zero if any step fails.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 PYTHON=${PYTHON:-.venv/bin/python}
 [ -x "$PYTHON" ] || PYTHON=python3
-OUT=${OUT:-/tmp/tokenswap_gpu_check}
-STEPS=${STEPS:-20}
 DRY_RUN=0
 WHEELS=""
+PART=all
+REPORT=""
+ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY_RUN=1 ;;
     --wheels) WHEELS=${2:?--wheels needs a folder (made by benchmarks/gpu_wheels.sh)}; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
-    *) echo "gpu_check: unknown argument $1 (use --dry-run, --wheels DIR, or env STEPS/OUT/PYTHON)" >&2; exit 2 ;;
+    --part) PART=${2:?--part needs 1, 2 or all}; shift ;;
+    --report) REPORT=${2:?--report needs a folder}; shift ;;
+    --only) ONLY=",${2:?--only needs step names, comma-separated},"; shift ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown argument $1 (use --part 1|2, --wheels DIR, --report DIR, --dry-run)" >&2; exit 2 ;;
   esac
   shift
 done
+case "$PART" in 1|2|all) ;; *) echo "gpu_check: --part must be 1, 2 or all, got $PART" >&2; exit 2 ;; esac
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
 export PYTHONUNBUFFERED=1
-SITE="$OUT/site"
+START=$SECONDS
+if [ "$DRY_RUN" = 1 ]; then
+  # A shared 2-core CPU is far slower than the GPU: the twin checks the steps, not the lease.
+  PART_BUDGET=${PART_BUDGET:-3000} STEP_TIMEOUT=${STEP_TIMEOUT:-600}
+  DEVICE=cpu
+  STEPS=${STEPS:-2}
+  PYTHON=$(bash benchmarks/gpu_twin.sh | tail -n 1) || { echo "gpu_check: building the CPU twin failed" >&2; exit 1; }
+  if [ -z "$WHEELS" ]; then
+    TWIN_PYVER=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+    KEY=$(cat constraints.txt benchmarks/gpu_image.txt benchmarks/gpu_wheels.sh pyproject.toml | sha256sum | cut -c1-12)
+    WHEELS=$HOME/.cache/tokenswap/gpu_twin_wheels-$TWIN_PYVER-$KEY
+    if [ ! -f "$WHEELS/.complete" ]; then
+      PYVER=$TWIN_PYVER bash benchmarks/gpu_wheels.sh "$WHEELS" | grep -v '^-rw' || { echo "gpu_check: gpu_wheels.sh failed" >&2; exit 1; }
+      touch "$WHEELS/.complete"
+    fi
+  fi
+  echo "gpu_check: dry run on the CPU twin ($PYTHON, wheels $WHEELS)"
+else
+  PART_BUDGET=${PART_BUDGET:-540} STEP_TIMEOUT=${STEP_TIMEOUT:-}
+  DEVICE=cuda
+  STEPS=${STEPS:-20}
+fi
+SCRATCH=${SCRATCH:-/tmp/tokenswap_gpu_check}
+REPORT=${REPORT:-$SCRATCH/report}
+rm -rf "$SCRATCH/runs" "$SCRATCH/site"
+# The report folder is emptied of an earlier report's files, so it must be empty or one of ours.
+if [ -d "$REPORT" ] && [ -n "$(ls -A "$REPORT")" ] && [ ! -f "$REPORT/.gpu_check_report" ]; then
+  echo "gpu_check: --report $REPORT is not empty and holds no earlier report; name a new or empty folder" >&2
+  exit 2
+fi
+mkdir -p "$SCRATCH/runs" "$REPORT"
+REPORT=$(cd "$REPORT" && pwd)
+rm -rf "$REPORT/runs" "$REPORT/results.jsonl" "$REPORT"/*.log "$REPORT"/*.json "$REPORT/summary.txt"
+touch "$REPORT/.gpu_check_report"
+: > "$REPORT/results.jsonl"
+SITE="$SCRATCH/site"
 if [ -n "$WHEELS" ]; then
   ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "gpu_check: no wheels in $WHEELS (run benchmarks/gpu_wheels.sh $WHEELS)" >&2; exit 2; }
-  if [ "$DRY_RUN" = 1 ]; then
-    echo "gpu_check: would install $(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS into $SITE"
-  else
-    mkdir -p "$SITE"
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-      "$WHEELS"/*.whl || { echo "gpu_check: installing the wheels of $WHEELS failed" >&2; exit 1; }
-  fi
+  mkdir -p "$SITE"
+  timeout 120 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+    "$WHEELS"/*.whl 2> >(grep -v "is ignored: it is neither" >&2) || { echo "gpu_check: installing the wheels of $WHEELS failed" >&2; exit 1; }
 fi
 # This checkout first, then the private wheels, then whatever the machine has.
 export PYTHONPATH="$REPO${WHEELS:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}"
+REPORT_PY=("$PYTHON" benchmarks/gpu_report.py --report "$REPORT" --scratch "$SCRATCH" --device "$DEVICE")
 
-# ---------------------------------------------------------------------------- packages
-# Required: the recipes cannot run without them. Optional: one run each, skipped with the reason.
-mkdir -p "$OUT"
-"$PYTHON" - <<'PY' > "$OUT/packages.txt" 2>&1
-import importlib
-required = ["torch", "transformers", "accelerate", "peft", "datasets", "trl", "deepspeed", "PIL", "yaml", "tokenswap"]
-optional = {"bitsandbytes": "tokenswap_qlora", "liger_kernel": "tokenswap_liger"}
-missing = []
-for name in required + list(optional):
-    try:
-        module = importlib.import_module(name)
-        print(f"ok {name} {getattr(module, '__version__', '')}")
-    except Exception as e:  # a broken install fails differently from a missing one; both stop that run
-        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        print(f"{'skip ' + optional[name] if name in optional else 'missing'} {name} {reason}")
-PY
-grep -E '^(missing|skip) ' "$OUT/packages.txt" | sed 's/^/gpu_check: /'
-if grep -q '^missing ' "$OUT/packages.txt"; then
-  echo "gpu_check: required packages are missing: on a machine with package access run" \
-    "'bash benchmarks/gpu_wheels.sh DIR', copy DIR here and pass --wheels DIR" >&2
-  [ "$DRY_RUN" = 1 ] || exit 2
+if [ "$DEVICE" = cuda ] && ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "gpu_check: no CUDA device visible (CUDA_VISIBLE_DEVICES='${CUDA_VISIBLE_DEVICES-<unset>}');" \
+    "run it on a GPU machine, or pass --dry-run to check everything on the CPU twin" >&2
+  exit 2
+fi
+
+# ---------------------------------------------------------------------------- preflight: imports, versions, optional runs
+timeout 120 "${REPORT_PY[@]}" preflight ${WHEELS:+--site "$SITE"}
+rc=$?
+if [ "$rc" != 0 ]; then
+  echo "gpu_check: preflight failed (exit $rc): see above; $REPORT/summary.txt" >&2
+  exit 2
 fi
 declare -A SKIP
-while read -r _ run _ reason; do SKIP[$run]=$reason; done < <(grep '^skip ' "$OUT/packages.txt")
-
-# ---------------------------------------------------------------------------- guard
-if [ "$DRY_RUN" = 0 ]; then
-  if ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-    echo "gpu_check: no CUDA device visible (CUDA_VISIBLE_DEVICES='${CUDA_VISIBLE_DEVICES-<unset>}');" \
-      "run it on a GPU machine, or pass --dry-run to only validate the commands" >&2
-    exit 2
-  fi
-  "$PYTHON" -c "import torch; from tokenswap.attention import packed_attention_choice as c; \
-print('gpu_check:', torch.cuda.get_device_name(0), '| torch', torch.__version__, '| packed attention:', *c('auto', 'cuda'))"
-fi
+while IFS=$'\t' read -r run reason; do [ -n "$run" ] && SKIP[$run]=$reason; done < "$SCRATCH/skips.txt"
 
 # ---------------------------------------------------------------------------- runs
-# name | accelerate config + flags | base YAML | extra overrides
+# name | part | accelerate config + flags | base YAML | extra overrides
 RUNS=(
-  "text|--config_file configs/accelerate/single_gpu.yaml|tiny/post_text.yaml|"
-  "tokenswap|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$OUT/store"
-  "tokenswap_packed|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$OUT/store collator.packing=true collator.pixel_dtype=bfloat16"
-  "tokenswap_zero3|--config_file configs/accelerate/zero3.yaml --num_processes 1|tiny/post_tokenswap.yaml|image_store=$OUT/store train.deepspeed=configs/deepspeed/zero3.json"
-  # QLoRA (bitsandbytes NF4 on CUDA) and liger-kernel: the gpu extra (pip install -e '.[gpu]') or gpu_wheels.sh
-  "tokenswap_qlora|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$OUT/store model.load_in_4bit=true model.lora.r=16"
-  "tokenswap_liger|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$OUT/store train.use_liger_kernel=true"
+  "text|1|--config_file configs/accelerate/single_gpu.yaml|tiny/post_text.yaml|"
+  "tokenswap|1|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store"
+  "tokenswap_packed|1|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store collator.packing=true collator.pixel_dtype=bfloat16"
+  "tokenswap_zero3|1|--config_file configs/accelerate/zero3.yaml --num_processes 1|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store train.deepspeed=configs/deepspeed/zero3.json"
+  # QLoRA (bitsandbytes NF4), packed: its packed rows must reach the kernel the summary names
+  "tokenswap_qlora|2|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store model.load_in_4bit=true model.lora.r=16 collator.packing=true collator.pixel_dtype=bfloat16"
+  "tokenswap_liger|2|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store train.use_liger_kernel=true"
 )
-
+LOG_EVERY=$(( STEPS >= 20 ? 5 : 1 ))
+CPU=$([ "$DEVICE" = cpu ] && echo true || echo false)
 overrides() {  # $1 name, $2 extra overrides: what every run shares, so the arms differ only where they must
-  echo "run.output_dir=$OUT/runs/$1 model.name_or_path=$OUT/model model.dtype=bfloat16" \
-    "model.attn_implementation=auto train.bf16=true train.use_cpu=false train.max_steps=$STEPS" \
-    "train.logging_steps=5 train.save_steps=100000 train.report_to=[none] wandb.mode=disabled $2"
+  echo "run.output_dir=$SCRATCH/runs/$1 model.name_or_path=$SCRATCH/model model.dtype=bfloat16" \
+    "model.attn_implementation=auto train.bf16=true train.use_cpu=$CPU train.max_steps=$STEPS" \
+    "train.logging_steps=$LOG_EVERY train.save_steps=100000 train.report_to=[none] wandb.mode=disabled $2"
 }
+in_part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
+wanted() { [ -z "$ONLY" ] || [[ "$ONLY" == *",$1,"* ]]; }  # --only: rerun some steps of a part
 
-# Validate every run's YAML + overrides against PostTrainConfig first (cheap; catches typos before GPU time).
+# Every run's YAML + overrides against PostTrainConfig first, in one process (cheap; catches typos before GPU time).
+SPECS=()
 for spec in "${RUNS[@]}"; do
-  IFS='|' read -r name _ yaml extra <<< "$spec"
-  # shellcheck disable=SC2046
-  "$PYTHON" - "$yaml" $(overrides "$name" "$extra") <<'PY' || { echo "gpu_check: config of run $name is invalid" >&2; exit 1; }
+  IFS='|' read -r name part _ yaml extra <<< "$spec"
+  in_part "$part" && SPECS+=("$name" "$yaml" "$(overrides "$name" "$extra")")
+done
+timeout 120 "$PYTHON" - "${SPECS[@]}" <<'PY' || { echo "gpu_check: a run's config is invalid" >&2; exit 1; }
 import importlib.util, sys
 spec = importlib.util.spec_from_file_location("post_train", "recipes/post_train.py")
 module = importlib.util.module_from_spec(spec)
 sys.modules["post_train"] = module  # dataclasses resolve annotations through sys.modules
 spec.loader.exec_module(module)
 from tokenswap.config import load_config
-load_config(module.PostTrainConfig, sys.argv[1], sys.argv[2:])
+args = sys.argv[1:]
+for name, yaml, overrides in zip(args[::3], args[1::3], args[2::3]):
+    load_config(module.PostTrainConfig, yaml, overrides.split())
+print(f"gpu_check: configs and overrides of {len(args) // 3} runs are valid")
 PY
-done
-echo "gpu_check: configs and overrides of ${#RUNS[@]} runs are valid"
 
-PACKING_TEST=("$PYTHON" -m pytest -q -p no:cacheprovider -m gpu tests/tokenswap/test_packing.py)
-PACKING_BENCH=("$PYTHON" benchmarks/gpu_packing.py --shape 2b --steps "${PACK_STEPS:-12}" --out "$OUT/gpu_packing.json")
-SEVEN_B=("$PYTHON" benchmarks/gpu_packing.py --shape 7b --lora 16 --arms packed --steps "${SEVEN_B_STEPS:-4}"
-         --out "$OUT/gpu_7b.json")
-
-if [ "$DRY_RUN" = 1 ]; then
-  for spec in "${RUNS[@]}"; do
-    IFS='|' read -r name launch yaml extra <<< "$spec"
-    echo "PEAK_MEMORY_JSON=$OUT/runs/$name.mem.json accelerate launch $launch benchmarks/peak_memory.py" \
-      "recipes/post_train.py --config $yaml $(overrides "$name" "$extra")"
-  done
-  echo "${PACKING_TEST[*]}"
-  echo "${PACKING_BENCH[*]}"
-  echo "${SEVEN_B[*]}"
-  for run in "${!SKIP[@]}"; do echo "gpu_check: $run would be skipped: ${SKIP[$run]}"; done
-  echo "gpu_check: dry run passed"
-  exit 0
-fi
-
-# ---------------------------------------------------------------------------- assets
-mkdir -p "$OUT/runs"
-"$PYTHON" - "$OUT" <<'PY' || { echo "gpu_check: building the model/store failed" >&2; exit 1; }
-import json, sys
-from pathlib import Path
-from tokenswap.testing import build_tiny_qwen2vl, build_tiny_store
-out = Path(sys.argv[1])
-assets = Path("tests/assets")
-corpus = [m["content"] for line in (assets / "swap_tiny.jsonl").read_text().splitlines() for m in json.loads(line)["messages"]]
-corpus += [t["value"] for r in json.loads((assets / "llava_tiny.json").read_text()) for t in r["conversations"]]
-# Real Qwen2-VL architecture at ~75M language-model parameters: big enough that attention kernels,
-# bf16 and ZeRO-3 partitioning do real work, small enough to build in seconds.
-print(build_tiny_qwen2vl(out / "model", corpus=corpus, vocab_size=2048, hidden_size=1024, num_layers=8))
-print(build_tiny_store(out / "store").root)
-PY
+# budget NAME TIMEOUT: 0 when the step fits in what is left of the part, else records the skip.
+budget() {
+  local left=$(( PART_BUDGET - (SECONDS - START) ))
+  if [ "$left" -lt "$2" ]; then
+    "${REPORT_PY[@]}" skip "$1" "part budget: ${left} s left, the step may take ${2} s" --kind "${3:-run}" >/dev/null
+    echo "gpu_check: $1 skipped: ${left} s left of PART_BUDGET=$PART_BUDGET, it may take $2 s" >&2
+    return 1
+  fi
+}
 
 status=0
-declare -A RESULT
+timeout 180 "${REPORT_PY[@]}" assets > "$SCRATCH/assets.log" 2>&1 || { cat "$SCRATCH/assets.log" >&2; status=1; }
+grep '^gpu_check: model' "$SCRATCH/assets.log"
+[ -f "$SCRATCH/model/config.json" ] || { echo "gpu_check: building the model/store failed" >&2; exit 1; }
+
+RUN_TIMEOUT=${RUN_TIMEOUT:-${STEP_TIMEOUT:-120}}
 for spec in "${RUNS[@]}"; do
-  IFS='|' read -r name launch yaml extra <<< "$spec"
+  IFS='|' read -r name part launch yaml extra <<< "$spec"
+  in_part "$part" && wanted "$name" || continue
   if [ -n "${SKIP[$name]:-}" ]; then
-    RESULT[$name]="skipped (${SKIP[$name]})"
+    "${REPORT_PY[@]}" skip "$name" "${SKIP[$name]}" >/dev/null
     echo "gpu_check: run $name skipped: ${SKIP[$name]}"
     continue
   fi
-  rm -rf "$OUT/runs/$name" "$OUT/runs/$name.mem.json"
-  log="$OUT/runs/$name.log"
-  smi="$OUT/runs/$name.smi"
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$smi" 2>/dev/null &
-  smi_pid=$!
+  budget "$name" "$RUN_TIMEOUT" || { status=1; continue; }
+  log="$SCRATCH/runs/$name.log"
+  smi_pid=""
+  if [ "$DEVICE" = cuda ]; then
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$SCRATCH/runs/$name.smi" 2>/dev/null &
+    smi_pid=$!
+  fi
   echo "gpu_check: run $name (log: $log)"
   # shellcheck disable=SC2086
-  PEAK_MEMORY_JSON="$OUT/runs/$name.mem.json" timeout 1200 "$PYTHON" -m accelerate.commands.launch $launch \
-    benchmarks/peak_memory.py recipes/post_train.py --config "$yaml" $(overrides "$name" "$extra") > "$log" 2>&1
+  PEAK_MEMORY_JSON="$SCRATCH/runs/$name.mem.json" timeout -k 10 "$RUN_TIMEOUT" "$PYTHON" -m accelerate.commands.launch \
+    $launch benchmarks/peak_memory.py recipes/post_train.py --config "$yaml" $(overrides "$name" "$extra") > "$log" 2>&1
   rc=$?
-  kill "$smi_pid" 2>/dev/null; wait "$smi_pid" 2>/dev/null
-  if [ "$rc" != 0 ]; then
-    echo "gpu_check: run $name FAILED (exit $rc); last lines of $log:" >&2
-    tail -n 30 "$log" >&2
-    RESULT[$name]="FAILED (exit $rc)"
-    status=1
-    continue
-  fi
-  RESULT[$name]=$("$PYTHON" - "$OUT/runs/$name" "$OUT/runs/$name.mem.json" "$smi" <<'PY'
-import json, sys
-history = json.load(open(f"{sys.argv[1]}/log_history.json"))
-summary = [h for h in history if "train_samples_per_second" in h][-1]
-losses = [h["loss"] for h in history if "loss" in h]
-mem = json.load(open(sys.argv[2]))
-smi = [int(x) for x in open(sys.argv[3]).read().split() if x.strip().isdigit()]
-print(f"{summary['train_samples_per_second']:.2f}|{mem['max_memory_allocated_gib']:.2f}|"
-      f"{(max(smi) / 1024 if smi else float('nan')):.2f}|{losses[0]:.3f} -> {losses[-1]:.3f}")
-PY
-  ) || { RESULT[$name]="FAILED (no log_history/peak memory)"; status=1; }
+  [ -n "$smi_pid" ] && { kill "$smi_pid" 2>/dev/null; wait "$smi_pid" 2>/dev/null; }
+  [ "$rc" != 0 ] && { echo "gpu_check: run $name FAILED (exit $rc); last lines of $log:" >&2; tail -n 30 "$log" >&2; }
+  "${REPORT_PY[@]}" run "$name" "$rc" || status=1
 done
 
-# ---------------------------------------------------------------------------- packed attention on CUDA + MFU
-echo "gpu_check: packed rows equal their samples, every CUDA kernel, bf16: ${PACKING_TEST[*]}"
-"${PACKING_TEST[@]}" > "$OUT/packing_test.log" 2>&1
-rc=$?
-PACKING_RESULT=$(grep -E '[0-9]+ (passed|failed)' "$OUT/packing_test.log" | tail -n 1)
-if [ "$rc" != 0 ]; then
-  echo "gpu_check: packing exactness on CUDA FAILED; last lines of $OUT/packing_test.log:" >&2
-  tail -n 40 "$OUT/packing_test.log" >&2
-  status=1
-fi
-for bench in PACKING_BENCH SEVEN_B; do
-  declare -n cmd=$bench
-  echo "gpu_check: ${cmd[*]}"
-  timeout 900 "${cmd[@]}" > "$OUT/$bench.log" 2>&1 || { echo "gpu_check: ${cmd[*]} FAILED" >&2; tail -n 30 "$OUT/$bench.log" >&2; status=1; }
-  unset -n cmd
-done
-
-# ---------------------------------------------------------------------------- summary
-printf '\n%-18s %12s %16s %18s %20s\n' run samples/s "peak alloc GiB" "nvidia-smi GiB" "loss first -> last"
-for spec in "${RUNS[@]}"; do
-  IFS='|' read -r name _ <<< "$spec"
-  IFS='|' read -r sps alloc smi loss <<< "${RESULT[$name]}"
-  if [ -z "${alloc:-}" ]; then
-    printf '%-18s %s\n' "$name" "${RESULT[$name]}"
+if in_part 2; then
+  # -------------------------------------------------------------------------- packed attention exactness
+  TEST_TIMEOUT=${TEST_TIMEOUT:-${STEP_TIMEOUT:-200}}
+  if ! wanted exactness; then
+    :
+  elif budget "exactness" "$TEST_TIMEOUT" exactness; then
+    echo "gpu_check: packed rows equal their samples on $DEVICE, every kernel, bf16, head_dim 128 + GQA 7:1"
+    timeout -k 10 "$TEST_TIMEOUT" "$PYTHON" -m pytest -v -p no:cacheprovider -m gpu -rs \
+      --junitxml "$SCRATCH/packing_test.xml" tests/tokenswap/test_packing.py > "$SCRATCH/packing_test.log" 2>&1
+    rc=$?
+    [ "$rc" != 0 ] && tail -n 30 "$SCRATCH/packing_test.log" >&2
+    "${REPORT_PY[@]}" tests "$rc" || status=1
   else
-    printf '%-18s %12s %16s %18s %20s\n' "$name" "$sps" "$alloc" "$smi" "$loss"
+    status=1
   fi
-done
-for spec in "${RUNS[@]}"; do  # the recipe's own perf/* log lines (ThroughputCallback), last logging step
-  IFS='|' read -r name _ <<< "$spec"
-  [ -f "$OUT/runs/$name/log_history.json" ] && "$PYTHON" - "$OUT/runs/$name/log_history.json" "$name" <<'PY'
-import json, sys
-perf = [h for h in json.load(open(sys.argv[1])) if "perf/tokens_per_s" in h]
-if perf:
-    h = perf[-1]
-    mfu = f"{100 * h['perf/mfu']:.1f}%" if "perf/mfu" in h else "n/a"
-    print(f"{sys.argv[2]:<18} perf: {h['perf/tokens_per_s']:.0f} tokens/s, padding {100 * h['perf/padding']:.1f}%, "
-          f"{h.get('perf/tflops', float('nan')):.1f} TFLOP/s, MFU {mfu} (last logging step)")
-PY
-done
-echo "packing exactness (CUDA, bf16): ${PACKING_RESULT:-no result}"
-for bench in PACKING_BENCH SEVEN_B; do grep -E '^(gpu_packing:|arm |padded|packed)' "$OUT/$bench.log" 2>/dev/null; done
+  # -------------------------------------------------------------------------- tokens/s, MFU, peak memory
+  if [ "$DEVICE" = cuda ]; then
+    BENCHES=("gpu_packing_2b|--shape 2b --steps ${PACK_STEPS:-10}" "gpu_packing_7b|--shape 7b --lora 16 --arms packed --steps ${SEVEN_B_STEPS:-4}")
+  else
+    BENCHES=("gpu_packing_tiny|--shape tiny --device cpu --steps 1")
+  fi
+  BENCH_TIMEOUT=${BENCH_TIMEOUT:-${STEP_TIMEOUT:-100}}
+  for b in "${BENCHES[@]}"; do
+    IFS='|' read -r name bargs <<< "$b"
+    wanted "$name" || continue
+    budget "$name" "$BENCH_TIMEOUT" bench || { status=1; continue; }
+    echo "gpu_check: benchmarks/gpu_packing.py $bargs"
+    # shellcheck disable=SC2086
+    timeout -k 10 "$BENCH_TIMEOUT" "$PYTHON" benchmarks/gpu_packing.py $bargs --out "$SCRATCH/$name.json" \
+      > "$SCRATCH/$name.log" 2>&1
+    rc=$?
+    [ "$rc" != 0 ] && tail -n 30 "$SCRATCH/$name.log" >&2
+    "${REPORT_PY[@]}" bench "$name" "$rc" || status=1
+  done
+fi
 
-[ "$status" = 0 ] && echo "gpu_check: all runs passed ($STEPS steps each, outputs in $OUT)"
+echo "gpu_check: part $PART took $(( SECONDS - START )) s; summary: $REPORT/summary.txt"
+if [ "$status" = 0 ]; then
+  [ "$DRY_RUN" = 1 ] && echo "gpu_check: dry run passed" || echo "gpu_check: all steps passed ($STEPS steps a run)"
+fi
 exit "$status"

@@ -37,7 +37,7 @@ from packing import WORDS, long_tailed_samples  # noqa: E402
 
 from tokenswap.attention import packed_attention_choice, resolve_packed_attention  # noqa: E402
 from tokenswap.collator import TokenSwapCollator  # noqa: E402
-from tokenswap.throughput import model_flop_counts, peak_tflops_of, window_flops  # noqa: E402
+from tokenswap.throughput import model_flop_counts, no_peak_reason, peak_tflops_of, window_flops  # noqa: E402
 from tokenswap.training import resolve_attn_implementation  # noqa: E402
 
 SHAPES = {
@@ -172,6 +172,8 @@ def main() -> None:
         r["attention"] = impls[arm]
         print(f"{arm:<8}{impls[arm]:>24}{r['tokens_per_s']:>14.0f}{r['images_per_s']:>10.1f}"
               f"{100 * r['padding']:>8.1f}%{tflops:>9.1f}{mfu:>8}{r['peak_gib']:>10.1f}")
+    if peak is None:
+        print(f"gpu_packing: MFU n/a: {no_peak_reason(device if device_kind == 'cuda' else None)}")
     ratio = None
     if len(results) == 2:
         ratio = results["packed"]["tokens_per_s"] / results["padded"]["tokens_per_s"]

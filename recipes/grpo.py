@@ -37,7 +37,7 @@ from tokenswap.crossmath import REWARDS, get_hop_weighted_reward
 from tokenswap.crossmath.training_data import CrossMathDataConfig, grpo_dataset, load_training_records
 from tokenswap.training.checkpoint import CheckpointCallback, resolve_checkpoint, train
 from tokenswap.training.config import ModelConfig, RunConfig, WandbConfig
-from tokenswap.training.distributed import close_process_group, print0
+from tokenswap.training.distributed import close_process_group, end_script, print0
 from tokenswap.training.model import check_inputs, load_model_and_processor, peft_lora_config
 from tokenswap.training.tracking import finish_wandb, init_wandb
 from tokenswap.training.trainer_args import TRAIN_DEFAULTS, TRAINER_OWNED, build_training_arguments, trainer_section
@@ -161,3 +161,4 @@ def main(cfg: GRPORecipeConfig) -> None:
 
 if __name__ == "__main__":
     main(parse_config(GRPORecipeConfig))
+    end_script()  # after gloo: ends the process without finalizing (tokenswap.training.end_script)

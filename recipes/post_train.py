@@ -35,7 +35,7 @@ from tokenswap.training.builders import build_collator, build_gap_callback, buil
 from tokenswap.training.callbacks import EmptyStepCallback, EpochCallback, SwapStatsCallback, install_first
 from tokenswap.training.checkpoint import CheckpointCallback, ResumableCollator, resolve_checkpoint, train
 from tokenswap.training.config import CollatorConfig, DataConfig, GapEvalConfig, ModelConfig, RunConfig, WandbConfig
-from tokenswap.training.distributed import close_process_group, print0
+from tokenswap.training.distributed import close_process_group, end_script, print0
 from tokenswap.training.model import check_inputs, load_model_and_processor
 from tokenswap.training.tracking import finish_wandb, init_wandb
 from tokenswap.training.trainer_args import PairedTrainConfig, build_training_arguments
@@ -141,3 +141,4 @@ def main(cfg: PostTrainConfig) -> None:
 
 if __name__ == "__main__":
     main(parse_config(PostTrainConfig))
+    end_script()  # after gloo: ends the process without finalizing (tokenswap.training.end_script)

@@ -61,22 +61,49 @@ def test_benchmark_runs_and_prints_its_closing_line(script, args, closing, write
 
 
 def test_every_benchmark_script_is_covered():
-    scripts = {p.name for p in BENCHMARKS.glob("*.py")} - {"peak_memory.py"}  # a wrapper gpu_check.sh runs on a GPU
+    # gpu_check.sh's wrapper and its report steps: run by the twin test below
+    scripts = {p.name for p in BENCHMARKS.glob("*.py")} - {"peak_memory.py", "gpu_report.py"}
     assert scripts == {c[0] for c in CASES}
 
 
-def test_gpu_check_dry_run_passes_on_a_cpu_machine(tmp_path):
-    """What a GPU rental would run is checked here first: packages, every run's config and overrides, the commands."""
-    env = {**os.environ, "OUT": str(tmp_path / "gpu_check"), "PYTHON": sys.executable}
-    done = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), "--dry-run"], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    lines = done.stdout.splitlines()
-    assert lines[-1] == "gpu_check: dry run passed"
-    assert "gpu_check: configs and overrides of 6 runs are valid" in lines
-    for run in ("text", "tokenswap", "tokenswap_packed", "tokenswap_zero3", "tokenswap_qlora", "tokenswap_liger"):
-        assert any(f"runs/{run} " in line for line in lines), run
-    assert any("gpu_packing.py --shape 7b --lora 16" in line for line in lines)
+def test_gpu_check_runs_every_step_on_the_cpu_twin_of_the_gpu_image(tmp_path):
+    """What a GPU rental would run, run first on the CPU twin (benchmarks/gpu_twin.sh: the image's packages at its
+    versions, cached in ~/.cache/tokenswap) with the carried wheels over it, through the same launcher, parsing and
+    summary (issue 27: a carried huggingface_hub 2.x, liger-kernel failing to patch, the ZeRO-3 run killed before
+    its JSON, 4-bit weights counted at half size each failed this first)."""
+    report = tmp_path / "report"
+    env = {**os.environ, "SCRATCH": str(tmp_path / "scratch")}
+    env.pop("PYTHONPATH", None)  # the twin's interpreter sees the image's packages and the carried wheels only
+    done = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), "--dry-run", "--report", str(report)], env=env,
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    assert done.stdout.splitlines()[-1] == "gpu_check: dry run passed"
+    summary = (report / "summary.txt").read_text()
+    rows = {line.split()[1]: line for line in summary.splitlines()[1:-1]}
+    for run in ("text", "tokenswap", "tokenswap_packed", "tokenswap_zero3", "tokenswap_qlora"):
+        assert rows[run].split()[2] == "ok", rows[run]
+    assert "packed: sdpa" in rows["tokenswap_qlora"] and "fallback" not in rows["tokenswap_qlora"]
+    assert "skipped (liger" in rows["tokenswap_liger"]  # liger-kernel 0.8.5 cannot patch transformers 5.24
+    assert "ok (4-bit" in summary
+    for kernel in ("flash_attention_2", "tokenswap_varlen", "tokenswap_flex", "tokenswap_varlen_sdpa"):
+        assert "skipped (needs a CUDA device)" in rows[kernel], rows[kernel]
+    assert "gpu_packing_tiny" in summary and "0 failed" in summary.splitlines()[-1]
+    preflight = json.loads((report / "preflight.json").read_text())
+    assert "ok transformers 5.24.0 (carried)" in preflight["packages"]
+    assert not list((tmp_path / "scratch" / "site").glob("huggingface_hub*"))  # the image's 1.33 stays
+    # only the summary, logs and JSON figures in the report: a few MB
+    assert sum(f.stat().st_size for f in report.rglob("*") if f.is_file()) < 5 * 2**20
+
+
+def test_gpu_check_parts_stop_starting_steps_past_their_budget(tmp_path):
+    """A part ends inside one 600 s device command: a step that might overrun the budget is skipped, and said."""
+    env = {**os.environ, "SCRATCH": str(tmp_path / "scratch"), "PART_BUDGET": "1"}
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), "--dry-run", "--part", "1", "--report",
+                           str(tmp_path / "report")], env=env, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 1, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    summary = (tmp_path / "report" / "summary.txt").read_text()
+    assert summary.count("skipped (part budget:") == 4 and "tokenswap_qlora" not in summary
 
 
 def test_faults_checks_the_checkout_it_is_run_from(tmp_path):
@@ -96,3 +123,12 @@ def test_faults_fails_when_no_fault_was_tried(tmp_path):
     done = subprocess.run([sys.executable, str(BENCHMARKS / "faults.py"), "--sections", ","], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and done.stdout.splitlines()[-1] == "faults: 0 tried, 0 handled, 0 lost"
+
+
+def test_gpu_check_leaves_a_folder_that_is_not_its_report_alone(tmp_path):
+    """--report DIR is emptied of an earlier report's files: a folder holding anything else is refused, untouched."""
+    (tmp_path / "figures.json").write_text("{}")
+    done = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), "--report", str(tmp_path)], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "SCRATCH": str(tmp_path / "scratch")})
+    assert done.returncode == 2 and "not empty" in done.stderr
+    assert (tmp_path / "figures.json").read_text() == "{}"

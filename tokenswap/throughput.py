@@ -10,7 +10,7 @@ lengths for the attention term) and the wall time between two log lines, and add
 - ``perf/padding``: padded token slots / all token slots in the window (dummy-image columns count as padding);
 - ``perf/tflops``: achieved model TFLOP/s on this device (formula below);
 - ``perf/mfu``: ``perf/tflops`` / the device's peak (``ThroughputConfig.peak_tflops``, or the
-  table :data:`PEAK_TFLOPS` by device name; not logged when neither knows the device, e.g. CPU).
+  table :data:`PEAK_TFLOPS` by the exact device name; not logged when neither knows the device, e.g. CPU).
 
 Model FLOPs of one window (the PaLM appendix-B convention: matmuls only, the causal mask not halved):
 
@@ -38,15 +38,41 @@ achieved, not a kernel benchmark. Statistics are per process: ``perf/*`` describ
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 from transformers import TrainerCallback
 
-__all__ = ["PEAK_TFLOPS", "ThroughputCallback", "ThroughputConfig", "model_flop_counts", "peak_tflops_of"]
+__all__ = [
+    "PEAK_TFLOPS",
+    "ThroughputCallback",
+    "ThroughputConfig",
+    "model_flop_counts",
+    "no_peak_reason",
+    "peak_tflops_of",
+]
 
-PEAK_TFLOPS: dict[str, float] = {"A100": 312.0, "A800": 312.0, "H100": 989.0, "H800": 989.0, "H200": 989.0}
-"""Dense bf16 tensor-core peak per device (TFLOP/s), matched as a substring of ``torch.cuda.get_device_name()``."""
+PEAK_TFLOPS: dict[str, float] = {
+    # Ampere: SXM and PCIe share the tensor-core peak.
+    "NVIDIA A100-SXM4-40GB": 312.0,
+    "NVIDIA A100-SXM4-80GB": 312.0,
+    "NVIDIA A100-PCIE-40GB": 312.0,
+    "NVIDIA A100 80GB PCIe": 312.0,
+    "NVIDIA A800-SXM4-80GB": 312.0,
+    "NVIDIA A800 80GB PCIe": 312.0,
+    # Hopper: the SXM parts 989, NVL 835, PCIe 756 (half the datasheets' with-sparsity figures).
+    "NVIDIA H100 80GB HBM3": 989.0,
+    "NVIDIA H100 NVL": 835.0,
+    "NVIDIA H100 PCIe": 756.0,
+    "NVIDIA H800": 989.0,
+    "NVIDIA H800 PCIe": 756.0,
+    "NVIDIA H200": 989.0,
+    "NVIDIA H200 NVL": 835.0,
+    "NVIDIA GH200 480GB": 989.0,
+}
+"""Dense bf16 tensor-core peak per device (TFLOP/s), keyed by the exact ``torch.cuda.get_device_name()``: the
+form factors of one chip differ (an H200 NVL or an H100 PCIe is not scored against SXM peaks)."""
 
 
 @dataclass(kw_only=True)
@@ -54,27 +80,44 @@ class ThroughputConfig:
     enabled: bool = True
     """Log perf/tokens_per_s, perf/images_per_s, perf/padding, perf/tflops and perf/mfu at every logging step."""
     peak_tflops: float | None = None
-    """Peak TFLOP/s of one device for MFU; null: from the table by GPU name (A100 312, H100/H200 989, bf16 dense);
-    MFU is left out when the device is not in the table (CPU, other GPUs) and this is null."""
+    """Peak TFLOP/s of one device for MFU; null: from the table by the exact GPU name (A100 312, H100/H200 SXM 989,
+    NVL 835, PCIe 756, bf16 dense); MFU is left out when the device is not in the table (CPU, other GPUs) and
+    this is null."""
 
     def __post_init__(self) -> None:
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise ValueError(f"`peak_tflops` must be > 0 or null (from the device table), got {self.peak_tflops}")
 
 
+def _device_key(device_name: str) -> str:
+    return " ".join(device_name.split()).casefold()
+
+
+_PEAKS = {_device_key(name): peak for name, peak in PEAK_TFLOPS.items()}
+
+
 def peak_tflops_of(device_name: str | None) -> float | None:
-    """The table's peak for a device name (``"NVIDIA H100 80GB HBM3"`` -> 989), None if unknown."""
+    """The table's peak for an exact device name (``"NVIDIA H100 80GB HBM3"`` -> 989), None if unknown."""
+    return _PEAKS.get(_device_key(device_name)) if device_name else None
+
+
+def no_peak_reason(device_name: str | None) -> str:
+    """Why MFU is not given for ``device_name`` (for an ``n/a`` in a report)."""
     if not device_name:
-        return None
-    for key, peak in PEAK_TFLOPS.items():
-        if key in device_name.upper():
-            return peak
-    return None
+        return "no CUDA device"
+    return f"{device_name!r} is not in tokenswap.throughput.PEAK_TFLOPS; set throughput.peak_tflops (--peak-tflops)"
 
 
 def _numel(p) -> int:
     # Under ZeRO-3 a parameter's local tensor is a shard (often empty); ds_numel is the full size.
-    return int(getattr(p, "ds_numel", p.numel()))
+    if hasattr(p, "ds_numel"):
+        return int(p.ds_numel)
+    # A quantised bitsandbytes 4-bit weight (Params4bit) stores two values per uint8 element: its numel() is half
+    # the layer's; the quant state keeps the original shape.
+    shape = getattr(getattr(p, "quant_state", None), "shape", None)
+    if shape is not None:
+        return math.prod(shape)
+    return p.numel()
 
 
 def model_flop_counts(model) -> dict[str, float]:
@@ -152,7 +195,12 @@ class ThroughputCallback(TrainerCallback):
             import torch
 
             if torch.cuda.is_available():
-                self.peak = peak_tflops_of(torch.cuda.get_device_name())
+                name = torch.cuda.get_device_name()
+                self.peak = peak_tflops_of(name)
+                if self.peak is None:
+                    from tokenswap.training.distributed import print0
+
+                    print0(f"[tokenswap] perf/mfu not logged: {no_peak_reason(name)}")
         self._last = self._snapshot()
 
     def on_log(self, args, state, control, logs=None, **kwargs):

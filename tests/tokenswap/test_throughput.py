@@ -11,6 +11,7 @@ from tokenswap.throughput import (
     ThroughputCallback,
     ThroughputConfig,
     model_flop_counts,
+    no_peak_reason,
     peak_tflops_of,
     window_flops,
 )
@@ -32,6 +33,33 @@ def test_peak_table_and_override():
     assert ThroughputConfig(peak_tflops=500.0).peak_tflops == 500.0
     with pytest.raises(ValueError, match="peak_tflops"):
         ThroughputConfig(peak_tflops=0.0)
+
+
+def test_peaks_match_the_exact_device_name_not_a_substring():
+    # Form factors of one chip differ: NVL and PCIe parts are not scored against the SXM peak.
+    assert peak_tflops_of("NVIDIA H200 NVL") == 835.0
+    assert peak_tflops_of("NVIDIA H100 PCIe") == 756.0
+    assert peak_tflops_of("NVIDIA H100 NVL") == 835.0
+    assert peak_tflops_of("nvidia  h200") == 989.0  # case and spacing only
+    assert peak_tflops_of("NVIDIA H200 Prototype") is None  # unknown: no MFU rather than a guessed one
+    assert "PEAK_TFLOPS" in no_peak_reason("NVIDIA H200 Prototype") and "peak_tflops" in no_peak_reason("x")
+
+
+def test_4bit_weights_count_at_their_true_size(tiny_qwen2vl):
+    """bitsandbytes packs two 4-bit values per stored element: numel() of a Params4bit is half the layer's."""
+    pytest.importorskip("bitsandbytes")
+    from tokenswap.training import LoraConfig, ModelConfig, load_model_and_processor
+
+    counts = {}
+    for four_bit in (False, True):
+        cfg = ModelConfig(name_or_path=tiny_qwen2vl, dtype="float32", attn_implementation="sdpa",
+                          lora=LoraConfig(r=4), load_in_4bit=four_bit)
+        model, _ = load_model_and_processor(cfg, seed=0)
+        counts[four_bit] = model_flop_counts(model)
+    quantised = model.base_model.model.model.language_model.layers[0].mlp.up_proj.base_layer.weight
+    assert quantised.numel() * 2 == quantised.quant_state.shape.numel()  # packed storage: what was miscounted
+    assert counts[True]["n_llm"] == counts[False]["n_llm"]
+    assert counts[True]["n_llm_trainable"] == counts[False]["n_llm_trainable"]  # the adapters
 
 
 def test_flop_counts_follow_what_is_trained(tiny_model):

@@ -207,6 +207,25 @@ def test_qlora_on_cpu_trains_only_the_adapters(tiny_qwen2vl):
     assert trained and all("lora_" in n for n in trained)
 
 
+def test_qlora_in_bf16_hands_the_packed_kernel_bf16_queries(tiny_qwen2vl, monkeypatch):
+    """torch's varlen kernel takes half-precision queries only; fp32 ones silently sent packed QLoRA to FlexAttention."""
+    pytest.importorskip("bitsandbytes")
+    import tokenswap.attention as attention
+    from tokenswap.attention import use_packed_attention
+
+    cfg = ModelConfig(name_or_path=tiny_qwen2vl, dtype="bfloat16", attn_implementation="sdpa",
+                      lora=LoraConfig(r=4), load_in_4bit=True)
+    model, _ = load_model_and_processor(cfg, seed=0)
+    use_packed_attention(model, "sdpa", device="cpu")
+    seen = []
+    real = attention._sdpa
+    monkeypatch.setattr(attention, "_sdpa", lambda module, q, *a, **k: seen.append(q.dtype) or real(module, q, *a, **k))
+    ids = torch.tensor([[3, 4, 5, 6, 3, 4, 5]])
+    position_ids = torch.tensor([[0, 1, 2, 3, 0, 1, 2]])  # two packed samples
+    model(input_ids=ids, position_ids=position_ids, labels=ids).loss.backward()
+    assert seen and set(seen) == {torch.bfloat16}, seen
+
+
 def test_qlora_without_bitsandbytes_gives_the_install_line(tiny_qwen2vl, monkeypatch):
     import importlib.util
 

@@ -40,7 +40,7 @@ from tokenswap.training.config import (
     RunConfig,
     WandbConfig,
 )
-from tokenswap.training.distributed import close_process_group, print0
+from tokenswap.training.distributed import at_script_end, close_process_group, end_script, print0
 from tokenswap.training.model import (
     check_inputs,
     load_model_and_processor,
@@ -80,12 +80,14 @@ __all__ = [
     "TRAIN_DEFAULTS",
     "TrainConfig",
     "WandbConfig",
+    "at_script_end",
     "build_collator",
     "build_gap_callback",
     "build_image_store",
     "build_training_arguments",
     "check_inputs",
     "close_process_group",
+    "end_script",
     "finish_wandb",
     "init_wandb",
     "install_first",

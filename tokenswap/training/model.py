@@ -195,10 +195,12 @@ def load_model_and_processor(cfg: ModelConfig, resume_from: str | None = None, s
         # What train() checks before it drops the Trainer's renamed-key warnings for this checkpoint.
         model.tokenswap_weights_from = os.path.realpath(resume_from)
     if cfg.load_in_4bit:
-        from peft import prepare_model_for_kbit_training
-
-        # Freezes every weight, keeps norms in fp32 and makes inputs require grad (for checkpointing).
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        # Every base weight frozen; the adapters added below train. Not peft's prepare_model_for_kbit_training: it
+        # also casts every unquantised weight (embeddings, norms, vision tower) to fp32, so a bf16 run computed its
+        # activations in fp32 and handed fp32 queries to the attention kernel (torch's varlen kernel takes bf16 or
+        # fp16 only: packed QLoRA rows silently ran FlexAttention). Qwen's RMSNorm computes in fp32 by itself.
+        for p in model.parameters():
+            p.requires_grad_(False)
     visual = model.model.visual
     if cfg.freeze_vision_tower:
         for name, p in visual.named_parameters():

@@ -227,9 +227,10 @@ _SCRIPT = textwrap.dedent(
             json.dump(out, f)
     state.wait_for_everyone()
     # without it gloo's threads can abort a rank at exit ("terminate called without an active exception")
-    from tokenswap.training import close_process_group
+    from tokenswap.training import close_process_group, end_script
 
     close_process_group()
+    end_script()
     """
 )
 
