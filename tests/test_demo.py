@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 RECORD = Path(__file__).parent / "assets" / "demo_reduced_record.json"
 REGENERATE = "TOKENSWAP_UPDATE_DEMO_RECORD=1 python -m pytest tests/test_demo.py"
@@ -66,18 +65,12 @@ def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch):
     from tokenswap.demo import main
 
     monkeypatch.setenv("WANDB_MODE", "offline")
-    # One thread everywhere (pre-training, each post-training run, the in-process evaluations): float sums, and so
-    # a near-tied answer, depend on the thread count, and the record must not depend on the CI machine's cores.
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     out = tmp_path / "demo"
     argv = ["--out", str(out), "--seeds", "0", "--concepts", "8", "--pretrain-steps", "12", "--post-steps", "6",
             "--eval-every", "3", "--phrasings", "2"]
-    try:
-        assert main([*argv, "--jobs", str(os.cpu_count() or 1)]) == 0  # cores / jobs = 1 thread per run
-    finally:
-        torch.set_num_threads(threads)
+    # The demo pins its numerics itself (tokenswap.demo.NUMERICS: AVX2 kernels, one thread per process), so the
+    # record holds on any x86-64 CI machine, whatever its cores and instruction set.
+    assert main(argv) == 0
 
     report = json.loads((out / "report.json").read_text())
     check_against_record(demo_figures(report), argv[2:])

@@ -40,6 +40,14 @@ from pathlib import Path
 from tokenswap.swap import unit_hash
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# The demo's figures are quoted in README and checked in CI (tests/test_demo.py), so they must be what any x86-64
+# machine computes, not only this one: torch's vectorised kernels, MKL and oneDNN each pick code paths by the CPU's
+# instruction set (AVX-512 and AVX2 round differently: each of these variables alone moves a matmul, a softmax or a
+# conv here), and float sums depend on the thread count. Every process of the demo runs on the AVX2 paths (any
+# x86-64 CPU since 2013 has them) with one thread; the runs go side by side instead (--jobs).
+NUMERICS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1"}
 SUBJECT = "toy_world"
 PIXELS = 112 * 112  # pictograms at 112 px: 16 visual tokens each (56 px was too coarse to learn from scratch)
 
@@ -243,15 +251,13 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0, n_group_a: int 
 
 
 # ---------------------------------------------------------------------------- running recipes
-def launch(recipe: str, config: str, overrides: list[str], log: Path, threads: int | None = None) -> None:
-    """``accelerate launch recipes/{recipe}.py --config {config} ...`` (one CPU process, ``threads`` torch threads)."""
+def launch(recipe: str, config: str, overrides: list[str], log: Path) -> None:
+    """``accelerate launch recipes/{recipe}.py --config {config} ...`` (one CPU process, the demo's :data:`NUMERICS`)."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "recipes" / f"{recipe}.py"),
            "--config", config, *overrides]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
-           "WANDB_SILENT": "true", "ACCELERATE_USE_CPU": "true"}
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
+           "WANDB_SILENT": "true", "ACCELERATE_USE_CPU": "true", **NUMERICS}
     with open(log, "w") as f:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
@@ -326,12 +332,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pretrain-steps", type=int, default=1000)
     parser.add_argument("--post-steps", type=int, default=100)
     parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--jobs", type=int, default=2,
-                        help="post-training runs at once, each with cores/jobs threads (a tiny model keeps one core "
-                             "busy, not two: two single-threaded runs finish the work in about half the time)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="post-training runs at once, one thread each (default: one per core); the figures do "
+                             "not depend on it")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
+    if any(os.environ.get(k) != v for k, v in NUMERICS.items()):
+        # The libraries read these when first used, but an op run while importing could fix a path before: the demo
+        # runs in a fresh process that has them from its start.
+        cmd = [sys.executable, "-m", "tokenswap.demo", *(sys.argv[1:] if argv is None else argv)]
+        return subprocess.run(cmd, env={**os.environ, **NUMERICS}).returncode
 
     t0, cpu0 = time.time(), _cpu_seconds()
     out = Path(args.out).resolve()
@@ -372,8 +383,6 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(post)
             if not (post / "log_history.json").exists():
                 todo.append((seed, arm, post))
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
-
     def post_train(job: tuple[int, str, Path]) -> None:
         seed, arm, post = job
         print(f"[demo] 3/5 seed {seed}: post-training, {arm} arm ({args.post_steps} steps)", flush=True)
@@ -384,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             f"gap_eval.bench={data / 'bench'}", f"gap_eval.every_steps={args.eval_every}",
             f"train.max_steps={args.post_steps}", f"train.logging_steps={max(1, min(25, args.post_steps // 6))}",
             *([f"image_store={data / 'store_train'}"] if arm == "tokenswap" else []),
-        ], out / "logs" / f"post-{arm}-seed{seed}.log", threads=threads)
+        ], out / "logs" / f"post-{arm}-seed{seed}.log")
 
     from concurrent.futures import ThreadPoolExecutor
 
