@@ -116,7 +116,7 @@ def main(cfg: ImageSFTConfig) -> None:
     # ------------------------------------------------------------------ setup (process state before anything else)
     os.makedirs(cfg.run.output_dir, exist_ok=True)
     args = build_training_arguments(cfg.train, cfg.run)
-    check_inputs(cfg.model, packing=cfg.collator.packing, device="cpu" if args.use_cpu else None)
+    check_inputs(cfg.model, packing=cfg.collator.packing, device="cpu" if args.use_cpu else None, collator=cfg.collator)
     rank = int(os.environ.get("RANK", "0"))
     hold_output_dir(cfg.run.output_dir, args)  # one run per folder: a second one exits 1 naming the holder
     resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)

@@ -81,7 +81,7 @@ def main(cfg: PostTrainConfig) -> None:
     store_root = cfg.image_store if cfg.run.arm == "tokenswap" else None
     data_paths = {f"data.{k}": getattr(cfg.data, k) for k in ("llava_json", "llava_image_root", "swap_dataset")}
     check_inputs(cfg.model, packing=cfg.collator.packing, image_store=store_root, paths=data_paths,
-                 device="cpu" if args.use_cpu else None, collator=cfg.collator, args=args)
+                 device="cpu" if args.use_cpu else None, collator=cfg.collator, args=args, gap_eval=cfg.gap_eval)
     rank = int(os.environ.get("RANK", "0"))
     hold_output_dir(cfg.run.output_dir, args)  # one run per folder: a second one exits 1 naming the holder
     resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)

@@ -32,8 +32,9 @@ COMPLETE_MARKER = "tokenswap_complete.json"
 """Written into ``checkpoint-N`` after every rank finished saving it (see :class:`CheckpointCallback`)."""
 
 FAULT_PAUSE_ENV = "TOKENSWAP_FAULT_SAVE_PAUSE_S"
-"""Fault injection (benchmarks/faults.py, tests): seconds each save pauses after the Trainer wrote the checkpoint
-(``trainer_state.json`` included) and before tokenswap's state and marker, so a kill lands in that window."""
+"""Fault injection (benchmarks/faults.py, tests): ``S`` or ``S@STEP``, seconds each save (or only the save of
+step STEP) pauses after the Trainer wrote the checkpoint (``trainer_state.json`` included) and before tokenswap's
+state and marker, so a kill lands in that window. Unset in real runs."""
 
 
 def _atomic_json(path: str, data: dict) -> None:
@@ -473,7 +474,8 @@ class CheckpointCallback(TrainerCallback):
 
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         rank = int(os.environ.get("RANK", "0"))
-        pause = float(os.environ.get(FAULT_PAUSE_ENV) or 0)
+        seconds, _, at = (os.environ.get(FAULT_PAUSE_ENV) or "0").partition("@")
+        pause = float(seconds) if not at or int(at) == state.global_step else 0.0
         if pause > 0:  # fault injection: hold the window between the Trainer's files and tokenswap's record open
             print(f"[tokenswap] {FAULT_PAUSE_ENV}: {folder} has trainer_state.json, no tokenswap state yet: pausing "
                   f"{pause:g}s", flush=True)
