@@ -190,6 +190,9 @@ def test_secret_fields_are_masked_in_every_file_and_log_tokenswap_writes(post, t
     assert json.loads((out / "tokenswap_config.json").read_text())["train"]["hub_token"] == "<HUB_TOKEN>"
     # the offline W&B run (what `wandb sync` uploads) holds the run config, masked
     (run_file,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
+    deadline = time.monotonic() + 30
+    while b"<HUB_TOKEN>" not in run_file.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.5)  # W&B's service process writes the run file behind the run
     assert b"<HUB_TOKEN>" in run_file.read_bytes()
     # training_args.bin is the Trainer's pickle of its own arguments (hub pushes need the token): not ours to mask
     leaks = [str(p.relative_to(out)) for p in out.rglob("*")
