@@ -408,8 +408,13 @@ class CheckpointCallback(TrainerCallback):
     Register on every rank. ``on_save`` runs after the Trainer wrote the whole ``checkpoint-N`` (weights,
     optimizer, scheduler, RNG, trainer_state); each rank writes ``tokenswap_state.rank{r}.json`` (micro-batches
     consumed, collator log size and stats), all ranks meet at a barrier, and rank 0 writes
-    :data:`COMPLETE_MARKER`. :func:`resolve_checkpoint` only resumes from marked checkpoints. With a collator,
-    training starts by attaching it to the model (:meth:`ResumableCollator.attach`).
+    :data:`COMPLETE_MARKER` (after copying the run's ``tokenswap_config.json`` in, for the resume check).
+    :func:`resolve_checkpoint` only resumes from marked checkpoints. With a collator, training starts by attaching
+    it to the model (:meth:`ResumableCollator.attach`).
+
+    SIGTERM (a scheduler's notice before preemption) sets a flag; at the end of the step in flight the flag is
+    OR-ed over the ranks, and every rank saves a complete checkpoint of that step and stops, so :func:`train`
+    exits with :data:`PREEMPTED_EXIT`. The grace period needed is one step plus one save.
     """
 
     def __init__(self, collator: ResumableCollator | None = None, consumed: int = 0):
