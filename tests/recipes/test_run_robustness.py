@@ -278,3 +278,20 @@ def test_a_full_disk_during_a_save_names_the_disk_and_file_and_the_partial_check
         subprocess.run(["umount", str(disk)], check=False)
     run_main(post, moved, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest")
     assert logs(moved) == logs(reference)
+
+
+def test_with_save_total_limit_1_a_kill_in_the_save_window_keeps_the_last_complete_checkpoint(
+        post, tiny_qwen2vl, tiny_store, reference, tmp_path, capsys):
+    # The Trainer deletes old checkpoints at the end of its own save, before tokenswap's record: the rotation must
+    # wait for the record, or a kill in that window leaves nothing complete to resume from.
+    out = tmp_path / "run"
+    proc = launch(out, tiny_qwen2vl, tiny_store.root, "train.save_total_limit=1", env={FAULT_PAUSE_ENV: "120@4"})
+    wait_for_line(proc, "checkpoint-4 has trainer_state.json")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert (out / "checkpoint-2" / COMPLETE_MARKER).is_file()
+    run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest",
+             "train.save_total_limit=1")
+    assert f"weights loaded from {out / 'checkpoint-2'}" in capsys.readouterr().out
+    assert logs(out) == logs(reference)
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"]  # the limit still holds

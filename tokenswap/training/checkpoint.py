@@ -192,7 +192,7 @@ def train(trainer, resume: str | None) -> None:
                "optimizer.pt, scheduler.pt, rng_state.pth): this resume starts a fresh optimizer, restarts the "
                "learning-rate schedule and reseeds, so it will not equal an uninterrupted run. For exact resumes "
                "set train.save_only_model: false")
-    _report_failed_saves(trainer)
+    _guard_saves(trainer)
     with _renamed_key_warnings_dropped(trainer, resume):
         if resume is not None and trainer.args.max_steps > 0:
             from transformers import TrainerState
@@ -226,8 +226,9 @@ def _errno_of(e: BaseException) -> int | None:
     return None
 
 
-def _report_failed_saves(trainer) -> None:
-    """Make a failed checkpoint write say what failed: the folder, the file, the errno, the disk.
+def _guard_saves(trainer) -> None:
+    """Make a failed checkpoint write say what failed (the folder, the file, the errno, the disk), and rotate old
+    checkpoints only once the new one is complete.
 
     torch's zip writer reports a full disk as "unexpected pos 1164800 vs 1164692" and safetensors as a bare
     I/O error; neither names the file or the cause. ``Trainer._save_checkpoint`` (the one place a checkpoint is
@@ -237,6 +238,11 @@ def _report_failed_saves(trainer) -> None:
     save = trainer._save_checkpoint
 
     def _save_checkpoint(*args, **kwargs):
+        # The Trainer deletes checkpoints past save_total_limit at the end of its save, before tokenswap's record
+        # marks the new one complete: a kill in between (save_total_limit: 1) would leave nothing to resume from.
+        # The rotation waits for the record instead (CheckpointCallback.on_save).
+        limit = trainer.args.save_total_limit
+        trainer.args.save_total_limit = None
         try:
             return save(*args, **kwargs)
         except (OSError, RuntimeError) as e:
@@ -270,8 +276,13 @@ def _report_failed_saves(trainer) -> None:
                   f"record and is skipped on resume: {fix}, then relaunch with train.resume_from_checkpoint=latest",
                   file=sys.stderr, flush=True)
             raise SystemExit(1) from None
+        finally:
+            trainer.args.save_total_limit = limit
 
     trainer._save_checkpoint = _save_checkpoint
+    for cb in trainer.callback_handler.callbacks:
+        if isinstance(cb, CheckpointCallback):
+            cb.rotates = True
 
 
 class _DropMessages(logging.Filter):
@@ -425,6 +436,8 @@ class CheckpointCallback(TrainerCallback):
         self._previous_handler = None
         self.stopped_at: int | None = None
         """The step a SIGTERM stopped the run at (its checkpoint saved), None while not stopped."""
+        self.rotates = False
+        """Delete checkpoints past ``save_total_limit`` once a new one is complete (set by :func:`train`)."""
 
     @classmethod
     def resuming(cls, collator: ResumableCollator | None, checkpoint: str | None) -> CheckpointCallback:
@@ -503,3 +516,9 @@ class CheckpointCallback(TrainerCallback):
                 with open(run_config, "rb") as f:
                     atomic_write(Path(folder) / RUN_CONFIG, f.read())
             _atomic_json(os.path.join(folder, COMPLETE_MARKER), {"world_size": world, "global_step": state.global_step})
+            if self.rotates and args.should_save:
+                from transformers.trainer_utils import rotate_checkpoints
+
+                # Only now that this checkpoint is complete may older ones go (see train()).
+                rotate_checkpoints(output_dir=args.output_dir, save_total_limit=args.save_total_limit,
+                                   best_model_checkpoint=state.best_model_checkpoint, use_mtime=True)
