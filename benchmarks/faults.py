@@ -837,6 +837,27 @@ def section_concurrent(t: Tally, work: Path, model: Path, store: Path) -> None:
         problem = problem or _resume_to_end(out, model, store, ref)
         t.add("concurrent", f"second run with {name} while the first trains: exit 1 naming the holder; the first "
               "(killed, resumed) ends equal to an uninterrupted run", not problem, problem)
+    # A 2-rank launch refused: rank 0 holds the answer, every rank must exit (none left waiting at a collective).
+    out = work / "concurrent-2rank"
+    log = work / "concurrent-2rank-first.log"
+    first = _start(train_cmd(out, model, store), log, {PAUSE_ENV: "300@2"})
+    problem = ""
+    try:
+        if not _wait_text(first, log, PAUSE_LINE):
+            problem = f"the first run never reached checkpoint-2: {log.read_text()[-300:]}"
+        else:
+            t0 = time.monotonic()
+            second = run(_two_rank_cmd(out, model, store, _free_port()), 300)
+            named = f"(pid {first.pid} on host " in second.stderr
+            if second.returncode in (0, 124) or not named:
+                problem = f"2-rank launch rc={second.returncode}, holder named: {named}: {second.stderr[-300:]}"
+            elif time.monotonic() - t0 > 120:
+                problem = f"the refused ranks took {time.monotonic() - t0:.0f}s to exit"
+    finally:
+        _stop(first)
+    problem = problem or _resume_to_end(out, model, store, ref)
+    t.add("concurrent", "a 2-rank launch on a busy folder: every rank exits (rc 1) naming the holder, none hangs",
+          not problem, problem)
     # Both launched at the same moment: whichever locks first trains, the other is refused.
     out = work / "concurrent-race"
     logs = [work / f"concurrent-race-{i}.log" for i in range(2)]
@@ -878,9 +899,10 @@ def section_state_window(t: Tally, work: Path, model: Path, store: Path) -> None
     final = run(train_cmd(out, model, store, "train.resume_from_checkpoint=latest"), 600)
     if final.returncode != 0:
         problem = problem or f"final resume rc={final.returncode}: {final.stderr[-400:]}"
-    elif f"checkpoint-10 is incomplete (no {COMPLETE_MARKER}" not in final.stdout:
-        problem = problem or "the final resume did not say it skipped checkpoint-10"
-    problem = problem or compare_logs(out, ref)
+    else:
+        if f"checkpoint-10 is incomplete (no {COMPLETE_MARKER}" not in final.stdout:
+            problem = problem or "the final resume did not say it skipped checkpoint-10"
+        problem = "; ".join(filter(None, [problem, compare_logs(out, ref)]))  # what a silent resume lost, too
     for step, in_window, log in kills:
         why = problem if in_window else f"the kill missed the window: {log.read_text()[-300:]}"
         t.add("state_window", f"SIGKILL after checkpoint-{step}/trainer_state.json, before tokenswap's state: "
