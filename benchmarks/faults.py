@@ -1030,6 +1030,29 @@ def section_sigterm(t: Tally, work: Path, rng: random.Random, model: Path, store
                 problem = "rank 1's sample_ids differ from the uninterrupted 2-rank run"
     t.add("sigterm", "2 ranks, SIGTERM to rank 1 only: both stop after step 3 with one complete checkpoint; the "
           "2-rank resume equals an uninterrupted 2-rank run", not problem, problem)
+    # 4. SIGTERM to the launcher (what a scheduler signals): torch elastic forwards it to every rank and SIGKILLs
+    # them 30 s later, so the step end and the save must fit in that.
+    out = work / "sigterm-launcher"
+    log = work / "sigterm-launcher.log"
+    p = _start(_two_rank_cmd(out, model, store, _free_port()), log, {PAUSE_ENV: "4@2"})
+    problem = ""
+    if not _wait_text(p, log, f"checkpoint-2 {PAUSE_LINE}"):
+        problem = f"never reached checkpoint-2: {log.read_text()[-300:]}"
+    else:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=300)
+        done = sorted(int(d.name.split("-")[1]) for d in out.glob("checkpoint-*") if (d / COMPLETE_MARKER).is_file())
+        if p.returncode == 0 or done[-1:] != [3] or len(list((out / "checkpoint-3").glob("tokenswap_state.rank*"))) != 2:
+            problem = f"launcher rc={p.returncode}, complete checkpoints {done}: {log.read_text()[-400:]}"
+    _stop(p)
+    if not problem:
+        again = run(_two_rank_cmd(out, model, store, _free_port(), "train.resume_from_checkpoint=latest"), 900)
+        problem = (f"2-rank resume rc={again.returncode}: {again.stderr[-400:]}" if again.returncode
+                   else compare_logs(out, ref2))
+        if not problem and (out / "sample_ids.rank1.txt").read_text() != ref2_rank1:
+            problem = "rank 1's sample_ids differ from the uninterrupted 2-rank run"
+    t.add("sigterm", "2 ranks, SIGTERM to the launcher: both ranks save checkpoint-3 and stop; the 2-rank resume "
+          "equals an uninterrupted 2-rank run", not problem, problem)
 
 
 CHANGED_SETTINGS = {

@@ -295,3 +295,21 @@ def test_with_save_total_limit_1_a_kill_in_the_save_window_keeps_the_last_comple
     assert f"weights loaded from {out / 'checkpoint-2'}" in capsys.readouterr().out
     assert logs(out) == logs(reference)
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"]  # the limit still holds
+
+
+def test_sigterm_to_the_whole_job_with_dataloader_workers_still_saves_and_resumes_exactly(
+        post, tiny_qwen2vl, tiny_store, reference, tmp_path):
+    # Slurm signals every process of the job: the forked data-loader workers get SIGTERM too, and must keep serving
+    # batches until the trainer has finished its step and saved.
+    out = tmp_path / "run"
+    proc = launch(out, tiny_qwen2vl, tiny_store.root, "train.dataloader_num_workers=2", env={FAULT_PAUSE_ENV: "3@2"},
+                  start_new_session=True)
+    wait_for_line(proc, "checkpoint-2 has trainer_state.json")
+    os.killpg(proc.pid, signal.SIGTERM)
+    rest = proc.communicate(timeout=300)[0]
+    assert proc.returncode == PREEMPTED_EXIT, rest[-3000:]
+    assert rest.count("[tokenswap] SIGTERM: saving a checkpoint") == 1  # said by the trainer, not by each worker
+    assert (out / "checkpoint-3" / COMPLETE_MARKER).is_file()
+    run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest",
+             "train.dataloader_num_workers=2")
+    assert logs(out) == logs(reference)

@@ -350,8 +350,16 @@ class ResumableCollator:
         self.collator = collator
         self.log_ids_to = log_ids_to
         self.stats: Counter = Counter()
+        self._owner_pid = os.getpid()
 
     def __call__(self, examples):
+        if os.getpid() != self.__dict__.get("_owner_pid", os.getpid()) and "_sigterm_ignored" not in self.__dict__:
+            # In a data-loader worker. SIGTERM is the trainer's: it finishes its step, saves and stops
+            # (CheckpointCallback), and the loader then ends its workers. Slurm signals every process of a job, and
+            # a worker dying of it (torch's worker handler) fails the step the trainer is finishing.
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self._sigterm_ignored = True
         before = dict(self.collator.stats)
         out = self.collator(examples)
         # Keys first counted with 0 are kept: swap_stats.json lists them as a run without workers always did.
@@ -433,6 +441,7 @@ class CheckpointCallback(TrainerCallback):
         self.consumed = consumed
         self._hook = None
         self._sigterm_at: float | None = None
+        self._pid: int | None = None
         self._previous_handler = None
         self.stopped_at: int | None = None
         """The step a SIGTERM stopped the run at (its checkpoint saved), None while not stopped."""
@@ -460,6 +469,7 @@ class CheckpointCallback(TrainerCallback):
         if self.collator is not None and self._hook is None:
             self._hook = self.collator.attach(model)
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread only
+            self._pid = os.getpid()
             self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def on_train_end(self, args, state, control, **kwargs):
@@ -469,6 +479,10 @@ class CheckpointCallback(TrainerCallback):
 
     def _on_sigterm(self, signum, frame):
         # Only a flag: the step in flight finishes, then every rank saves and stops together (on_step_end).
+        # Forked data-loader workers inherit this handler: one signalled with its job (Slurm signals every process)
+        # ignores it and goes on serving batches, so the trainer can still finish its step and save.
+        if os.getpid() != self._pid:
+            return
         if self._sigterm_at is None:
             self._sigterm_at = time.monotonic()
             os.write(2, b"[tokenswap] SIGTERM: saving a checkpoint at the end of this step, then exiting\n")
