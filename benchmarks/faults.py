@@ -966,12 +966,15 @@ def section_sigterm(t: Tally, work: Path, rng: random.Random, model: Path, store
         resume = ["train.resume_from_checkpoint=latest"] if out.exists() else []
         log = work / f"sigterm-random-{attempt}.log"
         ids = out / "sample_ids.rank0.txt"
-        start = _file_state(ids)
+        # A random step of this attempt (counted in the id log, one line per trained batch), then a random moment
+        # within it: timing from the reference run instead misses a run that trains 16 steps in half a second.
+        lines = (ids.read_bytes().count(b"\n") if ids.exists() else 0) + rng.randint(1, 6)
         p = _start(train_cmd(out, model, store, *resume), log)
         deadline = time.monotonic() + 300
-        while p.poll() is None and time.monotonic() < deadline and _file_state(ids) == start:
-            time.sleep(0.005)
-        time.sleep(rng.uniform(0.5, 3.0) * step_s)
+        while p.poll() is None and time.monotonic() < deadline and (
+                not ids.exists() or ids.read_bytes().count(b"\n") < lines):
+            time.sleep(0.002)
+        time.sleep(rng.uniform(0.0, 1.0) * min(step_s, 0.05))
         if p.poll() is not None:
             t.note("sigterm", f"random SIGTERM {attempt}: the run finished before the signal")
             continue

@@ -154,14 +154,27 @@ def verify_checkpoint(path: str) -> None:
                             raise
                         torch.load(file, map_location="cpu", weights_only=True)  # a legacy (non-zip) torch.save
         except pickle.UnpicklingError as e:
-            first = str(e).split("Please file an issue")[0].split("\n\n")[0]
-            what = first.split("WeightsUnpickler error: ")[-1].strip()
-            _exit_2(f"{file} is not a safe checkpoint file: a weights-only load refused it ({what}), so it holds "
-                    f"more than tensors and was not loaded. It was not written by the Trainer as is (tampered, or "
-                    f"replaced): do not load it in any other way; {older}")
+            # torch's message opens with advice to retry with weights_only=False, which would run the payload:
+            # only the reason is kept.
+            reason = _unpickling_reason(str(e))
+            imports = re.search(r"GLOBAL ([\w.]+)", reason)
+            if imports:
+                _exit_2(f"{file} is not a safe checkpoint file: it asks to import {imports.group(1)}, which a "
+                        "checkpoint of tensors never does, and it was not loaded. The Trainer did not write it as "
+                        f"is (tampered or replaced): do not load it in any other way; {older}")
+            _exit_2(f"{file} is damaged (not a readable torch file: {reason}); the checkpoint cannot be resumed: "
+                    f"{older}")
         except (OSError, ValueError, RuntimeError, SafetensorError, EOFError) as e:
             detail = " ".join(str(e).split())[:300]
             _exit_2(f"{file} is damaged ({type(e).__name__}: {detail}); the checkpoint cannot be resumed: {older}")
+
+
+def _unpickling_reason(message: str) -> str:
+    """The reason in torch's weights-only refusal, without its advice paragraph or documentation link."""
+    lines = [line.strip() for line in message.splitlines()[1:] if line.strip()]
+    lines = [line.split("WeightsUnpickler error:")[-1].strip() for line in lines
+             if not line.startswith("Check the documentation")]
+    return " ".join(line for line in lines if line)[:300] or "refused by the weights-only unpickler"
 
 
 PREEMPTED_EXIT = 143
