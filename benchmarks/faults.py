@@ -45,6 +45,17 @@ uninterrupted run); otherwise it is *lost*, and the reason is printed. Sections:
   first checkpoint and resumed): losses, ``sample_ids.rank0.txt``, ``swap_stats.json`` and each checkpoint's
   collator state must equal the run with 0 workers.
 
+- ``same_folder``: a second training run on a busy ``run.output_dir`` (same config, another arm) and two launched
+  at once: the second exits 1 naming the holder and writes nothing; the first, SIGKILLed and resumed, ends equal
+  to an uninterrupted run.
+- ``state_window``: SIGKILLs held precisely between ``trainer_state.json`` and tokenswap's record
+  (``TOKENSWAP_FAULT_SAVE_PAUSE_S``): the cut checkpoint is skipped (said) and the run ends equal to the reference.
+- ``sigterm``: SIGTERM during a save, at random moments, and to rank 1 only of a 2-rank run: a complete checkpoint
+  at the next step end on every rank, exit 143, an exact resume.
+- ``resume_settings``: resumes with changed ``run.arm``, ``collator.swap_prob``, ``data.seed``,
+  ``collator.max_length``, ``collator.pack_budget``, batch size, learning rate: exit 2 naming each difference, the
+  folder untouched; a longer ``max_steps`` with 2 workers resumes exactly.
+
 The script checks the checkout it sits in (it puts that first on ``sys.path`` and on the subprocesses'
 ``PYTHONPATH``), not whatever ``tokenswap`` is installed.
 
@@ -153,6 +164,14 @@ OUTCOMES = {
     "training": "resume from the newest complete checkpoint; losses, sample_ids and swap_stats equal an uninterrupted run",
     "workers": "dataloader_num_workers=2, also stopped and resumed: losses, sample_ids, swap_stats and the checkpoints' "
     "collator state equal a run with 0 workers",
+    "same_folder": "the second run on a folder exits 1 naming the holder (PID, host, since) and writes nothing; a killed "
+    "holder releases it; the first run ends equal to an uninterrupted one",
+    "state_window": "a checkpoint killed after trainer_state.json, before tokenswap's record: skipped on resume (said); "
+    "losses, sample_ids and swap_stats equal an uninterrupted run",
+    "sigterm": "a complete checkpoint at the next step end (every rank the same step), exit 143; the resume equals an "
+    "uninterrupted run",
+    "resume_settings": "changed run.arm / swap_prob / data.seed / max_length / pack_budget / batch size / lr: exit 2 naming "
+    "each (was/now), folder untouched; max_steps and workers may change",
 }
 
 
@@ -166,7 +185,7 @@ def run(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
 def tree_digest(root: Path) -> str:
     h = hashlib.sha256()
     for p in sorted(root.rglob("*")):
-        if p.is_file() and not p.name.startswith(".build-lock-"):  # the lock file names its last holder
+        if p.is_file() and not p.name.startswith((".build-lock-", ".train-lock-")):  # a lock names its last holder
             h.update(str(p.relative_to(root)).encode())
             h.update(p.read_bytes())
     return h.hexdigest()
@@ -830,9 +849,9 @@ def _file_state(path: Path) -> tuple[int, int] | None:
 TRAIN_STEPS = 16  # save_steps=2: room for the 3 mid-save and 3 random kills before the run ends
 
 
-def train_cmd(out: Path, model: Path, store: Path, *extra: str) -> list[str]:
+def train_cmd(out: Path, model: Path, store: Path, *extra: str, steps: int = TRAIN_STEPS) -> list[str]:
     return [PY, "recipes/post_train.py", "--config", "tiny/post_tokenswap.yaml", f"run.output_dir={out}",
-            f"model.name_or_path={model}", f"image_store={store}", f"train.max_steps={TRAIN_STEPS}", "train.save_steps=2",
+            f"model.name_or_path={model}", f"image_store={store}", f"train.max_steps={steps}", "train.save_steps=2",
             *extra]
 
 
@@ -1006,6 +1025,332 @@ def section_workers(t: Tally, work: Path, model: Path, store: Path) -> None:
               f"checkpoint-2: {states[0][0]} vs {states[0][1]}"[:300])
 
 
+# ============================================================================ one folder, the save window, SIGTERM, changed settings
+
+PAUSE_ENV = "TOKENSWAP_FAULT_SAVE_PAUSE_S"  # tokenswap.training.checkpoint.FAULT_PAUSE_ENV
+PAUSE_LINE = "has trainer_state.json, no tokenswap state yet"
+
+
+def _train_reference(work: Path, model: Path, store: Path) -> dict:
+    """The uninterrupted 16-step run the training sections compare with (built once per workdir)."""
+    ref_out = work / "train-ref"
+    if not (ref_out / "log_history.json").exists():
+        proc = run(train_cmd(ref_out, model, store), 600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"reference training run failed: {proc.stderr[-2000:]}")
+    return run_logs(ref_out)
+
+
+def _start(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    with open(log, "w") as f:
+        return subprocess.Popen(cmd, cwd=REPO, env={**ENV, **(env or {})}, stdout=f, stderr=subprocess.STDOUT)
+
+
+def _wait_text(p: subprocess.Popen, log: Path, text: str, timeout: float = 300) -> bool:
+    """Wait until ``text`` is in ``log`` (True), or the process ended or the time ran out (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in log.read_text(errors="replace"):
+            return True
+        if p.poll() is not None:
+            return text in log.read_text(errors="replace")
+        time.sleep(0.05)
+    return False
+
+
+def _stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.kill()
+    p.wait()
+
+
+def _resume_to_end(out: Path, model: Path, store: Path, ref: dict) -> str:
+    """'' when resuming ``out`` with ``latest`` finishes and equals the reference run."""
+    proc = run(train_cmd(out, model, store, "train.resume_from_checkpoint=latest"), 600)
+    if proc.returncode != 0:
+        return f"resume rc={proc.returncode}: {proc.stderr[-400:]}"
+    return compare_logs(out, ref)
+
+
+def section_same_folder(t: Tally, work: Path, model: Path, store: Path) -> None:
+    """Two training runs on one run.output_dir: the second exits 1 naming the holder; nothing of the first is lost."""
+    ref = _train_reference(work, model, store)
+    for name, extra in (("the same config", []), ("another arm (run.arm=text)", ["run.arm=text"])):
+        out = work / f"concurrent-{len(extra)}"
+        log = work / f"concurrent-{len(extra)}-first.log"
+        first = _start(train_cmd(out, model, store), log, {PAUSE_ENV: "120@4"})  # held mid-run at checkpoint-4
+        problem = ""
+        try:
+            if not _wait_text(first, log, PAUSE_LINE):
+                problem = f"the first run never reached checkpoint-4: {log.read_text()[-300:]}"
+            else:
+                ids = (out / "sample_ids.rank0.txt").read_bytes()
+                second = run(train_cmd(out, model, store, *extra), 300)
+                named = f"(pid {first.pid} on host " in second.stderr and str(out) in second.stderr
+                if second.returncode != 1 or not named:
+                    problem = f"second run rc={second.returncode}, holder named: {named}: {second.stderr[-300:]}"
+                elif (out / "sample_ids.rank0.txt").read_bytes() != ids:
+                    problem = "the refused run wrote into the first run's sample_ids.rank0.txt"
+                elif json.loads((out / "tokenswap_config.json").read_text())["run"]["arm"] != "tokenswap":
+                    problem = "the refused run rewrote tokenswap_config.json"
+        finally:
+            _stop(first)  # SIGKILL: the lock must not outlive it
+        problem = problem or _resume_to_end(out, model, store, ref)
+        t.add("same_folder", f"second run with {name} while the first trains: exit 1 naming the holder; the first "
+              "(killed, resumed) ends equal to an uninterrupted run", not problem, problem)
+    # A 2-rank launch refused: rank 0 holds the answer, every rank must exit (none left waiting at a collective).
+    out = work / "concurrent-2rank"
+    log = work / "concurrent-2rank-first.log"
+    first = _start(train_cmd(out, model, store), log, {PAUSE_ENV: "300@2"})
+    problem = ""
+    try:
+        if not _wait_text(first, log, PAUSE_LINE):
+            problem = f"the first run never reached checkpoint-2: {log.read_text()[-300:]}"
+        else:
+            t0 = time.monotonic()
+            second = run(_two_rank_cmd(out, model, store, _free_port()), 300)
+            named = f"(pid {first.pid} on host " in second.stderr
+            if second.returncode in (0, 124) or not named:
+                problem = f"2-rank launch rc={second.returncode}, holder named: {named}: {second.stderr[-300:]}"
+            elif time.monotonic() - t0 > 120:
+                problem = f"the refused ranks took {time.monotonic() - t0:.0f}s to exit"
+    finally:
+        _stop(first)
+    problem = problem or _resume_to_end(out, model, store, ref)
+    t.add("same_folder", "a 2-rank launch on a busy folder: every rank exits (rc 1) naming the holder, none hangs",
+          not problem, problem)
+    # Both launched at the same moment: whichever locks first trains, the other is refused.
+    out = work / "concurrent-race"
+    logs = [work / f"concurrent-race-{i}.log" for i in range(2)]
+    procs = [_start(train_cmd(out, model, store), logs[i], {PAUSE_ENV: "8@2"}) for i in range(2)]
+    for p in procs:
+        p.wait(timeout=600)
+    codes = sorted(p.returncode for p in procs)
+    refused = [i for i, p in enumerate(procs) if p.returncode == 1]
+    problem = "" if codes == [0, 1] else f"exit codes {codes}: {[x.read_text()[-300:] for x in logs]}"
+    if not problem:
+        holder = procs[1 - refused[0]].pid
+        if f"(pid {holder} on host " not in logs[refused[0]].read_text():
+            problem = f"the refused run does not name pid {holder}: {logs[refused[0]].read_text()[-300:]}"
+    problem = problem or compare_logs(out, ref)
+    t.add("same_folder", "two identical runs launched together: one trains (equal to an uninterrupted run), the "
+          "other exits 1 naming it", not problem, problem)
+
+
+def section_state_window(t: Tally, work: Path, model: Path, store: Path) -> None:
+    """SIGKILL after the Trainer wrote checkpoint-N (trainer_state.json included), before tokenswap's record."""
+    from tokenswap.training import COMPLETE_MARKER
+
+    ref = _train_reference(work, model, store)
+    out = work / "state-window"
+    kills = []
+    problem = ""
+    for step in (2, 6, 10):
+        resume = ["train.resume_from_checkpoint=latest"] if out.exists() else []
+        log = work / f"state-window-{step}.log"
+        p = _start(train_cmd(out, model, store, *resume), log, {PAUSE_ENV: f"120@{step}"})
+        hit = _wait_text(p, log, f"checkpoint-{step} {PAUSE_LINE}")
+        _stop(p)
+        cut = out / f"checkpoint-{step}"
+        in_window = (hit and (cut / "trainer_state.json").is_file() and not (cut / COMPLETE_MARKER).exists()
+                     and not (cut / "tokenswap_state.rank0.json").exists())
+        kills.append((step, in_window, log))
+        if resume and f"checkpoint-{step - 4} is incomplete (no {COMPLETE_MARKER}" not in log.read_text():
+            problem = problem or f"the resume before the kill at {step} did not say it skipped checkpoint-{step - 4}"
+    final = run(train_cmd(out, model, store, "train.resume_from_checkpoint=latest"), 600)
+    if final.returncode != 0:
+        problem = problem or f"final resume rc={final.returncode}: {final.stderr[-400:]}"
+    else:
+        if f"checkpoint-10 is incomplete (no {COMPLETE_MARKER}" not in final.stdout:
+            problem = problem or "the final resume did not say it skipped checkpoint-10"
+        problem = "; ".join(filter(None, [problem, compare_logs(out, ref)]))  # what a silent resume lost, too
+    for step, in_window, log in kills:
+        why = problem if in_window else f"the kill missed the window: {log.read_text()[-300:]}"
+        t.add("state_window", f"SIGKILL after checkpoint-{step}/trainer_state.json, before tokenswap's state: "
+              "skipped on resume (said), the run ends equal to an uninterrupted one", in_window and not problem, why)
+
+
+def _pid_with(tag: str, rank: int) -> int | None:
+    """The process whose environment holds ``FAULTS_TAG=tag`` and ``RANK=rank`` (a launcher's worker)."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = (d / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"FAULTS_TAG={tag}".encode() in env and f"RANK={rank}".encode() in env:
+            return int(d.name)
+    return None
+
+
+def _two_rank_cmd(out: Path, model: Path, store: Path, port: int, *extra: str) -> list[str]:
+    return [PY, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "configs/accelerate/cpu_2proc.yaml"),
+            "--main_process_port", str(port), *train_cmd(out, model, store, *extra, steps=6)[1:]]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def section_sigterm(t: Tally, work: Path, rng: random.Random, model: Path, store: Path) -> None:
+    """SIGTERM (a scheduler's preemption notice): a complete checkpoint at the next step end, exit 143, exact resume."""
+    from tokenswap.training import COMPLETE_MARKER, PREEMPTED_EXIT
+
+    ref = _train_reference(work, model, store)
+    history = json.loads((work / "train-ref" / "log_history.json").read_text())
+    step_s = max(h["train_runtime"] for h in history if "train_runtime" in h) / TRAIN_STEPS
+    # 1. during a save (held open 2 s): the run stops at the end of the next step
+    out = work / "sigterm-save"
+    log = work / "sigterm-save.log"
+    p = _start(train_cmd(out, model, store), log, {PAUSE_ENV: "2@4"})
+    problem = "" if _wait_text(p, log, f"checkpoint-4 {PAUSE_LINE}") else f"never reached checkpoint-4: {log.read_text()[-300:]}"
+    if not problem:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=300)
+        if p.returncode != PREEMPTED_EXIT or not (out / "checkpoint-5" / COMPLETE_MARKER).is_file():
+            problem = f"rc={p.returncode} (want {PREEMPTED_EXIT}), checkpoint-5 complete: " \
+                      f"{(out / 'checkpoint-5' / COMPLETE_MARKER).is_file()}: {log.read_text()[-300:]}"
+    _stop(p)
+    problem = problem or _resume_to_end(out, model, store, ref)
+    t.add("sigterm", "SIGTERM during the save of checkpoint-4: checkpoint-5 complete, exit 143, resume equals an "
+          "uninterrupted run", not problem, problem)
+    # 2. at random moments in training, twice in one run
+    out = work / "sigterm-random"
+    stops = []
+    problem = ""
+    for attempt in range(2):
+        resume = ["train.resume_from_checkpoint=latest"] if out.exists() else []
+        log = work / f"sigterm-random-{attempt}.log"
+        ids = out / "sample_ids.rank0.txt"
+        # A random step of this attempt (counted in the id log, one line per trained batch), then a random moment
+        # within it: timing from the reference run instead misses a run that trains 16 steps in half a second.
+        lines = (ids.read_bytes().count(b"\n") if ids.exists() else 0) + rng.randint(1, 6)
+        p = _start(train_cmd(out, model, store, *resume), log)
+        deadline = time.monotonic() + 300
+        while p.poll() is None and time.monotonic() < deadline and (
+                not ids.exists() or ids.read_bytes().count(b"\n") < lines):
+            time.sleep(0.002)
+        time.sleep(rng.uniform(0.0, 1.0) * min(step_s, 0.05))
+        if p.poll() is not None:
+            t.note("sigterm", f"random SIGTERM {attempt}: the run finished before the signal")
+            continue
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=300)
+        text = log.read_text()
+        stopped = [ln for ln in text.splitlines() if "stopped by SIGTERM after step" in ln]
+        if p.returncode != PREEMPTED_EXIT or not stopped:
+            problem = problem or f"rc={p.returncode} (want {PREEMPTED_EXIT}): {text[-300:]}"
+        else:
+            step = int(stopped[0].split("after step ")[1].split(":")[0])
+            if not (out / f"checkpoint-{step}" / COMPLETE_MARKER).is_file():
+                problem = problem or f"checkpoint-{step} is not complete after the SIGTERM stop"
+            stops.append(step)
+    problem = problem or _resume_to_end(out, model, store, ref)
+    for step in stops:
+        t.add("sigterm", f"SIGTERM at a random moment (stopped after step {step}): exit 143, resume equals an "
+              "uninterrupted run", not problem, problem)
+    if not stops:
+        t.add("sigterm", "SIGTERM at a random moment", False, problem or "every run finished before the signal")
+    # 3. two ranks, the signal reaches rank 1 only: both stop after the same step, one complete checkpoint
+    ref2_out = work / "sigterm-2rank-ref"
+    proc = run(_two_rank_cmd(ref2_out, model, store, _free_port()), 900)
+    if proc.returncode != 0:
+        t.add("sigterm", "2 ranks: reference run", False, f"rc={proc.returncode}: {proc.stderr[-400:]}")
+        return
+    ref2 = run_logs(ref2_out)
+    ref2_rank1 = (ref2_out / "sample_ids.rank1.txt").read_text()
+    out = work / "sigterm-2rank"
+    log = work / "sigterm-2rank.log"
+    tag = f"sigterm-{os.getpid()}"
+    p = _start(_two_rank_cmd(out, model, store, _free_port()), log, {PAUSE_ENV: "4@2", "FAULTS_TAG": tag})
+    problem = ""
+    if not _wait_text(p, log, f"checkpoint-2 {PAUSE_LINE}"):
+        problem = f"never reached checkpoint-2: {log.read_text()[-300:]}"
+    else:
+        pid = _pid_with(tag, 1)
+        if pid is None:
+            problem = "rank 1's process not found"
+        else:
+            os.kill(pid, signal.SIGTERM)
+            p.wait(timeout=300)
+            states = sorted(x.name for x in (out / "checkpoint-3").glob("tokenswap_state.rank*.json"))
+            if p.returncode == 0 or not (out / "checkpoint-3" / COMPLETE_MARKER).is_file() or len(states) != 2:
+                problem = f"launcher rc={p.returncode}, checkpoint-3 marker/states: {states}: {log.read_text()[-400:]}"
+            elif (out / "checkpoint-4").exists():
+                problem = "a rank went on past the stop step"
+    _stop(p)
+    if not problem:
+        again = run(_two_rank_cmd(out, model, store, _free_port(), "train.resume_from_checkpoint=latest"), 900)
+        if again.returncode != 0:
+            problem = f"2-rank resume rc={again.returncode}: {again.stderr[-400:]}"
+        else:
+            problem = compare_logs(out, ref2)
+            if not problem and (out / "sample_ids.rank1.txt").read_text() != ref2_rank1:
+                problem = "rank 1's sample_ids differ from the uninterrupted 2-rank run"
+    t.add("sigterm", "2 ranks, SIGTERM to rank 1 only: both stop after step 3 with one complete checkpoint; the "
+          "2-rank resume equals an uninterrupted 2-rank run", not problem, problem)
+    # 4. SIGTERM to the launcher (what a scheduler signals): torch elastic forwards it to every rank and SIGKILLs
+    # them 30 s later, so the step end and the save must fit in that.
+    out = work / "sigterm-launcher"
+    log = work / "sigterm-launcher.log"
+    p = _start(_two_rank_cmd(out, model, store, _free_port()), log, {PAUSE_ENV: "4@2"})
+    problem = ""
+    if not _wait_text(p, log, f"checkpoint-2 {PAUSE_LINE}"):
+        problem = f"never reached checkpoint-2: {log.read_text()[-300:]}"
+    else:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=300)
+        done = sorted(int(d.name.split("-")[1]) for d in out.glob("checkpoint-*") if (d / COMPLETE_MARKER).is_file())
+        if p.returncode == 0 or done[-1:] != [3] or len(list((out / "checkpoint-3").glob("tokenswap_state.rank*"))) != 2:
+            problem = f"launcher rc={p.returncode}, complete checkpoints {done}: {log.read_text()[-400:]}"
+    _stop(p)
+    if not problem:
+        again = run(_two_rank_cmd(out, model, store, _free_port(), "train.resume_from_checkpoint=latest"), 900)
+        problem = (f"2-rank resume rc={again.returncode}: {again.stderr[-400:]}" if again.returncode
+                   else compare_logs(out, ref2))
+        if not problem and (out / "sample_ids.rank1.txt").read_text() != ref2_rank1:
+            problem = "rank 1's sample_ids differ from the uninterrupted 2-rank run"
+    t.add("sigterm", "2 ranks, SIGTERM to the launcher: both ranks save checkpoint-3 and stop; the 2-rank resume "
+          "equals an uninterrupted 2-rank run", not problem, problem)
+
+
+CHANGED_SETTINGS = {
+    "run.arm=text": "run.arm: was 'tokenswap', now 'text'",
+    "collator.swap_prob=0.5": "collator.swap_prob: was 1.0, now 0.5",
+    "data.seed=1": "data.seed: was 0, now 1",
+    "collator.max_length=256": "collator.max_length: was 512, now 256",
+    "collator.pack_budget=8192": "collator.pack_budget: was 16384, now 8192",
+    "train.per_device_train_batch_size=2": "train.per_device_train_batch_size: was 4, now 2",
+    "train.learning_rate=0.01": "train.learning_rate: was 0.001, now 0.01",
+}
+
+
+def section_resume_settings(t: Tally, work: Path, model: Path, store: Path) -> None:
+    """A resume with settings that change the sample stream or bookkeeping: exit 2 naming each, folder untouched."""
+    ref = _train_reference(work, model, store)
+    out = work / "resume-settings"
+    proc = run(train_cmd(out, model, store, steps=4), 600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"first part failed: {proc.stderr[-1000:]}")
+    before = tree_digest(out)
+    for override, difference in CHANGED_SETTINGS.items():
+        proc = run(train_cmd(out, model, store, "train.resume_from_checkpoint=latest", override), 300)
+        ok = proc.returncode == 2 and difference in proc.stderr and tree_digest(out) == before
+        t.add("resume_settings", f"resume with {override}: exit 2 naming it (was/now), folder untouched", ok,
+              f"rc={proc.returncode}, folder unchanged: {tree_digest(out) == before}: {proc.stderr[-300:]}")
+    # what may change does: the run extended to 16 steps, other logging, 2 workers
+    proc = run(train_cmd(out, model, store, "train.resume_from_checkpoint=latest", "train.logging_steps=1",
+                         "train.dataloader_num_workers=2"), 600)
+    problem = f"rc={proc.returncode}: {proc.stderr[-300:]}" if proc.returncode else compare_logs(out, ref)
+    t.add("resume_settings", "resume with max_steps 4 -> 16 and 2 dataloader workers (allowed): equals an "
+          "uninterrupted run", not problem, problem)
+
+
 # ============================================================================ malformed rows in a store build
 
 
@@ -1059,7 +1404,7 @@ def section_malformed(t: Tally, work: Path) -> None:
 
 
 SECTIONS = ("store", "store_images", "native_images", "shard_rewrite", "data", "malformed", "llm", "concurrency",
-            "training", "workers")
+            "training", "workers", "same_folder", "state_window", "sigterm", "resume_settings")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1083,7 +1428,8 @@ def main(argv: list[str] | None = None) -> int:
     tally = Tally()
     t0 = time.monotonic()
     model = store = None
-    if {"native_images", "shard_rewrite", "training", "workers"} & set(sections):
+    if {"native_images", "shard_rewrite", "training", "workers", "same_folder", "state_window", "sigterm",
+            "resume_settings"} & set(sections):
         from tokenswap.testing import build_tiny_qwen2vl, build_tiny_store
 
         with contextlib_quiet():
@@ -1100,6 +1446,10 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": lambda: section_concurrency(tally, work, rng, args.concurrency_kills),
         "training": lambda: section_training(tally, work, rng, model, store, args.train_kills),
         "workers": lambda: section_workers(tally, work, model, store),
+        "same_folder": lambda: section_same_folder(tally, work, model, store),
+        "state_window": lambda: section_state_window(tally, work, model, store),
+        "sigterm": lambda: section_sigterm(tally, work, rng, model, store),
+        "resume_settings": lambda: section_resume_settings(tally, work, model, store),
     }
     timings = {}
     for name in sections:

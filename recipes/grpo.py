@@ -39,6 +39,7 @@ from tokenswap.training.checkpoint import CheckpointCallback, resolve_checkpoint
 from tokenswap.training.config import ModelConfig, RunConfig, WandbConfig
 from tokenswap.training.distributed import close_process_group, end_script, print0
 from tokenswap.training.model import check_inputs, load_model_and_processor, peft_lora_config
+from tokenswap.training.run_folder import check_resume_settings, hold_output_dir, write_run_config
 from tokenswap.training.tracking import finish_wandb, init_wandb
 from tokenswap.training.trainer_args import TRAIN_DEFAULTS, TRAINER_OWNED, build_training_arguments, trainer_section
 
@@ -106,10 +107,10 @@ def main(cfg: GRPORecipeConfig) -> None:
         reward_weights=[1.0, cfg.reward.format_weight] if cfg.reward.format_weight > 0 else None,
     )
     check_inputs(cfg.model, device="cpu" if args.use_cpu else None)
-    rank = int(os.environ.get("RANK", "0"))
-    if rank == 0:
-        with open(os.path.join(cfg.run.output_dir, "tokenswap_config.json"), "w") as f:
-            json.dump(config_to_dict(cfg), f, indent=2)
+    hold_output_dir(cfg.run.output_dir, args)  # one run per folder: a second one exits 1 naming the holder
+    resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
+    check_resume_settings(config_to_dict(cfg), resume)  # changed settings: exit 2, each difference named
+    write_run_config(cfg.run.output_dir, config_to_dict(cfg))
     init_wandb(cfg.wandb, cfg.run, stage="grpo", config=config_to_dict(cfg), report_to=args.report_to)
 
     # ------------------------------------------------------------------ data, rewards
@@ -143,7 +144,6 @@ def main(cfg: GRPORecipeConfig) -> None:
         processing_class=processor,
         peft_config=peft_config,
     )
-    resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
     trainer.add_callback(CheckpointCallback.resuming(None, resume))
     train(trainer, resume)
 

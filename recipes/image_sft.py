@@ -46,6 +46,7 @@ from tokenswap.training.checkpoint import CheckpointCallback, ResumableCollator,
 from tokenswap.training.config import CollatorConfig, ModelConfig, RunConfig, WandbConfig
 from tokenswap.training.distributed import close_process_group, end_script, print0
 from tokenswap.training.model import check_inputs, load_model_and_processor
+from tokenswap.training.run_folder import check_resume_settings, hold_output_dir, write_run_config
 from tokenswap.training.tracking import finish_wandb, init_wandb
 from tokenswap.training.trainer_args import TrainConfig, build_training_arguments
 
@@ -115,11 +116,12 @@ def main(cfg: ImageSFTConfig) -> None:
     # ------------------------------------------------------------------ setup (process state before anything else)
     os.makedirs(cfg.run.output_dir, exist_ok=True)
     args = build_training_arguments(cfg.train, cfg.run)
-    check_inputs(cfg.model, packing=cfg.collator.packing, device="cpu" if args.use_cpu else None)
+    check_inputs(cfg.model, packing=cfg.collator.packing, device="cpu" if args.use_cpu else None, collator=cfg.collator)
     rank = int(os.environ.get("RANK", "0"))
-    if rank == 0:
-        with open(os.path.join(cfg.run.output_dir, "tokenswap_config.json"), "w") as f:
-            json.dump(config_to_dict(cfg), f, indent=2)
+    hold_output_dir(cfg.run.output_dir, args)  # one run per folder: a second one exits 1 naming the holder
+    resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
+    check_resume_settings(config_to_dict(cfg), resume)  # changed settings: exit 2, each difference named
+    write_run_config(cfg.run.output_dir, config_to_dict(cfg))
     init_wandb(cfg.wandb, cfg.run, stage="image_sft", config=config_to_dict(cfg), report_to=args.report_to)
 
     # ------------------------------------------------------------------ data, collator
@@ -133,7 +135,6 @@ def main(cfg: ImageSFTConfig) -> None:
     print0(f"[image_sft] {cfg.run.pair}: {len(train_dataset)} puzzles ({cfg.data.style} style)")
 
     # ------------------------------------------------------------------ model (after TrainingArguments: ZeRO-3 init)
-    resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
     model, processor = load_model_and_processor(cfg.model, resume_from=resume, seed=cfg.run.seed)
     if cfg.collator.packing:
         use_packed_attention(model, cfg.model.attn_implementation, device="cpu" if args.use_cpu else None)

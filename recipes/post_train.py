@@ -37,6 +37,7 @@ from tokenswap.training.checkpoint import CheckpointCallback, ResumableCollator,
 from tokenswap.training.config import CollatorConfig, DataConfig, GapEvalConfig, ModelConfig, RunConfig, WandbConfig
 from tokenswap.training.distributed import close_process_group, end_script, print0
 from tokenswap.training.model import check_inputs, load_model_and_processor
+from tokenswap.training.run_folder import check_resume_settings, hold_output_dir, write_run_config
 from tokenswap.training.tracking import finish_wandb, init_wandb
 from tokenswap.training.trainer_args import PairedTrainConfig, build_training_arguments
 
@@ -80,11 +81,12 @@ def main(cfg: PostTrainConfig) -> None:
     store_root = cfg.image_store if cfg.run.arm == "tokenswap" else None
     data_paths = {f"data.{k}": getattr(cfg.data, k) for k in ("llava_json", "llava_image_root", "swap_dataset")}
     check_inputs(cfg.model, packing=cfg.collator.packing, image_store=store_root, paths=data_paths,
-                 device="cpu" if args.use_cpu else None, collator=cfg.collator, args=args)
+                 device="cpu" if args.use_cpu else None, collator=cfg.collator, args=args, gap_eval=cfg.gap_eval)
     rank = int(os.environ.get("RANK", "0"))
-    if rank == 0:
-        with open(os.path.join(cfg.run.output_dir, "tokenswap_config.json"), "w") as f:
-            json.dump(config_to_dict(cfg), f, indent=2)
+    hold_output_dir(cfg.run.output_dir, args)  # one run per folder: a second one exits 1 naming the holder
+    resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
+    check_resume_settings(config_to_dict(cfg), resume)  # changed settings: exit 2, each difference named
+    write_run_config(cfg.run.output_dir, config_to_dict(cfg))
     init_wandb(cfg.wandb, cfg.run, stage="post_train", config=config_to_dict(cfg), report_to=args.report_to)
 
     # ------------------------------------------------------------------ data, image store, collator
@@ -98,7 +100,6 @@ def main(cfg: PostTrainConfig) -> None:
     print0(f"[post_train] {cfg.run.pair}-{cfg.run.arm}: {len(train_dataset)} samples")
 
     # ------------------------------------------------------------------ model (after TrainingArguments: ZeRO-3 init)
-    resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
     model, processor = load_model_and_processor(cfg.model, resume_from=resume, seed=cfg.run.seed)
     if cfg.collator.packing:
         use_packed_attention(model, cfg.model.attn_implementation, device="cpu" if args.use_cpu else None)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import unicodedata
 import warnings
 from collections import Counter
 from collections.abc import Sequence
@@ -38,9 +39,32 @@ from tokenswap.store.image_store import ImageMismatchError, ImageStore
 from tokenswap.store.prepare import PreparedImageError, load_prepared, prepared_pixels, prepared_shape
 from tokenswap.swap import SwapPolicy
 
-__all__ = ["IMAGE_MARKER", "TokenSwapCollator"]
+__all__ = ["IMAGE_MARKER", "TokenSwapCollator", "encode_sample_id", "read_sample_ids"]
 
 logger = logging.getLogger(__name__)
+
+def _needs_escape(c: str) -> bool:
+    return c == "%" or c.isspace() or unicodedata.category(c)[0] == "C"
+
+
+def encode_sample_id(sample_id: object) -> str:
+    """A sample id as one token of a ``sample_ids.rank*.txt`` line: ``%``, whitespace (newlines, U+2028, ...)
+    and control characters percent-encoded as UTF-8 bytes, so no id can split a line, forge one, or merge with
+    its neighbour. Ordinary ids are written as they are; :func:`read_sample_ids` decodes."""
+    text = str(sample_id)
+    if not any(_needs_escape(c) for c in text):
+        return text
+    return "".join("".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass")) if _needs_escape(c) else c
+                   for c in text)
+
+
+def read_sample_ids(path: str | os.PathLike) -> list[list[str]]:
+    """The batches of a ``sample_ids.rank*.txt`` log (one list of ids per line), ids decoded."""
+    from urllib.parse import unquote
+
+    text = Path(path).read_text(encoding="utf-8")
+    return [[unquote(i, errors="surrogatepass") for i in line.split(" ")] for line in text.split("\n") if line]
+
 
 IMAGE_MARKER = "<image>"
 """Marks a native image (LLaVA data) inside message text; filled from the example's ``images`` in order."""
@@ -533,7 +557,7 @@ class TokenSwapCollator:
             except _SampleRefused:  # counted and warned in _plan
                 plans.append(None)
         if self.pack_budget is None:  # packed: one line per pack, below
-            self._log_ids([" ".join(str(ex["id"]) for ex in examples)])
+            self._log_ids([" ".join(encode_sample_id(ex["id"]) for ex in examples)])
         flat = [ref for plan in plans if plan is not None for s in plan[1] for (_, _, ref) in s]
         pixels = self._pixels(flat)
 
@@ -737,7 +761,7 @@ class TokenSwapCollator:
             budget=self.pack_budget, rope_index=self._rope_index, pad_id=self._pad_id,
             image_pad_id=self._image_pad, dummy=d,
         )
-        self._log_ids([" ".join(str(ids[i]) for i in row) for row in plan])
+        self._log_ids([" ".join(encode_sample_id(ids[i]) for i in row) for row in plan])
         images = [im for imgs in rows_images for im in imgs]
         self._count_tokens(rows_ids, images, out["input_ids"].numel())
         self.stats["packed_rows"] += len(plan)

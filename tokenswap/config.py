@@ -16,6 +16,7 @@ import enum
 import inspect
 import math
 import os
+import re
 import sys
 import textwrap
 import types
@@ -383,9 +384,32 @@ def _read_yaml(path: Path) -> dict:
     return loaded
 
 
+_SECRET_NAME = re.compile(r"(^|_)(token|api_?key|secret|password|passwd|credentials?|auth)$", re.IGNORECASE)
+"""Field names whose values are credentials (``hub_token``, ``api_key``, ``*_secret``, ...), judged by name alone
+so that a secret field a new transformers/TRL release adds is masked the day it appears."""
+
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+
+
+def mask_secrets(value: Any, name: str = "") -> Any:
+    """``value`` with every credential masked, recursively: a field named like a secret (:data:`_SECRET_NAME`)
+    becomes ``<NAME>`` as transformers prints ``hub_token`` (``<HUB_TOKEN>``), and ``user:password@`` in a URL
+    becomes ``<CREDENTIALS>@``. Unset secrets (None, "") stay as they are: they say nothing."""
+    if isinstance(value, dict):
+        return {k: mask_secrets(v, str(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(mask_secrets(v, name) for v in value)
+    if _SECRET_NAME.search(name) and value not in (None, ""):
+        return f"<{name.upper()}>"
+    if isinstance(value, str):
+        return _URL_USERINFO.sub(r"\g<scheme><CREDENTIALS>@", value)
+    return value
+
+
 def config_to_dict(cfg: Any) -> dict:
-    """Plain nested dict (for W&B config and saving next to checkpoints)."""
-    return dataclasses.asdict(cfg)
+    """Plain nested dict, credentials masked (:func:`mask_secrets`): what tokenswap writes anywhere (the run's
+    ``tokenswap_config.json``, the W&B run config, logs). The typed config itself keeps the real values."""
+    return mask_secrets(dataclasses.asdict(cfg))
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -96,3 +96,37 @@ def test_resampling_swaps_each_epoch_with_persistent_workers_is_a_config_error(p
         post.main(cfg)
     err = capsys.readouterr().err
     assert e.value.code == 2 and "train.dataloader_persistent_workers: false" in err
+
+
+def _empty_bench(root):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("subject", pa.string()), ("question", pa.string()), ("choices", pa.list_(pa.string())),
+                        ("answer", pa.int64())])
+    for config in ("text", "img"):
+        (root / config).mkdir(parents=True)
+        pq.write_table(schema.empty_table(), root / config / "test-00000-of-00001.parquet")
+    return root
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (lambda t: [f"gap_eval.bench={t / 'no-bench'}"], "`gap_eval.bench` '{t}/no-bench' is not a folder"),
+        (lambda t: [f"gap_eval.bench={_empty_bench(t / 'bench')}"], "`gap_eval.bench` {t}/bench: text/test has no rows"),
+        (lambda t: ["collator.packing=true", "collator.pack_budget=40", "model.attn_implementation=sdpa"],
+         "`collator.pack_budget` 40 is smaller than one image block: model.max_pixels=50176 makes blocks of up to "
+         "66 tokens"),
+        (lambda t: [f"collator.prepared={t / 'no-prepared'}"], "`collator.prepared` '{t}/no-prepared' is not a folder"),
+    ],
+    ids=["bench-missing", "bench-empty", "pack-budget-below-one-image", "prepared-missing"],
+)
+def test_late_failures_are_config_errors_before_data_and_model(post, tiny_qwen2vl, tmp_path, capsys, extra, message):
+    # Each used to surface after the data and the model loaded (the data files here do not even exist), or not at all.
+    cfg = parse_config(post.PostTrainConfig, [*argv(tmp_path, tiny_qwen2vl), *extra(tmp_path)])
+    with pytest.raises(SystemExit) as e:
+        post.main(cfg)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message.format(t=tmp_path) in err, err
+    assert "Traceback" not in err

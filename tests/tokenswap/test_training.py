@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -243,7 +245,9 @@ def _checkpoint(root: Path, step: int, *, marker: bool, state: bool = True, weig
     if state:
         (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     if weights:
-        (path / "model.safetensors").write_bytes(b"x")
+        from safetensors.torch import save_file
+
+        save_file({"w": torch.zeros(2)}, str(path / "model.safetensors"))
     if marker:
         (path / "tokenswap_state.rank0.json").write_text("{}")
         (path / COMPLETE_MARKER).write_text(json.dumps({"world_size": 1, "global_step": step}))
@@ -262,14 +266,124 @@ def test_latest_skips_checkpoints_killed_while_saving(tmp_path):
     assert resolve_checkpoint(str(tmp_path), "latest") == str(two)
 
 
-def test_latest_accepts_checkpoints_from_before_markers_and_none_is_none(tmp_path):
+def test_latest_skips_checkpoints_without_tokenswaps_record_saying_so_and_none_is_none(tmp_path, capsys):
     assert resolve_checkpoint(str(tmp_path / "absent"), "latest") is None
     assert resolve_checkpoint(str(tmp_path), "latest") is None
-    legacy = _checkpoint(tmp_path, 3, marker=False)
+    done = _checkpoint(tmp_path, 2, marker=True)
+    # trainer_state.json and weights, but no tokenswap record: killed between the two, or another tool's folder
+    cut = _checkpoint(tmp_path, 3, marker=False)
     (tmp_path / "checkpoint-5").mkdir()
     (tmp_path / "checkpoint-5" / "trainer_state.json").write_text("{trunc")
-    assert resolve_checkpoint(str(tmp_path), "latest") == str(legacy)
-    assert resolve_checkpoint(str(tmp_path), "some/path") == "some/path"
+    assert resolve_checkpoint(str(tmp_path), "latest") == str(done)
+    assert f"{cut} is incomplete (no {COMPLETE_MARKER}" in capsys.readouterr().out
+    assert resolve_checkpoint(str(tmp_path), None) is None
+
+
+def test_an_explicit_incomplete_checkpoint_exits_2_naming_what_is_missing(tmp_path, capsys):
+    two = _checkpoint(tmp_path, 6, marker=True)
+    (two / COMPLETE_MARKER).write_text(json.dumps({"world_size": 2, "global_step": 6}))
+    with pytest.raises(SystemExit) as e:
+        resolve_checkpoint(str(tmp_path), str(two))
+    assert e.value.code == 2 and "missing tokenswap_state.rank1.json" in capsys.readouterr().err
+
+
+def test_latest_considers_only_folders_named_checkpoint_and_a_number(tmp_path):
+    four = _checkpoint(tmp_path, 4, marker=True)
+    for name in ("checkpoint-10-backup", "checkpoint-\u0663", "checkpoint-12.old", "tmp-checkpoint-20"):
+        shutil.copytree(four, tmp_path / name)  # complete copies of step 4 under other names
+    six = _checkpoint(tmp_path, 6, marker=True)
+    assert resolve_checkpoint(str(tmp_path), "latest") == str(six)
+
+
+def test_a_state_recording_more_log_than_the_log_holds_is_an_error_never_nul_padding(tiny_processor, tmp_path,
+                                                                                  capsys):
+    from tokenswap.collator import TokenSwapCollator
+    from tokenswap.training import ResumableCollator
+
+    log = tmp_path / "sample_ids.rank0.txt"
+    log.write_text("a\nb\n")
+    wrapped = ResumableCollator(TokenSwapCollator(tiny_processor, dummy_image=False), log_ids_to=str(log))
+    with pytest.raises(SystemExit) as e:
+        wrapped.restore({"log_bytes": 100, "stats": {}}, source="checkpoint-4/tokenswap_state.rank0.json")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and str(log) in err and "checkpoint-4/tokenswap_state.rank0.json" in err
+    assert log.read_bytes() == b"a\nb\n"  # untouched: no NUL bytes
+    log.unlink()
+    with pytest.raises(SystemExit):  # a log that is gone lost every line the state counts
+        wrapped.restore({"log_bytes": 4, "stats": {}})
+
+
+HOSTILE_IDS = ["plain", "new\nline", "carriage\rreturn", "line\u2028separator", "para\u2029graph", "two words",
+               "tab\there", "nel\x85", "50%", "%0A", "bell\x07", "", "vertical\x0btab", "file\x1csep"]
+
+
+def test_sample_ids_with_line_breaks_cannot_break_or_forge_lines_of_the_log(tiny_processor, tmp_path):
+    from tokenswap.collator import TokenSwapCollator, encode_sample_id, read_sample_ids
+    from tokenswap.training import BOOKKEEPING_KEY, ResumableCollator
+
+    log = tmp_path / "sample_ids.rank0.txt"
+    wrapped = ResumableCollator(TokenSwapCollator(tiny_processor, dummy_image=False), log_ids_to=str(log))
+    model = _Model()
+    wrapped.attach(model)
+    model.train()
+    batches = [HOSTILE_IDS[i:i + 3] for i in range(0, len(HOSTILE_IDS), 3)]
+    for ids in batches:
+        batch = wrapped([{"id": sid, "messages": [{"role": "user", "content": "hi"},
+                                                  {"role": "assistant", "content": "yo"}]} for sid in ids])
+        assert len(batch[BOOKKEEPING_KEY]["ids"]) == 1
+        model(**batch)
+    text = log.read_text(encoding="utf-8")
+    assert len(text.splitlines()) == len(batches)  # str.splitlines breaks at U+2028, \x85, \x1c too
+    assert read_sample_ids(log) == batches
+    assert encode_sample_id("mp-12") == "mp-12"  # ordinary ids are written as they are
+
+
+def test_secret_fields_are_masked_by_name_in_every_written_config():
+    from tokenswap.config import config_to_dict
+
+    @dataclasses.dataclass
+    class Section:
+        hub_token: str | None = "hf_abc"
+        api_key: str = "sk-1"
+        include_num_input_tokens_seen: bool = True
+        vllm_server_base_url: str = "http://user:pw@host:8000"
+        unset_token: str | None = None
+
+    @dataclasses.dataclass
+    class Cfg:
+        train: Section = dataclasses.field(default_factory=Section)
+
+    saved = config_to_dict(Cfg())["train"]
+    assert saved == {"hub_token": "<HUB_TOKEN>", "api_key": "<API_KEY>", "include_num_input_tokens_seen": True,
+                     "vllm_server_base_url": "http://<CREDENTIALS>@host:8000", "unset_token": None}
+    # every secret-looking field of the Trainer's own sections is caught by the same rule
+    from tokenswap.training.trainer_args import TrainConfig
+
+    assert config_to_dict(Recipe(train=PairedTrainConfig(hub_token="hf_x")))["train"]["hub_token"] == "<HUB_TOKEN>"
+    assert "hub_token" in {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def test_a_dead_holder_never_locks_the_output_dir(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from tokenswap.training import hold_output_dir
+
+    out = tmp_path / "run"
+    code = f"from tokenswap.training import hold_output_dir; hold_output_dir({str(out)!r}); print('held', flush=True); " \
+           "import time; time.sleep(600)"
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(SystemExit) as e:
+            hold_output_dir(str(out))
+        assert e.value.code == 1 and f"(pid {holder.pid} on host" in capsys.readouterr().err
+    finally:
+        holder.kill()  # SIGKILL: no clean-up of any kind ran
+        holder.wait()
+    hold_output_dir(str(out))  # taken at once
+    hold_output_dir(str(out))  # and again by the same process (a recipe's main called twice)
 
 
 def test_resumable_collator_pickles_for_spawned_workers(tiny_processor, tmp_path):

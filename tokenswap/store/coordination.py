@@ -73,8 +73,11 @@ class _FolderLock:
     local disks and on NFS (Linux emulates flock with POSIX locks there).
     """
 
-    def __init__(self, out: Path, rank: int):
-        self.path = out / f".build-lock-r{rank:03d}"
+    def __init__(self, out: Path, rank: int, *, prefix: str = ".build-lock", doing: str = "being built",
+                 error: type[RuntimeError] = BuildLockedError, what: str = "build"):
+        # prefix/doing/error/what: the same lock for a training run's output folder (tokenswap.training.run_folder).
+        self.path = out / f"{prefix}-r{rank:03d}"
+        self._doing, self._error, self._what = doing, error, what
         self._fd: int | None = None
 
     def __enter__(self) -> _FolderLock:
@@ -84,9 +87,9 @@ class _FolderLock:
         except BlockingIOError:
             holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "unknown process"
             os.close(fd)
-            raise BuildLockedError(
-                f"{self.path.parent} is being built by another process ({holder}); wait for it to finish "
-                f"(a killed build releases the folder at once), or use another output_dir"
+            raise self._error(
+                f"{self.path.parent} is {self._doing} by another process ({holder}); wait for it to finish "
+                f"(a killed {self._what} releases the folder at once), or use another output_dir"
             ) from None
         os.ftruncate(fd, 0)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

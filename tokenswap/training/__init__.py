@@ -7,6 +7,7 @@
       trainer_args.py  the Trainer pass-through: every TrainingArguments / GRPOConfig field from YAML
       model.py         checks before anything loads (check_inputs), then weights, quantization, LoRA, attention
       checkpoint.py    complete checkpoints, exact resume, the collator bookkeeping that travels with batches, train()
+      run_folder.py    one run per output folder (a lock), resume settings checked, the run's config written
       callbacks.py     swap epochs, swap statistics, the stop for steps with no target
       builders.py      config section in, library object out: image store, collator, gap callback
       tracking.py      W&B runs named {pair}-{arm} in group {pair}
@@ -26,10 +27,12 @@ from tokenswap.training.callbacks import (
 from tokenswap.training.checkpoint import (
     BOOKKEEPING_KEY,
     COMPLETE_MARKER,
+    PREEMPTED_EXIT,
     CheckpointCallback,
     ResumableCollator,
     resolve_checkpoint,
     train,
+    verify_checkpoint,
 )
 from tokenswap.training.config import (
     CollatorConfig,
@@ -47,6 +50,13 @@ from tokenswap.training.model import (
     model_family,
     peft_lora_config,
     resolve_attn_implementation,
+)
+from tokenswap.training.run_folder import (
+    RESUME_MAY_CHANGE,
+    RunLockedError,
+    check_resume_settings,
+    hold_output_dir,
+    write_run_config,
 )
 from tokenswap.training.tracking import finish_wandb, init_wandb
 from tokenswap.training.trainer_args import (
@@ -72,6 +82,9 @@ __all__ = [
     "ModelConfig",
     "NoTargetsError",
     "PAIRED_OWNED",
+    "PREEMPTED_EXIT",
+    "RESUME_MAY_CHANGE",
+    "RunLockedError",
     "PairedTrainConfig",
     "ResumableCollator",
     "RunConfig",
@@ -86,9 +99,11 @@ __all__ = [
     "build_image_store",
     "build_training_arguments",
     "check_inputs",
+    "check_resume_settings",
     "close_process_group",
     "end_script",
     "finish_wandb",
+    "hold_output_dir",
     "init_wandb",
     "install_first",
     "load_model_and_processor",
@@ -99,4 +114,6 @@ __all__ = [
     "resolve_checkpoint",
     "train",
     "trainer_section",
+    "verify_checkpoint",
+    "write_run_config",
 ]

@@ -8,10 +8,16 @@ A checkpoint counts once every rank finished writing it (:data:`COMPLETE_MARKER`
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
+import re
+import shutil
+import signal
 import sys
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -25,52 +31,162 @@ from tokenswap.training.distributed import print0
 COMPLETE_MARKER = "tokenswap_complete.json"
 """Written into ``checkpoint-N`` after every rank finished saving it (see :class:`CheckpointCallback`)."""
 
+FAULT_PAUSE_ENV = "TOKENSWAP_FAULT_SAVE_PAUSE_S"
+"""Fault injection (benchmarks/faults.py, tests): ``S`` or ``S@STEP``, seconds each save (or only the save of
+step STEP) pauses after the Trainer wrote the checkpoint (``trainer_state.json`` included) and before tokenswap's
+state and marker, so a kill lands in that window. Unset in real runs."""
+
 
 def _atomic_json(path: str, data: dict) -> None:
     atomic_write(Path(path), json.dumps(data).encode())
 
 
-def _checkpoint_complete(path: str) -> bool:
-    """Saved to the end: our marker (and every rank's state file), or, for checkpoints written before markers
-    existed, a readable trainer_state.json and model weights."""
+_CHECKPOINT_NAME = re.compile(r"checkpoint-([0-9]+)")
+"""What ``latest`` considers: folders named exactly ``checkpoint-<step>`` (not ``checkpoint-10-backup``)."""
+
+
+def _checkpoint_missing(path: str) -> list[str]:
+    """What ``path`` lacks to be a complete tokenswap checkpoint (empty when complete).
+
+    Complete means tokenswap's own record is there: :data:`COMPLETE_MARKER` and every rank's
+    ``tokenswap_state.rank{r}.json``, written after the Trainer finished the folder. A checkpoint without them was
+    cut while saving (the Trainer's ``trainer_state.json`` comes before tokenswap's state), or was not written by
+    a tokenswap run; resuming from it would restart the sample-id log and the swap statistics from nothing.
+    """
     marker = os.path.join(path, COMPLETE_MARKER)
+    if not os.path.exists(os.path.join(path, "trainer_state.json")):
+        return ["trainer_state.json", COMPLETE_MARKER]
+    if not os.path.exists(marker):
+        return [COMPLETE_MARKER]
     try:
-        if os.path.exists(marker):
-            with open(marker) as f:
-                world = int(json.load(f)["world_size"])
-            return all(os.path.exists(os.path.join(path, f"tokenswap_state.rank{r}.json")) for r in range(world))
-        with open(os.path.join(path, "trainer_state.json")) as f:
-            json.load(f)
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return any(
-        os.path.exists(os.path.join(path, name))
-        for name in ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin")
-    ) or any(name.startswith("global_step") for name in os.listdir(path))
+        with open(marker) as f:
+            world = int(json.load(f)["world_size"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return [f"a readable {COMPLETE_MARKER} ({type(e).__name__}: {e})"]
+    return [name for name in (f"tokenswap_state.rank{r}.json" for r in range(world))
+            if not os.path.exists(os.path.join(path, name))]
+
+
+def _checkpoint_complete(path: str) -> bool:
+    return not _checkpoint_missing(path)
+
+
+def _exit_2(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 def resolve_checkpoint(output_dir: str, resume: str | None) -> str | None:
-    """``"latest"`` -> the newest *complete* ``checkpoint-N`` in ``output_dir`` (None if there is none yet).
+    """The checkpoint to resume from, checked: ``"latest"`` -> the newest *complete* ``checkpoint-N`` in
+    ``output_dir`` (None if there is none yet); a path -> that path, if complete.
 
-    A run killed while saving leaves a partial ``checkpoint-N``; it is skipped (and said), and the resumed run
-    writes that step's checkpoint again over it.
+    A run killed while saving leaves a partial ``checkpoint-N`` (no tokenswap record): ``latest`` skips it, says
+    what it lacks, and the resumed run writes that step's checkpoint again over it. An explicit path that is not
+    complete exits 2 naming what is missing. The chosen checkpoint's files are then read back
+    (:func:`verify_checkpoint`): a damaged or unsafe file exits 2 naming it, before any weights load.
     """
+    if resume is None:
+        return None
     if resume != "latest":
+        missing = _checkpoint_missing(resume)
+        if missing:
+            _exit_2(f"`resume_from_checkpoint` {resume} is not a complete tokenswap checkpoint: missing "
+                    f"{', '.join(missing)} (tokenswap writes them after the Trainer finished the folder: this one was "
+                    "cut while saving, or not written by a tokenswap run). Give a complete checkpoint-N, or `latest` "
+                    "for the newest complete one in run.output_dir")
+        verify_checkpoint(resume)
         return resume
     if not os.path.isdir(output_dir):
         return None
     steps = sorted(
-        (int(name.split("-")[1]), name)
+        (int(m.group(1)), name)
         for name in os.listdir(output_dir)
-        if name.startswith("checkpoint-") and name.split("-")[1].isdigit()
-        and os.path.isdir(os.path.join(output_dir, name))
+        if (m := _CHECKPOINT_NAME.fullmatch(name)) and os.path.isdir(os.path.join(output_dir, name))
     )
     for _, name in reversed(steps):
         path = os.path.join(output_dir, name)
-        if _checkpoint_complete(path):
+        missing = _checkpoint_missing(path)
+        if not missing:
+            verify_checkpoint(path)
             return path
-        print0(f"[tokenswap] {path} is incomplete (killed while saving?): resuming from an older checkpoint")
+        print0(f"[tokenswap] {path} is incomplete (no {', '.join(missing)}: killed while saving?): skipped, resuming "
+               "from an older checkpoint")
     return None
+
+
+_JSON_SUFFIX = ".json"
+_PICKLES = (".pt", ".pth", ".bin")
+_NOT_LOADED = {"training_args.bin"}  # the Trainer never loads it on resume (it holds a TrainingArguments object)
+
+
+def verify_checkpoint(path: str) -> None:
+    """Read back every file a resume loads from ``path``; exit 2 naming the first damaged or unsafe one.
+
+    JSON files must parse, safetensors headers must match their file sizes, and the Trainer's pickles
+    (optimizer, scheduler, RNG state, scaler, ``pytorch_model.bin``) must load with torch's weights-only
+    unpickler (memory-mapped: nothing is read twice). A pickle that asks to import code is not a safe checkpoint
+    and is never loaded; the message does not suggest ``weights_only=False``, which would run it. DeepSpeed's
+    ``global_step*`` folders are DeepSpeed's to read.
+    """
+    import pickle
+
+    from safetensors import SafetensorError, safe_open
+    from transformers.trainer_pt_utils import safe_globals
+
+    older = "delete it and resume from an older checkpoint-N (or `latest` once it is gone)"
+    for name in sorted(os.listdir(path)):
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            continue
+        try:
+            if name.endswith(_JSON_SUFFIX):
+                with open(file, "rb") as f:
+                    json.loads(f.read().decode("utf-8"))
+            elif name.endswith(".safetensors"):
+                with safe_open(file, framework="pt") as f:
+                    f.keys()
+            elif name.endswith(_PICKLES) and name not in _NOT_LOADED:
+                with safe_globals():
+                    try:
+                        torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+                    except RuntimeError as e:
+                        if "mmap" not in str(e):
+                            raise
+                        torch.load(file, map_location="cpu", weights_only=True)  # a legacy (non-zip) torch.save
+        except pickle.UnpicklingError as e:
+            # torch's message opens with advice to retry with weights_only=False, which would run the payload:
+            # only the reason is kept.
+            reason = _unpickling_reason(str(e))
+            imports = re.search(r"GLOBAL ([\w.]+)", reason)
+            if imports:
+                _exit_2(f"{file} is not a safe checkpoint file: it asks to import {imports.group(1)}, which a "
+                        "checkpoint of tensors never does, and it was not loaded. The Trainer did not write it as "
+                        f"is (tampered or replaced): do not load it in any other way; {older}")
+            _exit_2(f"{file} is damaged (not a readable torch file: {reason}); the checkpoint cannot be resumed: "
+                    f"{older}")
+        except (OSError, ValueError, RuntimeError, SafetensorError, EOFError) as e:
+            detail = " ".join(str(e).split())[:300]
+            _exit_2(f"{file} is damaged ({type(e).__name__}: {detail}); the checkpoint cannot be resumed: {older}")
+
+
+def _unpickling_reason(message: str) -> str:
+    """The reason in torch's weights-only refusal, without its advice paragraph or documentation link."""
+    lines = [line.strip() for line in message.splitlines()[1:] if line.strip()]
+    lines = [line.split("WeightsUnpickler error:")[-1].strip() for line in lines
+             if not line.startswith("Check the documentation")]
+    return " ".join(line for line in lines if line)[:300] or "refused by the weights-only unpickler"
+
+
+PREEMPTED_EXIT = 143
+"""Exit status after a SIGTERM stop (128 + 15, what a process killed by SIGTERM reports): the run saved a complete
+checkpoint and did not finish, so a scheduler that requeues on failure relaunches it, and nothing downstream reads
+the folder as a finished run."""
+
+
+def _weights_only(checkpoint: str) -> bool:
+    """True for a checkpoint saved with ``save_only_model`` (no optimizer state of the Trainer or DeepSpeed)."""
+    names = os.listdir(checkpoint)
+    return "optimizer.pt" not in names and not any(n.startswith("global_step") for n in names)
 
 
 def train(trainer, resume: str | None) -> None:
@@ -79,7 +195,17 @@ def train(trainer, resume: str | None) -> None:
     transformers 5.24 checks ``max_steps`` only after a step, so resuming from the final checkpoint (a run killed
     after its last save, relaunched) would train one step past the end. That checkpoint's weights and state are
     loaded instead, and the recipe goes on to save as if the run had just finished.
+
+    A run stopped by SIGTERM (:class:`CheckpointCallback`) has saved a complete checkpoint at the step it stopped;
+    it exits with :data:`PREEMPTED_EXIT` here instead of going on to save as if it had finished. A checkpoint save
+    that fails (disk full) exits 1 naming the folder, the file and the disk.
     """
+    if resume is not None and _weights_only(resume):
+        print0(f"[tokenswap] warning: {resume} holds the weights only (saved with train.save_only_model: true; no "
+               "optimizer.pt, scheduler.pt, rng_state.pth): this resume starts a fresh optimizer, restarts the "
+               "learning-rate schedule and reseeds, so it will not equal an uninterrupted run. For exact resumes "
+               "set train.save_only_model: false")
+    _guard_saves(trainer)
     with _renamed_key_warnings_dropped(trainer, resume):
         if resume is not None and trainer.args.max_steps > 0:
             from transformers import TrainerState
@@ -95,6 +221,81 @@ def train(trainer, resume: str | None) -> None:
         except NoTargetsError as e:  # the data's fault, said in one message: not a traceback from the Trainer
             print(f"error: {e}", file=sys.stderr)
             raise SystemExit(1) from None
+    stopped = [cb.stopped_at for cb in trainer.callback_handler.callbacks
+               if isinstance(cb, CheckpointCallback) and cb.stopped_at is not None]
+    if stopped:
+        folder = os.path.join(trainer.args.output_dir, f"checkpoint-{stopped[0]}")
+        print0(f"[tokenswap] stopped by SIGTERM after step {stopped[0]}: {folder} is complete; relaunch the same "
+               f"command with train.resume_from_checkpoint=latest to continue (exit {PREEMPTED_EXIT})")
+        sys.stdout.flush()
+        raise SystemExit(PREEMPTED_EXIT)
+
+
+def _errno_of(e: BaseException) -> int | None:
+    while e is not None:
+        if isinstance(e, OSError) and e.errno:
+            return e.errno
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _guard_saves(trainer) -> None:
+    """Make a failed checkpoint write say what failed (the folder, the file, the errno, the disk), and rotate old
+    checkpoints only once the new one is complete.
+
+    torch's zip writer reports a full disk as "unexpected pos 1164800 vs 1164692" and safetensors as a bare
+    I/O error; neither names the file or the cause. ``Trainer._save_checkpoint`` (the one place a checkpoint is
+    written) is wrapped on this instance: on failure the file written last is named, and where the exception
+    carries no errno a 1 MiB probe write into the folder finds it (ENOSPC, EDQUOT, EFBIG, EROFS, ...).
+    """
+    save = trainer._save_checkpoint
+
+    def _save_checkpoint(*args, **kwargs):
+        # The Trainer deletes checkpoints past save_total_limit at the end of its save, before tokenswap's record
+        # marks the new one complete: a kill in between (save_total_limit: 1) would leave nothing to resume from.
+        # The rotation waits for the record instead (CheckpointCallback.on_save).
+        limit = trainer.args.save_total_limit
+        trainer.args.save_total_limit = None
+        try:
+            return save(*args, **kwargs)
+        except (OSError, RuntimeError) as e:
+            folder = os.path.join(trainer.args.output_dir, f"checkpoint-{trainer.state.global_step}")
+            code = _errno_of(e)
+            if code is None:
+                probe = os.path.join(folder if os.path.isdir(folder) else trainer.args.output_dir, ".write-probe")
+                try:
+                    with open(probe, "wb") as f:
+                        f.write(b"\0" * (1 << 20))
+                        f.flush()
+                        os.fsync(f.fileno())
+                except OSError as probe_error:
+                    code = probe_error.errno
+                finally:
+                    with contextlib.suppress(OSError):
+                        os.remove(probe)
+            file = getattr(e, "filename", None)
+            if file is None and os.path.isdir(folder):
+                files = [os.path.join(r, n) for r, _, names in os.walk(folder) for n in names]
+                file = max(files, key=os.path.getmtime, default=None)
+            try:
+                free = f"{shutil.disk_usage(trainer.args.output_dir).free / 2**20:.1f} MiB free"
+            except OSError:
+                free = "free space unknown"
+            cause = f"[Errno {code}] {os.strerror(code)}" if code else f"{type(e).__name__}: {' '.join(str(e).split())}"
+            fix = ("free space on that disk (or point run.output_dir at a larger one, or lower train.save_total_limit)"
+                   if code in (errno.ENOSPC, errno.EDQUOT) else "fix the cause")
+            print(f"error: saving {folder} failed while writing {file or 'its files'}: {cause} (disk of "
+                  f"{os.path.realpath(trainer.args.output_dir)}: {free}). The partial checkpoint has no tokenswap "
+                  f"record and is skipped on resume: {fix}, then relaunch with train.resume_from_checkpoint=latest",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
+        finally:
+            trainer.args.save_total_limit = limit
+
+    trainer._save_checkpoint = _save_checkpoint
+    for cb in trainer.callback_handler.callbacks:
+        if isinstance(cb, CheckpointCallback):
+            cb.rotates = True
 
 
 class _DropMessages(logging.Filter):
@@ -122,8 +323,10 @@ def _renamed_key_warnings_dropped(trainer, resume: str | None):
     if resume is None or loaded is None or loaded != os.path.realpath(resume):
         yield
         return
-    print0(f"[tokenswap] weights loaded from {resume} by from_pretrained; the Trainer restores optimizer, scheduler "
-           "and RNG state (its own weight load does not rename Qwen-VL keys: transformers#43701, warnings dropped)")
+    restores = ("nothing else (a weights-only checkpoint)" if _weights_only(resume)
+                else "optimizer, scheduler and RNG state")
+    print0(f"[tokenswap] weights loaded from {resume} by from_pretrained; the Trainer restores {restores} (its own "
+           "weight load does not rename Qwen-VL keys: transformers#43701, warnings dropped)")
     log = logging.getLogger("transformers.trainer")
     drop = _DropMessages(("There were missing keys in the checkpoint model loaded",
                           "There were unexpected keys in the checkpoint model loaded"))
@@ -160,8 +363,16 @@ class ResumableCollator:
         self.collator = collator
         self.log_ids_to = log_ids_to
         self.stats: Counter = Counter()
+        self._owner_pid = os.getpid()
 
     def __call__(self, examples):
+        if os.getpid() != self.__dict__.get("_owner_pid", os.getpid()) and "_sigterm_ignored" not in self.__dict__:
+            # In a data-loader worker. SIGTERM is the trainer's: it finishes its step, saves and stops
+            # (CheckpointCallback), and the loader then ends its workers. Slurm signals every process of a job, and
+            # a worker dying of it (torch's worker handler) fails the step the trainer is finishing.
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self._sigterm_ignored = True
         before = dict(self.collator.stats)
         out = self.collator(examples)
         # Keys first counted with 0 are kept: swap_stats.json lists them as a run without workers always did.
@@ -202,11 +413,24 @@ class ResumableCollator:
         size = os.path.getsize(log) if log is not None and os.path.exists(log) else 0
         return {"log_bytes": size, "stats": dict(self.stats)}
 
-    def restore(self, state: dict) -> None:
+    def restore(self, state: dict, source: str = "the checkpoint state") -> None:
+        """Rewind the sample-id log to ``state["log_bytes"]`` and the stats to ``state["stats"]``.
+
+        A log shorter than the state records lost lines the checkpoint counted (a copied or truncated folder):
+        extending it would pad the log with NUL bytes, so that is an error naming both files.
+        """
         log = self.log_ids_to
-        if log is not None and os.path.exists(log):
-            with open(log, "r+b") as f:
-                f.truncate(state["log_bytes"])
+        want = int(state["log_bytes"])
+        if log is not None:
+            have = os.path.getsize(log) if os.path.exists(log) else None
+            if want > (have or 0):
+                _exit_2(f"{source} records {want} bytes of {log}, but the log "
+                        f"{'holds ' + str(have) + ' bytes' if have is not None else 'does not exist'}: lines of batches "
+                        "that trained are gone (the folder was copied or the log truncated). Restore the log from "
+                        "where the run wrote it, or start the run again in a new run.output_dir")
+            if have is not None:
+                with open(log, "r+b") as f:
+                    f.truncate(want)
         self.stats = Counter(state["stats"])
 
 
@@ -216,14 +440,26 @@ class CheckpointCallback(TrainerCallback):
     Register on every rank. ``on_save`` runs after the Trainer wrote the whole ``checkpoint-N`` (weights,
     optimizer, scheduler, RNG, trainer_state); each rank writes ``tokenswap_state.rank{r}.json`` (micro-batches
     consumed, collator log size and stats), all ranks meet at a barrier, and rank 0 writes
-    :data:`COMPLETE_MARKER`. :func:`resolve_checkpoint` only resumes from marked checkpoints. With a collator,
-    training starts by attaching it to the model (:meth:`ResumableCollator.attach`).
+    :data:`COMPLETE_MARKER` (after copying the run's ``tokenswap_config.json`` in, for the resume check).
+    :func:`resolve_checkpoint` only resumes from marked checkpoints. With a collator, training starts by attaching
+    it to the model (:meth:`ResumableCollator.attach`).
+
+    SIGTERM (a scheduler's notice before preemption) sets a flag; at the end of the step in flight the flag is
+    OR-ed over the ranks, and every rank saves a complete checkpoint of that step and stops, so :func:`train`
+    exits with :data:`PREEMPTED_EXIT`. The grace period needed is one step plus one save.
     """
 
     def __init__(self, collator: ResumableCollator | None = None, consumed: int = 0):
         self.collator = collator
         self.consumed = consumed
         self._hook = None
+        self._sigterm_at: float | None = None
+        self._pid: int | None = None
+        self._previous_handler = None
+        self.stopped_at: int | None = None
+        """The step a SIGTERM stopped the run at (its checkpoint saved), None while not stopped."""
+        self.rotates = False
+        """Delete checkpoints past ``save_total_limit`` once a new one is complete (set by :func:`train`)."""
 
     @classmethod
     def resuming(cls, collator: ResumableCollator | None, checkpoint: str | None) -> CheckpointCallback:
@@ -239,24 +475,56 @@ class CheckpointCallback(TrainerCallback):
                 saved = json.load(f)
             consumed = saved["consumed"]
             if collator is not None and saved.get("collator") is not None:
-                collator.restore(saved["collator"])
+                collator.restore(saved["collator"], source=path)
         return cls(collator, consumed)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if self.collator is not None and self._hook is None:
             self._hook = self.collator.attach(model)
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread only
+            self._pid = os.getpid()
+            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None
+
+    def _on_sigterm(self, signum, frame):
+        # Only a flag: the step in flight finishes, then every rank saves and stops together (on_step_end).
+        # Forked data-loader workers inherit this handler: one signalled with its job (Slurm signals every process)
+        # ignores it and goes on serving batches, so the trainer can still finish its step and save.
+        if os.getpid() != self._pid:
+            return
+        if self._sigterm_at is None:
+            self._sigterm_at = time.monotonic()
+            os.write(2, b"[tokenswap] SIGTERM: saving a checkpoint at the end of this step, then exiting\n")
 
     def on_substep_end(self, args, state, control, **kwargs):
         self.consumed += 1
 
     def on_step_end(self, args, state, control, **kwargs):
+        from tokenswap.training.run_folder import _any_rank
+
         self.consumed += 1
+        # One flag OR-ed over the ranks each step: a SIGTERM that reached any rank stops all of them at this step,
+        # so the checkpoint holds one step for every rank (each rank may get the signal at another moment).
+        if _any_rank(self._sigterm_at is not None, args):
+            control.should_save = True
+            control.should_training_stop = True
+            self.stopped_at = state.global_step
 
     def on_save(self, args, state, control, **kwargs):
         import torch.distributed as dist
 
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         rank = int(os.environ.get("RANK", "0"))
+        seconds, _, at = (os.environ.get(FAULT_PAUSE_ENV) or "0").partition("@")
+        pause = float(seconds) if not at or int(at) == state.global_step else 0.0
+        if pause > 0:  # fault injection: hold the window between the Trainer's files and tokenswap's record open
+            print(f"[tokenswap] {FAULT_PAUSE_ENV}: {folder} has trainer_state.json, no tokenswap state yet: pausing "
+                  f"{pause:g}s", flush=True)
+            time.sleep(pause)
         if os.path.isdir(folder):
             collator_state = self.collator.state() if self.collator is not None else None
             _atomic_json(
@@ -267,4 +535,17 @@ class CheckpointCallback(TrainerCallback):
         if world > 1:
             dist.barrier()  # every rank, folder or not: one that skipped it would leave the others waiting
         if rank == 0 and os.path.isdir(folder):
+            from tokenswap.training.run_folder import RUN_CONFIG
+
+            # The settings this checkpoint was trained with, for the resume check (run_folder.check_resume_settings).
+            run_config = os.path.join(args.output_dir, RUN_CONFIG)
+            if os.path.isfile(run_config):
+                with open(run_config, "rb") as f:
+                    atomic_write(Path(folder) / RUN_CONFIG, f.read())
             _atomic_json(os.path.join(folder, COMPLETE_MARKER), {"world_size": world, "global_step": state.global_step})
+            if self.rotates and args.should_save:
+                from transformers.trainer_utils import rotate_checkpoints
+
+                # Only now that this checkpoint is complete may older ones go (see train()).
+                rotate_checkpoints(output_dir=args.output_dir, save_total_limit=args.save_total_limit,
+                                   best_model_checkpoint=state.best_model_checkpoint, use_mtime=True)

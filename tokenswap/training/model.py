@@ -9,11 +9,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from pathlib import Path
 
 import torch
 
 from tokenswap.store.image_store import ImageStore
-from tokenswap.training.config import CollatorConfig, LoraConfig, ModelConfig
+from tokenswap.training.config import CollatorConfig, GapEvalConfig, LoraConfig, ModelConfig
 from tokenswap.training.distributed import print0
 
 
@@ -40,8 +41,7 @@ def _check_model_path(name_or_path: str) -> None:
     """A local folder that is not there gets a clear error (the Hub client would say "Repo id must ...")."""
     if os.path.exists(name_or_path):
         return
-    looks_local = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1 or os.sep == "\\"
-    if looks_local:
+    if _looks_local(name_or_path):
         raise FileNotFoundError(
             f"model.name_or_path: local folder {name_or_path!r} does not exist (cwd {os.getcwd()}); "
             "give an existing checkpoint folder or a hub id like Qwen/Qwen2-VL-7B-Instruct"
@@ -55,19 +55,70 @@ def model_family(cfg: ModelConfig):
         FileNotFoundError: a local folder that does not exist, or a hub id that cannot be loaded.
         UnsupportedFamilyError: a model type outside the family table; names the supported ones.
     """
-    from transformers import AutoConfig
 
     from tokenswap.families import family_of
 
+    return family_of(_model_config(cfg).model_type)
+
+
+def _model_config(cfg: ModelConfig):
+    """The model's ``config.json`` (no weights); FileNotFoundError naming the path when it cannot be read."""
+    from transformers import AutoConfig
+
     _check_model_path(cfg.name_or_path)
     try:
-        config = AutoConfig.from_pretrained(cfg.name_or_path)
+        return AutoConfig.from_pretrained(cfg.name_or_path)
     except OSError as e:
         raise FileNotFoundError(
             f"model.name_or_path {cfg.name_or_path!r} is neither a local checkpoint folder (cwd {os.getcwd()}) "
             f"nor loadable as a hub id: {str(e).splitlines()[0]}"
         ) from None
-    return family_of(config.model_type)
+
+
+def largest_image_block(cfg: ModelConfig, config) -> int:
+    """Tokens of the largest image block the processor makes: ``model.max_pixels`` over the area of one merged
+    patch (``patch_size * spatial_merge_size`` squared, from the vision config), plus the vision start/end."""
+    vision = getattr(config, "vision_config", None)
+    side = int(getattr(vision, "patch_size", 14)) * int(getattr(vision, "spatial_merge_size", 2))
+    return cfg.max_pixels // (side * side) + 2
+
+
+def _looks_local(path: str) -> bool:
+    return path.startswith((".", "/", "~")) or path.count("/") != 1 or os.sep == "\\"
+
+
+def _bench_problems(gap_eval: GapEvalConfig) -> list[str]:
+    """``gap_eval.bench`` checked without loading it: a local folder must hold both configs of the split with at
+    least one row (parquet metadata only); a hub id is left to the loader."""
+    bench = gap_eval.bench
+    if bench is None:
+        return []
+    root = Path(bench)
+    if not root.is_dir():
+        if root.exists() or _looks_local(bench):
+            return [f"`gap_eval.bench` {bench!r} is not a folder (cwd {os.getcwd()}); give a bench folder "
+                    "(tokenswap build-bench), a hub id like dongx1997/TokenSwap-Bench, or null to evaluate nothing"]
+        return []
+    import pyarrow.parquet as pq
+
+    problems = []
+    for config in ("text", "img"):
+        split = gap_eval.split
+        files = sorted(root.glob(f"{config}/{split}-*.parquet")) or sorted(root.glob(f"{config}/{split}/*.parquet"))
+        if not files:
+            if not (root / "README.md").exists():
+                problems.append(f"`gap_eval.bench` {bench}: no {config}/{split}-*.parquet (gap_eval.split={split!r}); "
+                                "lay it out as tokenswap build-bench writes it, or fix gap_eval.split")
+            continue
+        try:
+            rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a damaged file
+            problems.append(f"`gap_eval.bench` {files[0]}: not a readable parquet file ({type(e).__name__}: {e})")
+            continue
+        if rows == 0:
+            problems.append(f"`gap_eval.bench` {bench}: {config}/{split} has no rows ({', '.join(f.name for f in files)})"
+                            "; rebuild the bench, or set gap_eval.bench: null to evaluate nothing")
+    return problems
 
 
 def check_inputs(
@@ -79,6 +130,7 @@ def check_inputs(
     device: str | None = None,
     collator: CollatorConfig | None = None,
     args=None,
+    gap_eval: GapEvalConfig | None = None,
 ) -> None:
     """A run's inputs checked against its settings before any data or weights load.
 
@@ -87,8 +139,11 @@ def check_inputs(
     damaged, a model folder that is missing, a family tokenswap does not support, or ``collator.packing`` for a family
     whose samples cannot be separated in a packed row (Qwen3.5), or a ``model.attn_implementation`` named that
     cannot run on ``device`` (default CUDA when available), or ``collator.resample_each_epoch`` with persistent
-    dataloader workers in ``args`` (the workers keep the collator of the first epoch and would never redraw). The model is judged from its ``config.json`` alone;
-    each of these would otherwise surface as a traceback after the data and the model loaded.
+    dataloader workers in ``args`` (the workers keep the collator of the first epoch and would never redraw), a
+    ``collator.prepared`` folder that does not exist, a ``collator.pack_budget`` smaller than one image block
+    (:func:`largest_image_block`), or a ``gap_eval.bench`` folder that is missing or has no rows. The model is
+    judged from its ``config.json`` alone; each of these would otherwise surface as a traceback after the data and
+    the model loaded (or, for ``prepared``, be ignored).
     """
     from tokenswap.attention import packed_attention_choice
     from tokenswap.config import ConfigError
@@ -101,15 +156,29 @@ def check_inputs(
         problems.append("`collator.resample_each_epoch` needs the collator's epoch in every worker, but persistent "
                         "dataloader workers keep the collator of the first epoch; set "
                         "train.dataloader_persistent_workers: false (or collator.resample_each_epoch: false)")
+    if collator is not None and collator.prepared is not None and not os.path.isdir(collator.prepared):
+        problems.append(f"`collator.prepared` {collator.prepared!r} is not a folder (cwd {os.getcwd()}); give the "
+                        "folder tokenswap.store.prepare.prepare_store wrote for this processor, or remove the key")
     if image_store is not None:
         try:
             ImageStore(image_store)
         except (FileNotFoundError, ValueError) as e:  # StoreFormatError is a ValueError
             problems.append(f"`image_store`: {e}")
+    if gap_eval is not None:
+        problems += _bench_problems(gap_eval)
     try:
-        family = model_family(model)
+        from tokenswap.families import family_of
+
+        config = _model_config(model)
+        family = family_of(config.model_type)
         if packing:
             RopeIndex(family.name, 2)  # refuses, naming the family and why, what it cannot pack
+            block = largest_image_block(model, config)
+            if collator is not None and collator.pack_budget < block:
+                problems.append(f"`collator.pack_budget` {collator.pack_budget} is smaller than one image block: "
+                                f"model.max_pixels={model.max_pixels} makes blocks of up to {block} tokens, which are "
+                                f"never split; set collator.pack_budget >= {block} (a whole micro-batch: about "
+                                "per_device_train_batch_size x the mean sample length), or lower model.max_pixels")
     except (FileNotFoundError, ValueError) as e:  # UnsupportedFamilyError, PackingNotSupportedError: ValueErrors
         problems.append(str(e))
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -1,0 +1,316 @@
+"""A training run's folder under hostile conditions: a second run on it, kills in the save window, SIGTERM,
+changed settings on resume, secrets, weights-only checkpoints, damaged or tampered checkpoints, a full disk.
+
+Real runs of ``recipes/post_train.py`` on the tiny config (in-process, or as a subprocess where a signal or a
+second process is the point).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tokenswap.config import load_config
+from tokenswap.training import COMPLETE_MARKER, PREEMPTED_EXIT
+from tokenswap.training.checkpoint import FAULT_PAUSE_ENV
+
+ROOT = Path(__file__).resolve().parents[2]
+ASSETS = ROOT / "tests" / "assets"
+CONFIG = "tiny/post_tokenswap.yaml"
+
+
+def overrides(out, model, store, *extra):
+    return [f"run.output_dir={out}", f"model.name_or_path={model}", f"data.swap_dataset={ASSETS / 'swap_tiny.jsonl'}",
+            f"data.llava_json={ASSETS / 'llava_tiny.json'}", f"data.llava_image_root={ASSETS / 'images'}",
+            f"image_store={store}", *extra]
+
+
+def logs(out: Path) -> dict:
+    """What an exact resume must reproduce: losses, the sample-id log, the swap statistics (no cache counters)."""
+    history = json.loads((out / "log_history.json").read_text())
+    stats = json.loads((out / "swap_stats.json").read_text())
+    return {"losses": [round(h["loss"], 5) for h in history if "loss" in h],
+            "ids": (out / "sample_ids.rank0.txt").read_text(),
+            "stats": {k: v for k, v in stats.items() if k != "image_decodes"}}
+
+
+@pytest.fixture(scope="module")
+def post(load_recipe):
+    return load_recipe("post_train")
+
+
+@pytest.fixture(scope="module")
+def reference(post, tiny_qwen2vl, tiny_store, tmp_path_factory):
+    """An uninterrupted 4-step run (checkpoints at 2 and 4)."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    post.main(load_config(post.PostTrainConfig, CONFIG, overrides(out, tiny_qwen2vl, tiny_store.root)))
+    return out
+
+
+def run_main(post, out, model, store, *extra):
+    post.main(load_config(post.PostTrainConfig, CONFIG, overrides(out, model, store, *extra)))
+
+
+def launch(out, model, store, *extra, env=None, **kw) -> subprocess.Popen:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT), **(env or {})}
+    cmd = [sys.executable, str(ROOT / "recipes" / "post_train.py"), "--config", CONFIG,
+           *overrides(out, model, store, *extra)]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 300) -> list[str]:
+    lines = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        lines.append(line)
+        if text in line:
+            return lines
+    proc.kill()
+    raise AssertionError(f"never saw {text!r}; output: {''.join(lines)[-3000:]}")
+
+
+# ---------------------------------------------------------------------------- one run per folder
+def test_a_second_run_on_a_busy_output_dir_exits_1_naming_the_holder(post, tiny_qwen2vl, tiny_store, reference,
+                                                                      tmp_path, capsys):
+    out = tmp_path / "run"
+    first = launch(out, tiny_qwen2vl, tiny_store.root, env={FAULT_PAUSE_ENV: "120@2"})
+    try:
+        wait_for_line(first, "checkpoint-2 has trainer_state.json")  # the first run is mid-way, holding the folder
+        ids_before = (out / "sample_ids.rank0.txt").read_bytes()
+        for extra in ((), ("run.arm=text",)):  # the same config, and another arm into the same folder
+            with pytest.raises(SystemExit) as e:
+                run_main(post, out, tiny_qwen2vl, tiny_store.root, *extra)
+            err = capsys.readouterr().err
+            assert e.value.code == 1, err
+            assert f"{out} is used by a training run by another process (pid {first.pid} on host " \
+                   f"{socket.gethostname()} since " in err
+        # the refused runs wrote nothing: the first run's log and config are its own
+        assert (out / "sample_ids.rank0.txt").read_bytes() == ids_before
+        assert json.loads((out / "tokenswap_config.json").read_text())["run"]["arm"] == "tokenswap"
+    finally:
+        first.kill()
+        first.wait()
+    # a killed holder locks nobody out: the next run takes the folder at once and resumes exactly
+    run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest")
+    assert logs(out) == logs(reference)
+
+
+# ---------------------------------------------------------------------------- the trainer_state.json window
+def test_a_kill_after_trainer_state_before_tokenswaps_record_is_skipped_and_resumes_exactly(
+        post, tiny_qwen2vl, tiny_store, reference, tmp_path, capsys):
+    out = tmp_path / "run"
+    proc = launch(out, tiny_qwen2vl, tiny_store.root, env={FAULT_PAUSE_ENV: "120@4"})
+    wait_for_line(proc, "checkpoint-4 has trainer_state.json")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    cut = out / "checkpoint-4"
+    assert (cut / "trainer_state.json").is_file() and (cut / "model.safetensors").is_file()
+    assert not (cut / COMPLETE_MARKER).exists() and not (cut / "tokenswap_state.rank0.json").exists()
+    run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest")
+    said = capsys.readouterr().out
+    assert f"{cut} is incomplete (no {COMPLETE_MARKER}" in said
+    assert logs(out) == logs(reference)  # 16 samples counted, not the 8 of a resume with empty bookkeeping
+
+
+def test_an_explicit_checkpoint_without_tokenswaps_record_exits_2_naming_what_is_missing(
+        post, tiny_qwen2vl, tiny_store, reference, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(reference / "checkpoint-2", tmp_path / "copy" / "checkpoint-2")
+    cut = tmp_path / "copy" / "checkpoint-2"
+    (cut / COMPLETE_MARKER).unlink()
+    with pytest.raises(SystemExit) as e:
+        run_main(post, out, tiny_qwen2vl, tiny_store.root, f"train.resume_from_checkpoint={cut}")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"`resume_from_checkpoint` {cut} is not a complete tokenswap checkpoint: missing " \
+                                  f"{COMPLETE_MARKER}" in err
+
+
+# ---------------------------------------------------------------------------- SIGTERM
+def test_sigterm_saves_a_complete_checkpoint_exits_143_and_resumes_exactly(post, tiny_qwen2vl, tiny_store,
+                                                                           reference, tmp_path):
+    out = tmp_path / "run"
+    # The signal arrives while step 2 is being saved (held open 3 s): the run must stop at the end of step 3.
+    proc = launch(out, tiny_qwen2vl, tiny_store.root, env={FAULT_PAUSE_ENV: "3@2"})
+    wait_for_line(proc, "checkpoint-2 has trainer_state.json")
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.communicate(timeout=300)[0]
+    assert proc.returncode == PREEMPTED_EXIT, rest[-3000:]
+    assert "stopped by SIGTERM after step 3" in rest
+    assert (out / "checkpoint-3" / COMPLETE_MARKER).is_file() and not (out / "checkpoint-4").exists()
+    assert not (out / "log_history.json").exists()  # not dressed up as a finished run
+    run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest")
+    assert logs(out) == logs(reference)
+
+
+# ---------------------------------------------------------------------------- changed settings on resume
+def test_a_resume_with_changed_settings_exits_2_naming_each_difference(post, tiny_qwen2vl, tiny_store, tmp_path,
+                                                                       capsys):
+    out = tmp_path / "run"
+    run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.max_steps=2")
+    saved = (out / "tokenswap_config.json").read_text()
+    changed = ("collator.swap_prob=0.5", "data.seed=3", "collator.max_length=256", "run.arm=text")
+    with pytest.raises(SystemExit) as e:
+        run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest", *changed)
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    for difference in ("collator.swap_prob: was 1.0, now 0.5", "data.seed: was 0, now 3",
+                       "collator.max_length: was 512, now 256", "run.arm: was 'tokenswap', now 'text'"):
+        assert difference in err
+    assert "train.max_steps" not in err.split("A resume may change only")[0]  # extending the run is allowed
+    assert (out / "tokenswap_config.json").read_text() == saved  # the run's record still names its settings
+    # what may change does: a longer run, other logging and save intervals, more workers
+    run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest", "train.max_steps=4",
+             "train.save_steps=1", "train.logging_steps=2", "train.dataloader_num_workers=1")
+    assert (out / "checkpoint-4" / COMPLETE_MARKER).is_file()
+
+
+# ---------------------------------------------------------------------------- secrets
+def test_secret_fields_are_masked_in_every_file_and_log_tokenswap_writes(post, tiny_qwen2vl, tiny_store, tmp_path,
+                                                                         capfd, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    out = tmp_path / "run"
+    secret = "hf_SECRETsecret0123456789"
+    run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.max_steps=2", f"train.hub_token={secret}",
+             "train.report_to=[wandb]", "wandb.mode=offline")
+    said = capfd.readouterr()
+    assert secret not in said.out + said.err
+    assert json.loads((out / "tokenswap_config.json").read_text())["train"]["hub_token"] == "<HUB_TOKEN>"
+    # the offline W&B run (what `wandb sync` uploads) holds the run config, masked
+    (run_file,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
+    deadline = time.monotonic() + 30
+    while b"<HUB_TOKEN>" not in run_file.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.5)  # W&B's service process writes the run file behind the run
+    assert b"<HUB_TOKEN>" in run_file.read_bytes()
+    # training_args.bin is the Trainer's pickle of its own arguments (hub pushes need the token): not ours to mask
+    leaks = [str(p.relative_to(out)) for p in out.rglob("*")
+             if p.is_file() and p.name != "training_args.bin" and secret.encode() in p.read_bytes()]
+    assert not leaks
+
+
+# ---------------------------------------------------------------------------- weights-only checkpoints
+def test_a_save_only_model_resume_says_it_restarts_the_optimizer(post, tiny_qwen2vl, tiny_store, tmp_path, capsys):
+    out = tmp_path / "run"
+    run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.max_steps=2", "train.save_only_model=true")
+    capsys.readouterr()
+    run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest",
+             "train.save_only_model=true")
+    said = capsys.readouterr().out
+    assert "holds the weights only" in said and "will not equal an uninterrupted run" in said
+    assert "restores optimizer, scheduler and RNG state" not in said
+
+
+# ---------------------------------------------------------------------------- damaged or tampered checkpoints
+class _Payload:
+    def __init__(self, flag: Path):
+        self.flag = flag
+
+    def __reduce__(self):
+        return (os.makedirs, (str(self.flag),))
+
+
+@pytest.mark.parametrize("damage", ["planted-pickle", "truncated-safetensors", "torn-trainer-state",
+                                    "truncated-optimizer"])
+def test_a_damaged_or_tampered_checkpoint_exits_2_naming_the_file(post, tiny_qwen2vl, tiny_store, reference,
+                                                                  tmp_path, capsys, damage):
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    for name in ("log_history.json", "swap_stats.json"):
+        (out / name).unlink()
+    ckpt = out / "checkpoint-4"
+    flag = tmp_path / "payload-ran"
+    file = {"planted-pickle": "optimizer.pt", "truncated-safetensors": "model.safetensors",
+            "torn-trainer-state": "trainer_state.json", "truncated-optimizer": "optimizer.pt"}[damage]
+    if damage == "planted-pickle":
+        torch.save({"state": _Payload(flag)}, ckpt / file)
+    else:
+        data = (ckpt / file).read_bytes()
+        (ckpt / file).write_bytes(data[: len(data) // 2])
+    with pytest.raises(SystemExit) as e:
+        run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and str(ckpt / file) in err, err
+    assert "Traceback" not in err
+    if damage == "planted-pickle":
+        assert "is not a safe checkpoint file: it asks to import os.makedirs" in err
+        assert "weights_only" not in err  # torch's advice to retry with weights_only=False would run the payload
+        assert not flag.exists()  # the payload never ran
+
+
+# ---------------------------------------------------------------------------- a full disk during a save
+def _tmpfs(path: Path, size: int) -> bool:
+    path.mkdir(parents=True)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def test_a_full_disk_during_a_save_names_the_disk_and_file_and_the_partial_checkpoint_is_skipped(
+        post, tiny_qwen2vl, tiny_store, reference, tmp_path):
+    # Room for the run up to checkpoint-2 and half of checkpoint-4: a real ENOSPC from a small tmpfs.
+    used_by_2 = sum(p.stat().st_size for p in (reference / "checkpoint-2").rglob("*") if p.is_file())
+    disk = tmp_path / "disk"
+    if not _tmpfs(disk, used_by_2 + used_by_2 // 2):
+        pytest.skip("needs root and mount -t tmpfs for a real full disk")
+    try:
+        out = disk / "run"
+        proc = launch(out, tiny_qwen2vl, tiny_store.root, "train.save_total_limit=null")
+        said = proc.communicate(timeout=300)[0]
+        assert proc.returncode == 1, said[-3000:]
+        assert "No space left on device" in said and f"saving {out / 'checkpoint-4'} failed while writing " \
+                                                     f"{out / 'checkpoint-4'}/" in said
+        assert f"disk of {out}" in said and "unexpected pos" not in said.split("error: saving")[-1]
+        moved = tmp_path / "moved"
+        shutil.copytree(out, moved)
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+    run_main(post, moved, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest")
+    assert logs(moved) == logs(reference)
+
+
+def test_with_save_total_limit_1_a_kill_in_the_save_window_keeps_the_last_complete_checkpoint(
+        post, tiny_qwen2vl, tiny_store, reference, tmp_path, capsys):
+    # The Trainer deletes old checkpoints at the end of its own save, before tokenswap's record: the rotation must
+    # wait for the record, or a kill in that window leaves nothing complete to resume from.
+    out = tmp_path / "run"
+    proc = launch(out, tiny_qwen2vl, tiny_store.root, "train.save_total_limit=1", env={FAULT_PAUSE_ENV: "120@4"})
+    wait_for_line(proc, "checkpoint-4 has trainer_state.json")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert (out / "checkpoint-2" / COMPLETE_MARKER).is_file()
+    run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest",
+             "train.save_total_limit=1")
+    assert f"weights loaded from {out / 'checkpoint-2'}" in capsys.readouterr().out
+    assert logs(out) == logs(reference)
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"]  # the limit still holds
+
+
+def test_sigterm_to_the_whole_job_with_dataloader_workers_still_saves_and_resumes_exactly(
+        post, tiny_qwen2vl, tiny_store, reference, tmp_path):
+    # Slurm signals every process of the job: the forked data-loader workers get SIGTERM too, and must keep serving
+    # batches until the trainer has finished its step and saved.
+    out = tmp_path / "run"
+    proc = launch(out, tiny_qwen2vl, tiny_store.root, "train.dataloader_num_workers=2", env={FAULT_PAUSE_ENV: "3@2"},
+                  start_new_session=True)
+    wait_for_line(proc, "checkpoint-2 has trainer_state.json")
+    os.killpg(proc.pid, signal.SIGTERM)
+    rest = proc.communicate(timeout=300)[0]
+    assert proc.returncode == PREEMPTED_EXIT, rest[-3000:]
+    assert rest.count("[tokenswap] SIGTERM: saving a checkpoint") == 1  # said by the trainer, not by each worker
+    assert (out / "checkpoint-3" / COMPLETE_MARKER).is_file()
+    run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest",
+             "train.dataloader_num_workers=2")
+    assert logs(out) == logs(reference)

@@ -1,0 +1,166 @@
+"""One training run per output folder, and a resume that keeps the settings the run started with.
+
+:func:`hold_output_dir` locks ``run.output_dir`` for the whole run (``tokenswap build-store``'s folder lock: a
+kernel ``flock`` a killed holder drops at once); a second run on the folder exits 1 naming the holder.
+:func:`check_resume_settings` refuses, with exit 2 and every difference named, a resume whose settings would
+change the sample stream or the bookkeeping of the run it continues; :data:`RESUME_MAY_CHANGE` lists what may.
+:func:`write_run_config` writes the resolved config (secrets masked) into the folder.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import sys
+from pathlib import Path
+
+from tokenswap.store.coordination import _FolderLock
+from tokenswap.store.image_store import atomic_write
+
+RUN_CONFIG = "tokenswap_config.json"
+"""The resolved config of a run, in its output folder and in each of its checkpoints."""
+
+LOCK_PREFIX = ".train-lock"
+"""``<output_dir>/.train-lock-r000``: the lock file of :func:`hold_output_dir` (it names its last holder)."""
+
+
+class RunLockedError(RuntimeError):
+    """Another training run holds the output folder."""
+
+
+# Locks this process holds, by real folder path. A recipe's main() called again in the same process (tests, a
+# notebook) is the same owner: the kernel would refuse a second flock on a new descriptor of the same file.
+_HELD: dict[str, _FolderLock] = {}
+
+
+def _any_rank(flag: bool, args=None) -> bool:
+    """``flag`` OR-ed over the ranks (every rank returns the same answer); the flag itself in one process."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return flag
+    device = "cpu" if dist.get_backend() == "gloo" else (args.device if args is not None else "cuda")
+    t = torch.tensor([int(flag)], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def hold_output_dir(output_dir: str, args=None) -> None:
+    """Lock ``output_dir`` for this run until the process ends; exit 1 naming the holder if another run has it.
+
+    Two runs writing one folder interleave their sample-id logs, checkpoints and config (each would end with a
+    mix of both), so the second is refused before it writes anything. Rank 0 holds the lock (the other ranks of a
+    launch share its folder); its answer reaches every rank, so a refused launch exits 1 on all of them together
+    instead of leaving ranks waiting at a collective. Call it after ``TrainingArguments`` exist (multi-process runs
+    then have their process group). The lock lives in ``.train-lock-r000``; a killed holder releases it at once.
+    """
+    if args is not None:
+        args.device  # noqa: B018 - sets up the process group of a multi-process run, which the answer travels on
+    os.makedirs(output_dir, exist_ok=True)
+    refused = ""
+    key = os.path.realpath(output_dir)
+    if int(os.environ.get("RANK", "0")) == 0 and key not in _HELD:
+        lock = _FolderLock(Path(output_dir), 0, prefix=LOCK_PREFIX, doing="used by a training run",
+                           error=RunLockedError, what="run")
+        try:
+            _HELD[key] = lock.__enter__()
+        except RunLockedError as e:
+            refused = str(e)
+    if _any_rank(bool(refused), args):
+        if refused:
+            print(f"error: {refused}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+
+
+def write_run_config(output_dir: str, config: dict) -> None:
+    """Write ``config`` (from :func:`tokenswap.config.config_to_dict`: secrets masked) as the run's
+    :data:`RUN_CONFIG` (rank 0); each checkpoint gets a copy (:class:`~tokenswap.training.CheckpointCallback`)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        atomic_write(Path(output_dir) / RUN_CONFIG, json.dumps(config, indent=2).encode())
+
+
+RESUME_MAY_CHANGE: tuple[str, ...] = (
+    "run.output_dir",  # an explicit checkpoint of another folder continues here
+    "train.resume_from_checkpoint",
+    "train.max_steps", "train.num_train_epochs",  # extend (or shorten) a run; the schedule follows the new length
+    "train.logging_*", "train.log_*", "train.save_*", "train.report_to", "train.disable_tqdm",
+    "train.include_num_input_tokens_seen", "train.include_tokens_per_second", "train.skip_memory_metrics",
+    "train.push_to_hub", "train.hub_*",
+    "train.dataloader_num_workers", "train.dataloader_prefetch_factor", "train.dataloader_persistent_workers",
+    "train.dataloader_pin_memory",  # collation in workers gives the same batches and bookkeeping
+    "train.ddp_timeout",
+    "collator.cache_gb", "collator.prepared",  # the pixel cache and a prepared copy: identical pixels
+    "gap_eval.*", "eval.*", "wandb.*", "throughput.*",  # what is measured and reported, not what trains
+)
+"""Config keys (``fnmatch`` patterns) a resume may change. Any other difference from the run's saved config
+(``run.arm``, ``data.seed``, ``collator.swap_prob``, ``collator.max_length``, ``collator.pack_budget``, batch sizes,
+learning rate, the model, the number of processes, ...) changes the sample stream or the bookkeeping of the run
+being continued, and the resume is refused with each difference named."""
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _saved_config(checkpoint: str) -> tuple[str, dict] | None:
+    """The config the run of ``checkpoint`` was started with: its own copy, else its run folder's."""
+    for path in (Path(checkpoint) / RUN_CONFIG, Path(checkpoint).parent / RUN_CONFIG):
+        if path.is_file():
+            try:
+                return str(path), json.loads(path.read_text())
+            except ValueError as e:
+                print(f"error: {path} is not valid JSON ({e}); it records the settings {checkpoint} was trained with: "
+                      "restore it, or resume from another checkpoint", file=sys.stderr)
+                raise SystemExit(2) from None
+    return None
+
+
+def resume_differences(saved: dict, now: dict) -> list[str]:
+    """``key: was X, now Y`` for each setting outside :data:`RESUME_MAY_CHANGE` that differs."""
+    old, new = _flatten(saved), _flatten(json.loads(json.dumps(now)))
+    changed = [k for k in sorted(set(old) | set(new)) if old.get(k, "<absent>") != new.get(k, "<absent>")
+               and not any(fnmatch.fnmatchcase(k, p) for p in RESUME_MAY_CHANGE)]
+    return [f"{k}: was {old.get(k, '<absent>')!r}, now {new.get(k, '<absent>')!r}" for k in changed]
+
+
+def check_resume_settings(config: dict, checkpoint: str | None) -> None:
+    """Exit 2, naming every difference, when ``config`` would continue ``checkpoint`` with other settings.
+
+    ``config`` is this launch's :func:`~tokenswap.config.config_to_dict`; the run's own is the checkpoint's copy of
+    :data:`RUN_CONFIG` (or, for checkpoints written before copies, the one in its run folder). The number of
+    processes is compared too (it splits the batches). A fresh run (``checkpoint`` None) is not checked.
+    """
+    if checkpoint is None:
+        return
+    problems = []
+    found = _saved_config(checkpoint)
+    if found is None:
+        print(f"[tokenswap] warning: {checkpoint} has no {RUN_CONFIG} (nor its run folder): its settings cannot be "
+              "compared with this launch's", file=sys.stderr, flush=True)
+    else:
+        where, saved = found
+        problems += resume_differences(saved, config)
+    from tokenswap.training.checkpoint import COMPLETE_MARKER
+
+    try:
+        world = json.loads((Path(checkpoint) / COMPLETE_MARKER).read_text()).get("world_size")
+    except (OSError, ValueError, AttributeError):
+        world = None
+    now_world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world is not None and int(world) != now_world:
+        problems.append(f"processes (WORLD_SIZE): was {world}, now {now_world}")
+    if problems:
+        what = where if found is not None else checkpoint
+        print(f"error: {checkpoint} was trained with other settings ({'; '.join(problems)}); resuming would train the "
+              f"rest of the run on another sample stream while {RUN_CONFIG} claimed one (the run's settings: {what}). "
+              "Resume with the original settings, or start a new run in another run.output_dir. A resume may change "
+              f"only: {', '.join(RESUME_MAY_CHANGE)}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
