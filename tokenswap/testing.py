@@ -573,6 +573,9 @@ def llm_reply(body: bytes, status: int = 200, headers: dict | None = None, lengt
         for k, v in (headers or {}).items():
             h.send_header(k, v)
         h.send_header("Content-Length", str(len(body) if length is None else length))
+        # The server closes every connection after its answer; saying so keeps a pooled client from sending the next
+        # request down a socket that is being closed (which fails it at random, as a dropped connection).
+        h.send_header("Connection", "close")
         h.end_headers()
         h.wfile.write(body)
         h.wfile.flush()

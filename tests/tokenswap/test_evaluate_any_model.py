@@ -269,6 +269,7 @@ class Loopback:
                     self.send_header(k, v)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
+                self.send_header("Connection", "close")  # it closes after each answer: no pooled reuse to race
                 self.end_headers()
                 self.wfile.write(body)
 
