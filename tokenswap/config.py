@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
-__all__ = ["ConfigError", "config_to_dict", "field_docs", "load_config", "parse_config", "resolve_config_path"]
+__all__ = ["ConfigError", "config_to_dict", "field_docs", "flatten_dict", "load_config", "parse_config", "resolve_config_path"]
 
 T = TypeVar("T")
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -404,6 +404,21 @@ def mask_secrets(value: Any, name: str = "") -> Any:
     if isinstance(value, str):
         return _URL_USERINFO.sub(r"\g<scheme><CREDENTIALS>@", value)
     return value
+
+
+def flatten_dict(d: dict, prefix: str = "") -> dict:
+    """Nested dicts as one level of dotted keys, the way settings are named in overrides and messages.
+
+    >>> flatten_dict({"collator": {"swap_prob": 1.0}, "run": {}})
+    {'collator.swap_prob': 1.0, 'run': {}}
+    """
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten_dict(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def config_to_dict(cfg: Any) -> dict:

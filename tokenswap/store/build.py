@@ -58,6 +58,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tokenswap.cli import looks_like_path
+from tokenswap.config import flatten_dict
 from tokenswap.store.build_config import (
     FIXTURE,
     DataConfig,
@@ -138,16 +139,6 @@ def _plan(cfg: StoreBuildConfig, world: int) -> dict:
     }
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 class _PlanChanged(ValueError):
     """A resume with settings other than the folder's plan (nothing is touched)."""
 
@@ -171,7 +162,7 @@ def _check_plan(cfg: StoreBuildConfig, state: Path, world: int, rank: int) -> No
         saved["data"].pop("skip_malformed", None)  # plans written before it left the plan
     if saved == plan:
         return
-    old, new = _flatten(saved), _flatten(plan)
+    old, new = flatten_dict(saved), flatten_dict(plan)
     changed = [k for k in sorted(set(old) | set(new)) if old.get(k, "<absent>") != new.get(k, "<absent>")]
     diff = "; ".join(f"{k}: was {old.get(k, '<absent>')!r}, now {new.get(k, '<absent>')!r}" for k in changed)
     raise _PlanChanged(

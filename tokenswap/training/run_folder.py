@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from tokenswap.config import flatten_dict
 from tokenswap.store.coordination import _FolderLock
 from tokenswap.store.image_store import atomic_write
 
@@ -100,16 +101,6 @@ learning rate, the model, the number of processes, ...) changes the sample strea
 being continued, and the resume is refused with each difference named."""
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def _saved_config(checkpoint: str) -> tuple[str, dict] | None:
     """The config the run of ``checkpoint`` was started with: its own copy, else its run folder's."""
     for path in (Path(checkpoint) / RUN_CONFIG, Path(checkpoint).parent / RUN_CONFIG):
@@ -125,7 +116,7 @@ def _saved_config(checkpoint: str) -> tuple[str, dict] | None:
 
 def resume_differences(saved: dict, now: dict) -> list[str]:
     """``key: was X, now Y`` for each setting outside :data:`RESUME_MAY_CHANGE` that differs."""
-    old, new = _flatten(saved), _flatten(json.loads(json.dumps(now)))
+    old, new = flatten_dict(saved), flatten_dict(json.loads(json.dumps(now)))
     changed = [k for k in sorted(set(old) | set(new)) if old.get(k, "<absent>") != new.get(k, "<absent>")
                and not any(fnmatch.fnmatchcase(k, p) for p in RESUME_MAY_CHANGE)]
     return [f"{k}: was {old.get(k, '<absent>')!r}, now {new.get(k, '<absent>')!r}" for k in changed]
