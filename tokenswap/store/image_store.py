@@ -28,6 +28,7 @@ import io
 import json
 import os
 import re
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -498,8 +499,12 @@ class StoreWriter:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part.
+
+    The temporary file is the writer's own (process and thread in its name): two ranks writing ``store.json`` at
+    once each rename a whole file (the last one wins) instead of one renaming the other's away.
+    """
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()

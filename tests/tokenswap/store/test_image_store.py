@@ -236,3 +236,31 @@ def test_a_store_pickles_and_reads_in_the_copy(tmp_path):
     store = ImageStore(tmp_path)
     clone = pickle.loads(pickle.dumps(store))
     assert clone.get("cat")[0].load_bytes() == store.get("cat")[0].load_bytes()
+
+
+def test_concurrent_atomic_writes_of_one_file_never_rename_each_others_file_away(tmp_path):
+    # Two ranks of a build write store.json at once; with one shared temporary name one rank's rename found the
+    # other's file gone (FileNotFoundError in a 2-rank CI build) or renamed a file the other was still writing.
+    import json
+    import threading
+
+    from tokenswap.store.image_store import atomic_write
+
+    path = tmp_path / "store.json"
+    errors: list[BaseException] = []
+
+    def writer(tag: str) -> None:
+        try:
+            for i in range(300):
+                atomic_write(path, json.dumps({"writer": tag, "i": i, "pad": "x" * 4096}).encode())
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=writer, args=(tag,)) for tag in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:1]
+    assert json.loads(path.read_text())["i"] == 299  # a whole file, the last write of one writer
+    assert not list(tmp_path.glob("*.tmp"))
