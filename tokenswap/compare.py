@@ -61,7 +61,7 @@ class RunRecord:
 
 
 # ---------------------------------------------------------------------------- readers
-def _wandb_records(path: str):
+def wandb_records(path: str):
     """Yield the protobuf records of a ``.wandb`` file (LevelDB log framing, 32 KiB blocks)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
@@ -105,7 +105,7 @@ def read_wandb_offline(path: str | os.PathLike) -> RunRecord:
     name = group = ""
     config: dict = {}
     history = []
-    for rec in _wandb_records(path):
+    for rec in wandb_records(path):
         kind = rec.WhichOneof("record_type")
         if kind == "run":
             name, group = rec.run.display_name, rec.run.run_group

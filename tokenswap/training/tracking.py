@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from tokenswap.training.config import RunConfig, WandbConfig
 
@@ -30,8 +31,30 @@ def init_wandb(cfg: WandbConfig, run: RunConfig, stage: str, config: dict, repor
     )
 
 
-def finish_wandb() -> None:
-    """Close the W&B run opened by :func:`init_wandb` (flushes offline run files)."""
+def finish_wandb(timeout: float = 60.0) -> None:
+    """Close the W&B run opened by :func:`init_wandb`; an offline run's file is complete when this returns.
 
-    if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
-        sys.modules["wandb"].finish()
+    ``wandb.finish()`` can return before W&B's service process has written an offline run's records (seen on a
+    loaded machine: a run file holding no record yet, read back as a run without name or history), so this waits
+    up to ``timeout`` seconds for the file's closing ``exit`` record.
+    """
+    wandb = sys.modules.get("wandb")
+    if wandb is None or wandb.run is None:
+        return
+    settings = wandb.run.settings
+    offline_file = settings.sync_file if settings.mode in ("offline", "dryrun") else None
+    wandb.finish()
+    if offline_file is None:
+        return
+    from tokenswap.compare import wandb_records
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if any(r.WhichOneof("record_type") == "exit" for r in wandb_records(offline_file)):
+                return
+        except Exception:  # noqa: BLE001 - a file still being written: a cut header or record, not an error yet
+            pass
+        time.sleep(0.2)
+    print(f"warning: W&B has not finished writing {offline_file} after {timeout:g} s; it may be incomplete",
+          file=sys.stderr)
