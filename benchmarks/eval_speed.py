@@ -38,7 +38,8 @@ from PIL import Image  # noqa: E402
 
 from tokenswap.eval.gap import GapEvaluator  # noqa: E402
 from tokenswap.eval.mc import MCItem  # noqa: E402
-from tokenswap.testing import build_tiny_qwen2vl, load_qwen2vl  # noqa: E402
+from tokenswap.families import load_checkpoint
+from tokenswap.testing import build_tiny_qwen2vl
 
 CONCEPTS = ["cat", "dog", "apple", "car", "tree", "house", "boat", "bird"]
 
@@ -81,7 +82,7 @@ def main() -> None:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         path = build_tiny_qwen2vl(Path(tmp) / "model", hidden_size=args.hidden, num_layers=args.layers)
-        model, processor = load_qwen2vl(path)
+        model, processor = load_checkpoint(path)
     model.eval()
     pairs = make_pairs(args.pairs)
     n_params = sum(p.numel() for p in model.parameters())

@@ -419,8 +419,9 @@ def _plant(root: Path, concept: str, data: bytes) -> None:
     """Write a store shard holding ``data`` as-is, bypassing StoreWriter's checks."""
     import pyarrow as pa
 
+    from tokenswap.files import atomic_write
     from tokenswap.store import StoreWriter
-    from tokenswap.store.image_store import SCHEMA, atomic_write, image_id_of
+    from tokenswap.store.image_store import SCHEMA, image_id_of
 
     StoreWriter(root).close()  # store.json
     row = {"key": concept, "concept": concept, "image_id": image_id_of(data), "image": data, "source": "planted",
@@ -640,7 +641,7 @@ def _flood(h) -> None:
 
 
 def section_llm(t: Tally, work: Path) -> None:
-    from tokenswap.llm import LLMRequestError, OpenAIChatModel
+    from tokenswap.inference import LLMRequestError, OpenAIChatModel
 
     server, other = ScriptedLLMServer(), ScriptedLLMServer()
     msg = [{"role": "user", "content": "hi"}]

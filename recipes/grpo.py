@@ -35,9 +35,10 @@ from trl import GRPOConfig, GRPOTrainer
 from tokenswap.config import config_to_dict, parse_config
 from tokenswap.crossmath import REWARDS, get_hop_weighted_reward
 from tokenswap.crossmath.training_data import CrossMathDataConfig, grpo_dataset, load_training_records
+from tokenswap.ranks import print0
 from tokenswap.training.checkpoint import CheckpointCallback, resolve_checkpoint, train
 from tokenswap.training.config import ModelConfig, RunConfig, WandbConfig
-from tokenswap.training.distributed import close_process_group, end_script, print0
+from tokenswap.training.distributed import close_process_group, end_script
 from tokenswap.training.model import check_inputs, load_model_and_processor, peft_lora_config
 from tokenswap.training.run_folder import check_resume_settings, hold_output_dir, write_run_config
 from tokenswap.training.tracking import finish_wandb, init_wandb

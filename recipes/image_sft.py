@@ -39,12 +39,13 @@ from tokenswap.crossmath.training_data import (
     sft_example,
 )
 from tokenswap.packing import group_by_length
+from tokenswap.ranks import print0
 from tokenswap.throughput import ThroughputCallback, ThroughputConfig
 from tokenswap.training.builders import build_collator
 from tokenswap.training.callbacks import EmptyStepCallback, install_first
 from tokenswap.training.checkpoint import CheckpointCallback, ResumableCollator, resolve_checkpoint, train
 from tokenswap.training.config import CollatorConfig, ModelConfig, RunConfig, WandbConfig
-from tokenswap.training.distributed import close_process_group, end_script, print0
+from tokenswap.training.distributed import close_process_group, end_script
 from tokenswap.training.model import check_inputs, load_model_and_processor
 from tokenswap.training.run_folder import check_resume_settings, hold_output_dir, write_run_config
 from tokenswap.training.tracking import finish_wandb, init_wandb

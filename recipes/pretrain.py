@@ -26,12 +26,13 @@ from tokenswap.config import config_to_dict, parse_config
 from tokenswap.data.mixture import paired_mixture
 from tokenswap.data.schema import load_samples
 from tokenswap.packing import group_by_length
+from tokenswap.ranks import print0
 from tokenswap.throughput import ThroughputCallback, ThroughputConfig
 from tokenswap.training.builders import build_collator, build_gap_callback, build_image_store
 from tokenswap.training.callbacks import EmptyStepCallback, EpochCallback, SwapStatsCallback, install_first
 from tokenswap.training.checkpoint import CheckpointCallback, ResumableCollator, resolve_checkpoint, train
 from tokenswap.training.config import CollatorConfig, DataConfig, GapEvalConfig, ModelConfig, RunConfig, WandbConfig
-from tokenswap.training.distributed import close_process_group, end_script, print0
+from tokenswap.training.distributed import close_process_group, end_script
 from tokenswap.training.model import check_inputs, load_model_and_processor
 from tokenswap.training.run_folder import check_resume_settings, hold_output_dir, write_run_config
 from tokenswap.training.tracking import finish_wandb, init_wandb

@@ -176,7 +176,7 @@ def use_packed_attention(model, requested: str = "auto", device: str | None = No
         model.set_attn_implementation(impl)
     if (impl, why) not in _LOGGED:
         _LOGGED.add((impl, why))
-        from tokenswap.training.distributed import print0
+        from tokenswap.ranks import print0
 
         print0(f"[tokenswap] packed attention: {name} ({impl} on {device}; {why})")
     return model.config._attn_implementation

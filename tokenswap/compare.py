@@ -26,8 +26,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokenswap.cli import InputError, read_json, require_output_dir
+from tokenswap.errors import InputError
 from tokenswap.eval.stats import mean_ci
+from tokenswap.files import read_json
+from tokenswap.inputs import require_output_dir
 
 __all__ = ["RunRecord", "compare_runs", "load_run", "make_wandb_report", "mean_ci", "paired_difference",
            "read_trainer_run", "read_wandb_offline", "seed_of"]

@@ -271,9 +271,9 @@ def evaluate_checkpoint(path: Path, bench: Path, cache: Path | None = None) -> d
         return json.loads(cache.read_text())
     from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs
     from tokenswap.eval.gap import GapEvaluator
-    from tokenswap.testing import load_qwen2vl
+    from tokenswap.families import load_checkpoint
 
-    model, processor = load_qwen2vl(path)
+    model, processor = load_checkpoint(path)
     evaluator = GapEvaluator(processor, load_tokenswap_bench_pairs(str(bench)), scorer="loglik", batch_size=32,
                              recognition=True, progress=False)
     metrics = evaluator.evaluate(model).metrics("gap/")

@@ -6,6 +6,7 @@ none, trimmed contents, Qwen3.5's think block), so that :class:`~tokenswap.colla
 can render exactly what ``processor.apply_chat_template`` would. Image geometry (patch size, merge
 size) is read from the processor itself; :attr:`Family.image_processor_defaults` only records what
 the released checkpoints' ``preprocessor_config.json`` sets, for the tiny test checkpoints.
+:func:`load_checkpoint` loads a checkpoint of any family (tiny test folders and released ones alike).
 
 >>> family_of("qwen2_5_vl").model_class
 'Qwen2_5_VLForConditionalGeneration'
@@ -15,6 +16,7 @@ True
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -28,6 +30,7 @@ __all__ = [
     "Family",
     "UnsupportedFamilyError",
     "family_of",
+    "load_checkpoint",
     "render_conversation",
 ]
 
@@ -557,3 +560,21 @@ def render_conversation(
             learn.append((pos, pos + len(body) + len("<|im_end|>")))
         emit(f"{body}<|im_end|>\n")
     return "".join(out), learn
+
+
+def load_checkpoint(path: str | os.PathLike, dtype=None, attn_implementation: str | None = None):
+    """Load a checkpoint folder or hub id of any supported family: ``(model, processor)``.
+
+    The same call serves the tiny test checkpoints and the released ones (``Qwen/Qwen2-VL-7B-Instruct``,
+    ``Qwen/Qwen3-VL-8B-Instruct``, ``Qwen/Qwen3.5-9B``, ...): ``AutoModelForImageTextToText`` picks the
+    class :data:`tokenswap.families.FAMILIES` names.
+    """
+    import transformers
+    from transformers import AutoConfig, AutoProcessor
+
+    # The family table picks the class (and refuses unsupported models, naming the supported families).
+    family = family_of(AutoConfig.from_pretrained(path).model_type)
+    processor = AutoProcessor.from_pretrained(path)
+    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    model = getattr(transformers, family.model_class).from_pretrained(path, dtype=dtype or "auto", **kwargs)
+    return model, processor

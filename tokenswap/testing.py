@@ -36,7 +36,6 @@ __all__ = [
     "build_tiny_store",
     "llm_answer",
     "llm_reply",
-    "load_qwen2vl",
     "official_batch",
     "png_bomb",
     "tiny_config",
@@ -500,26 +499,6 @@ def assert_matches_processor(collator, examples: list[dict], arm: str = "tokensw
     else:
         assert "pixel_values" not in batch
     return batch
-
-
-def load_qwen2vl(path: str | os.PathLike, dtype=None, attn_implementation: str | None = None):
-    """Load a checkpoint folder or hub id of any supported family: ``(model, processor)``.
-
-    The same call serves the tiny test checkpoints and the released ones (``Qwen/Qwen2-VL-7B-Instruct``,
-    ``Qwen/Qwen3-VL-8B-Instruct``, ``Qwen/Qwen3.5-9B``, ...): ``AutoModelForImageTextToText`` picks the
-    class :data:`tokenswap.families.FAMILIES` names.
-    """
-    import transformers
-    from transformers import AutoConfig, AutoProcessor
-
-    from tokenswap.families import family_of
-
-    # The family table picks the class (and refuses unsupported models, naming the supported families).
-    family = family_of(AutoConfig.from_pretrained(path).model_type)
-    processor = AutoProcessor.from_pretrained(path)
-    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-    model = getattr(transformers, family.model_class).from_pretrained(path, dtype=dtype or "auto", **kwargs)
-    return model, processor
 
 
 # Concepts of tests/assets/swap_tiny.jsonl covered by the tiny store ("dog" is left out on purpose,

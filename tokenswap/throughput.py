@@ -198,7 +198,7 @@ class ThroughputCallback(TrainerCallback):
                 name = torch.cuda.get_device_name()
                 self.peak = peak_tflops_of(name)
                 if self.peak is None:
-                    from tokenswap.training.distributed import print0
+                    from tokenswap.ranks import print0
 
                     print0(f"[tokenswap] perf/mfu not logged: {no_peak_reason(name)}")
         self._last = self._snapshot()

@@ -80,10 +80,10 @@ def test_paired_post_training_arms(post, tiny_qwen2vl, tiny_store, tmp_path):
     text = json.loads((outs["text"] / "swap_stats.json").read_text())
     assert swap["concepts_swapped"] > 0 and text.get("concepts_swapped", 0) == 0
     # the output folder is a complete checkpoint: it reloads through from_pretrained
-    from tokenswap.testing import load_qwen2vl
+    from tokenswap.families import load_checkpoint
 
-    model, processor = load_qwen2vl(outs["tokenswap"])
-    assert processor.tokenizer.chat_template == load_qwen2vl(tiny_qwen2vl)[1].tokenizer.chat_template
+    model, processor = load_checkpoint(outs["tokenswap"])
+    assert processor.tokenizer.chat_template == load_checkpoint(tiny_qwen2vl)[1].tokenizer.chat_template
 
 
 def test_resume_reproduces_uninterrupted_losses(post, tiny_qwen2vl, tiny_store, tmp_path, trainer_warnings):
@@ -223,7 +223,7 @@ def test_two_rank_cpu_runs(launcher, extra, tiny_qwen2vl, tiny_store, tiny_bench
     # the in-loop evaluator ran on both ranks together (ZeRO-3 gathers parameters collectively)
     gap_steps = [h["step"] for h in json.loads((out / "log_history.json").read_text()) if "gap/acc_text" in h]
     assert gap_steps == [2, 4]
-    from tokenswap.testing import load_qwen2vl
+    from tokenswap.families import load_checkpoint
 
-    model, _ = load_qwen2vl(out)  # ZeRO-3 gathers the full weights at save
+    model, _ = load_checkpoint(out)  # ZeRO-3 gathers the full weights at save
     assert sum(p.numel() for p in model.parameters()) > 100_000

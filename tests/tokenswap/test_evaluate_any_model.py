@@ -41,10 +41,10 @@ def varied_model(tiny_qwen2vl, tmp_path_factory):
     """The tiny Qwen2-VL with redrawn weights (std 0.3, seed 1): greedy replies that depend on every input."""
     import torch
 
-    from tokenswap.testing import load_qwen2vl
+    from tokenswap.families import load_checkpoint
 
     out = tmp_path_factory.mktemp("varied-qwen2vl")
-    model, processor = load_qwen2vl(tiny_qwen2vl)
+    model, processor = load_checkpoint(tiny_qwen2vl)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for param in model.parameters():

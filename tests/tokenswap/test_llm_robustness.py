@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from tokenswap.llm import LLMRequestError, OpenAIChatModel
+from tokenswap.inference import LLMRequestError, OpenAIChatModel
 from tokenswap.testing import ScriptedLLMServer, llm_answer, llm_reply
 
 MSG = [{"role": "user", "content": "hi"}]

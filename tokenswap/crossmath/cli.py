@@ -33,7 +33,6 @@ import os
 import sys
 from pathlib import Path
 
-from tokenswap.cli import non_negative_int, positive_int, require_items, require_model, require_output_dir
 from tokenswap.crossmath.data import append_jsonl, find_jsonl, load_crossmath, load_image, read_jsonl
 from tokenswap.crossmath.generator import DEFAULT_COLS, DEFAULT_ROWS, DIFFICULTIES, Puzzle, generate_puzzles
 from tokenswap.crossmath.metrics import (
@@ -46,7 +45,9 @@ from tokenswap.crossmath.metrics import (
 )
 from tokenswap.crossmath.prompt import MODALITIES, build_messages
 from tokenswap.crossmath.render import STYLES, puzzle_id_from_image, render_grid
+from tokenswap.errors import InputError
 from tokenswap.inference.backends import add_backend_arguments
+from tokenswap.inputs import non_negative_int, positive_int, require_items, require_model, require_output_dir
 
 __all__ = ["cli_main"]
 
@@ -54,8 +55,6 @@ JSONL_NAME = "crossmath.jsonl"
 RELEASE_MAX_NEW_TOKENS = 16384  # batch_inference_qwen35.py --max_new_tokens
 
 
-class _RefusedError(Exception):
-    """A run that would corrupt existing output; reported as one line and exit status 2."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -143,11 +142,11 @@ def _generate(args: argparse.Namespace) -> int:
     try:  # bad flags fail here, before anything is written
         generate_puzzles(1, args.seed, args.difficulty, **kwargs)
     except ValueError as err:
-        raise _RefusedError(str(err)) from None
+        raise InputError(str(err)) from None
     require_output_dir(out)
     params_path = out / "generate_params.json"
     if params_path.exists() and json.loads(params_path.read_text()) != params:
-        raise _RefusedError(
+        raise InputError(
             f"{out} already holds puzzles generated with {params_path.read_text().strip()}, not {params}; "
             "resume with the same flags (--n and --styles may change) or pick another --out"
         )
@@ -184,13 +183,12 @@ def _fidelity(args: argparse.Namespace) -> int:
     try:
         print(fidelity_report(args.released, n=args.n, seed=args.seed, pixel_limit=args.pixel_limit))
     except (FileNotFoundError, KeyError, ValueError) as err:  # a file missing, empty, or not CrossMath records
-        raise _RefusedError(err.args[0] if isinstance(err, KeyError) else str(err)) from None
+        raise InputError(err.args[0] if isinstance(err, KeyError) else str(err)) from None
     return 0
 
 
 def _evaluate(args: argparse.Namespace) -> int:
     from tokenswap.inference.backends import (
-        BackendConfigError,
         check_backend_arguments,
         describe_arguments,
         open_backend,
@@ -198,15 +196,12 @@ def _evaluate(args: argparse.Namespace) -> int:
     )
     from tokenswap.inference.runs import RecordLog, check_error_share, run_units, tally
 
-    try:
-        check_backend_arguments(args)
-    except BackendConfigError as err:
-        raise _RefusedError(str(err)) from None
+    check_backend_arguments(args)
     data = find_jsonl(args.data)
     try:
         records = load_crossmath(data)[: args.n]
     except (KeyError, ValueError) as err:  # a record without a field, a line that is not JSON
-        raise _RefusedError(f"--data: {err.args[0] if isinstance(err, KeyError) else err}") from None
+        raise InputError(f"--data: {err.args[0] if isinstance(err, KeyError) else err}") from None
     require_items(records, f"--data {str(data)!r}", "puzzles", "pass a CrossMath JSONL with at least one record "
                   "(`tokenswap crossmath generate` writes one)")
     if args.backend == "hf":
@@ -216,7 +211,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     log = RecordLog(pred_path, key_field="id")
     other_models = {p["model"] for p in log.records.values()} - {args.model}
     if other_models:
-        raise _RefusedError(
+        raise InputError(
             f"{pred_path} holds predictions of {sorted(other_models)}, not {args.model!r}; pick another --out"
         )
     settings = resolve_settings(args, "crossmath")
@@ -297,19 +292,6 @@ def cli_main(argv: list[str]) -> int:
     Returns:
         The exit status.
     """
-    from tokenswap.inference.backends import NoLogprobsError
-    from tokenswap.inference.runs import ErrorShareExceeded
-
     args = _parser().parse_args(argv)
-    try:
-        return {"generate": _generate, "eval": _evaluate, "fidelity": _fidelity}[args.command](args)
-    except (_RefusedError, NoLogprobsError) as err:
-        print(f"tokenswap crossmath {args.command}: {err}", file=sys.stderr)
-        return 2
-    except ErrorShareExceeded as err:
-        print(f"tokenswap crossmath {args.command}: {err}", file=sys.stderr)
-        return 1
+    return {"generate": _generate, "eval": _evaluate, "fidelity": _fidelity}[args.command](args)
 
-
-if __name__ == "__main__":
-    sys.exit(cli_main(sys.argv[1:]))

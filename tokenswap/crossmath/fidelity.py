@@ -487,9 +487,9 @@ def fidelity_report(
         FileNotFoundError: if a released JSONL is missing.
         tokenswap.cli.InputError: if a released JSONL holds no records.
     """
-    from tokenswap.cli import require_items
     from tokenswap.crossmath.data import load_crossmath
     from tokenswap.crossmath.generator import DIFFICULTIES, generate_puzzles
+    from tokenswap.inputs import require_items
 
     by_style = {style: load_crossmath(released_jsonl(released, style)) for style in STYLES}
     for style, records in by_style.items():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tokenswap.eval.mc import MCItem
+from tokenswap.data.items import MCItem
 
 __all__ = ["load_mmlu", "load_split", "mmlu_shots"]
 

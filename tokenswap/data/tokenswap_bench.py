@@ -13,8 +13,8 @@ import re
 from dataclasses import replace
 from typing import Literal
 
+from tokenswap.data.items import MCItem, image_tags, pair_ids_match, recover_concepts
 from tokenswap.data.mmlu import load_split
-from tokenswap.eval.mc import MCItem, image_tags, pair_ids_match, recover_concepts
 
 __all__ = ["TOKENSWAP_BENCH_HUB_ID", "load_tokenswap_bench", "load_tokenswap_bench_pairs", "write_tokenswap_bench"]
 

@@ -42,8 +42,8 @@ from typing import Literal
 
 from tokenswap.concepts import Concept, ConceptExtractor, validate_concepts
 from tokenswap.eval.mc import MCItem, build_conversation, evaluate, format_prompt, substitute_spans
-from tokenswap.inference import LLMRequestError, map_ordered
-from tokenswap.llm import ChatModel, parse_json_response
+from tokenswap.inference import ChatModel, LLMRequestError, map_ordered
+from tokenswap.inference.parsing import parse_json_response
 from tokenswap.store.build_config import ExtractorConfig, LLMConfig
 from tokenswap.store.builders import build_chat_model, request_concurrency
 from tokenswap.store.image_store import ImageStore

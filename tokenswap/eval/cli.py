@@ -39,7 +39,8 @@ import os
 import sys
 from pathlib import Path
 
-from tokenswap.cli import InputError, positive_int, require_items, require_model, require_output_dir
+from tokenswap.errors import InputError
+from tokenswap.inputs import positive_int, require_items, require_model, require_output_dir
 
 __all__ = ["cli_main"]
 
@@ -92,21 +93,13 @@ def _check(args) -> None:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    from tokenswap.inference.backends import BackendConfigError, NoLogprobsError
-    from tokenswap.inference.runs import ErrorShareExceeded
-
+    """Entry point of ``tokenswap eval``; refusals raise InputError (exit 2), too many failed requests
+    ErrorShareExceeded (exit 1), both mapped by :func:`tokenswap.cli.main`."""
     args = _parser().parse_args(argv)
-    try:
-        _check(args)
-        if args.backend == "hf" and (args.recognition or int(os.environ.get("WORLD_SIZE", "1")) > 1):
-            return _evaluate_in_one_pass(args)
-        return _evaluate_records(args)
-    except (BackendConfigError, NoLogprobsError) as err:
-        print(f"tokenswap eval: error: {err}", file=sys.stderr)
-        return 2
-    except ErrorShareExceeded as err:
-        print(f"tokenswap eval: error: {err}", file=sys.stderr)
-        return 1
+    _check(args)
+    if args.backend == "hf" and (args.recognition or int(os.environ.get("WORLD_SIZE", "1")) > 1):
+        return _evaluate_in_one_pass(args)
+    return _evaluate_records(args)
 
 
 def _load_pairs(bench: str, split: str, limit: int | None = None) -> list:
@@ -150,8 +143,8 @@ def _evaluate_in_one_pass(args) -> int:
     from accelerate import Accelerator
 
     from tokenswap.eval.gap import GapEvaluator
+    from tokenswap.families import load_checkpoint
     from tokenswap.inference.backends import resolve_settings
-    from tokenswap.testing import load_qwen2vl
 
     settings = resolve_settings(args, "tokenswap", args.scorer)
     # (loglik's thinking-off is built in: GapEvaluator closes an open think block itself.)
@@ -165,7 +158,7 @@ def _evaluate_in_one_pass(args) -> int:
     state = Accelerator()  # sets up the process group from the launcher's env (ACCELERATE_USE_CPU included)
     pairs = _load_pairs(args.bench, args.split, args.limit)
     shots = _shots(args)
-    model, processor = load_qwen2vl(args.model)
+    model, processor = load_checkpoint(args.model)
     model.to(state.device)
     budget = max_new_tokens(args, settings)
     evaluator = GapEvaluator(

@@ -64,11 +64,12 @@ from tokenswap.inference.hf import (
     close_open_think,
     generate_from_inputs,
     letter_logprobs,
+    letter_token_ids,
     split_reasoning,
 )
 
 __all__ = ["NAMING_ANSWER", "NAMING_PROMPT", "GapEvaluator", "GapResult", "GapStats", "Scorer", "letter_token_ids",
-           "summarize"]
+           "summarize"]  # letter_token_ids lives in tokenswap.inference.hf (the hf backend scores letters too)
 
 Scorer = Literal["loglik", "generate"]
 # The naming-form recognition control's turn and candidate reply (the demo trains exactly this pair).
@@ -301,36 +302,6 @@ def summarize(
 
 
 # ----------------------------------------------------------------------------- scoring helpers
-
-
-def letter_token_ids(tokenizer) -> list[list[int]]:
-    """Token ids that start an answer with each letter: ``"A"`` and ``" A"`` where they are one token.
-
-    A variant counts only if its first token decodes to the bare letter (a tokenizer that splits
-    ``" A"`` into ``" "`` + ``"A"`` contributes no ``" A"`` id).
-
-    Returns:
-        Four lists of ids, for A, B, C, D.
-
-    Raises:
-        ValueError: a letter has no single-token form, or two letters share an id.
-    """
-    out = []
-    for letter in LETTERS:
-        ids = set()
-        for text in (letter, " " + letter):
-            toks = tokenizer.encode(text, add_special_tokens=False)
-            if toks and tokenizer.decode(toks[:1]).strip() == letter:
-                ids.add(toks[0])
-        if not ids:
-            raise ValueError(
-                f"the tokenizer has no token that starts an answer with {letter!r}; loglik cannot score it"
-            )
-        out.append(sorted(ids))
-    flat = [i for ids in out for i in ids]
-    if len(flat) != len(set(flat)):
-        raise ValueError(f"answer letters share token ids {out}; use the generate scorer")
-    return out
 
 
 @dataclass(frozen=True)

@@ -49,13 +49,13 @@ import csv
 import json
 import math
 import os
-import sys
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
 import numpy as np
 
+from tokenswap.errors import InputError
 from tokenswap.eval.stats import t_cdf, t_quantile
 
 __all__ = ["DEFAULT_RESAMPLES", "LeaderboardError", "Run", "build_leaderboard", "cli_main", "left_out", "load_run",
@@ -69,7 +69,7 @@ REST_FORMS = ("text", "image")
 TITLES = {"tokenswap": "TokenSwap-Bench", "crossmath": "CrossMath", "rest": "REST"}
 
 
-class LeaderboardError(Exception):
+class LeaderboardError(InputError):
     """An input the leaderboard cannot read; one line naming the file and the fix, exit status 2."""
 
 
@@ -636,7 +636,7 @@ def plot_gaps(board: dict, path: Path) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from tokenswap.cli import non_negative_int, positive_int
+    from tokenswap.inputs import non_negative_int, positive_int
 
     p = argparse.ArgumentParser(
         prog="tokenswap leaderboard", description="many evaluated models: one gap table and figure"
@@ -656,12 +656,8 @@ def _parser() -> argparse.ArgumentParser:
 def cli_main(argv: list[str]) -> int:
     """Entry point of ``tokenswap leaderboard``; returns the exit status (2 for unreadable input)."""
     args = _parser().parse_args(argv)
-    try:
-        runs = [load_run(spec) for spec in args.results]
-        board = build_leaderboard(runs, args.group, args.resamples, args.seed)
-    except LeaderboardError as err:
-        print(f"tokenswap leaderboard: error: {err}", file=sys.stderr)
-        return 2
+    runs = [load_run(spec) for spec in args.results]
+    board = build_leaderboard(runs, args.group, args.resamples, args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     markdown = to_markdown(board)
@@ -673,6 +669,3 @@ def cli_main(argv: list[str]) -> int:
     print(f"wrote {out}/leaderboard.md, .json, .csv, .png")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(cli_main(sys.argv[1:]))

@@ -7,6 +7,9 @@
 - ``local``: :class:`TransformersChatModel`, a local transformers checkpoint.
 - ``cache``: :class:`ResponseCache` and :func:`cache_key`, the JSONL cache every backend shares.
 - ``progress``: :class:`RequestProgress`, a progress bar showing requests/s, in flight, retries, errors.
+- ``parsing``: :func:`parse_json_response`, the JSON object in a model's reply.
+- ``hf`` / ``backends`` / ``runs`` / ``model_settings``: the evaluators' backends (a local checkpoint, any endpoint),
+  per-item resumable records, the releases' per-model settings.
 
 A new engine is one file here; no build stage or evaluator changes.
 """
@@ -15,6 +18,7 @@ from tokenswap.inference.cache import ResponseCache, cache_key
 from tokenswap.inference.local import TransformersChatModel
 from tokenswap.inference.openai_client import OpenAIChatModel, RequestStats
 from tokenswap.inference.ordered import Outcome, map_ordered
+from tokenswap.inference.parsing import parse_json_response
 from tokenswap.inference.types import ChatModel, LLMRequestError, Reply
 
 __all__ = [
@@ -28,4 +32,5 @@ __all__ = [
     "TransformersChatModel",
     "cache_key",
     "map_ordered",
+    "parse_json_response",
 ]

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
+from tokenswap.errors import InputError
 from tokenswap.inference.model_settings import ModelSettings, resize_to_pixels
 from tokenswap.inference.ordered import map_ordered
 from tokenswap.inference.types import LLMRequestError
@@ -63,12 +64,12 @@ LETTERS = "ABCD"
 TOP_LOGPROBS = 20  # the most the OpenAI API and vLLM's default --max-logprobs allow
 
 
-class BackendConfigError(ValueError):
+class BackendConfigError(InputError):
     """Flags that cannot make a backend (reported as one line, exit status 2, before anything loads)."""
 
 
-class NoLogprobsError(RuntimeError):
-    """The endpoint answered without ``logprobs``, so the ``loglik`` scorer cannot run through it."""
+class NoLogprobsError(InputError):
+    """The endpoint answered without ``logprobs``, so the ``loglik`` scorer cannot run through it (exit status 2)."""
 
 
 @dataclass
@@ -310,8 +311,7 @@ class HFBackend(Backend):
         return self._run(prepared, run)
 
     def _score_letters(self, prepared, kwargs: dict) -> Iterator[Generation]:
-        from tokenswap.eval.gap import letter_token_ids
-        from tokenswap.inference.hf import build_inputs, letter_logprobs
+        from tokenswap.inference.hf import build_inputs, letter_logprobs, letter_token_ids
 
         if self._letter_ids is None:
             self._letter_ids = letter_token_ids(self.processor.tokenizer)
@@ -506,7 +506,7 @@ def add_backend_arguments(parser) -> None:
     """
     import argparse
 
-    from tokenswap.cli import positive_int
+    from tokenswap.inputs import positive_int
 
     g = parser.add_argument_group("model backend")
     g.add_argument("--backend", choices=["hf", "openai"], default="hf",
@@ -617,11 +617,11 @@ def open_backend(args, settings: ModelSettings, batch_size: int = 8) -> Backend:
         return OpenAIBackend(client, args.model, concurrency=args.concurrency, image_format=args.image_format, **caps)
     import torch
 
-    from tokenswap.cli import require_model
-    from tokenswap.testing import load_qwen2vl
+    from tokenswap.families import load_checkpoint
+    from tokenswap.inputs import require_model
 
     require_model(args.model)
-    model, processor = load_qwen2vl(args.model)
+    model, processor = load_checkpoint(args.model)
     if torch.cuda.is_available():
         model = model.to("cuda")
     return HFBackend(model, processor, args.model, batch_size=batch_size, **caps)

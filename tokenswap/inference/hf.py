@@ -26,6 +26,7 @@ __all__ = [
     "generate",
     "generate_from_inputs",
     "letter_logprobs",
+    "letter_token_ids",
     "split_reasoning",
 ]
 
@@ -178,7 +179,7 @@ def letter_logprobs(model, batch, letter_ids: Sequence[Sequence[int]]) -> torch.
     Args:
         model: a ``*ForConditionalGeneration`` model.
         batch: from :func:`build_inputs` (with ``close_think=True`` for think-block templates).
-        letter_ids: per letter, its token ids (:func:`tokenswap.eval.gap.letter_token_ids`).
+        letter_ids: per letter, its token ids (:func:`letter_token_ids`).
 
     Returns:
         ``(rows, letters)`` float tensor on the CPU.
@@ -186,3 +187,33 @@ def letter_logprobs(model, batch, letter_ids: Sequence[Sequence[int]]) -> torch.
     out = model(**batch.to(model.device), use_cache=False, logits_to_keep=1)
     logprobs = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1)
     return torch.stack([torch.logsumexp(logprobs[:, list(ids)], dim=-1) for ids in letter_ids], dim=-1).cpu()
+
+
+def letter_token_ids(tokenizer) -> list[list[int]]:
+    """Token ids that start an answer with each letter: ``"A"`` and ``" A"`` where they are one token.
+
+    A variant counts only if its first token decodes to the bare letter (a tokenizer that splits
+    ``" A"`` into ``" "`` + ``"A"`` contributes no ``" A"`` id).
+
+    Returns:
+        Four lists of ids, for A, B, C, D.
+
+    Raises:
+        ValueError: a letter has no single-token form, or two letters share an id.
+    """
+    out = []
+    for letter in "ABCD":
+        ids = set()
+        for text in (letter, " " + letter):
+            toks = tokenizer.encode(text, add_special_tokens=False)
+            if toks and tokenizer.decode(toks[:1]).strip() == letter:
+                ids.add(toks[0])
+        if not ids:
+            raise ValueError(
+                f"the tokenizer has no token that starts an answer with {letter!r}; loglik cannot score it"
+            )
+        out.append(sorted(ids))
+    flat = [i for ids in out for i in ids]
+    if len(flat) != len(set(flat)):
+        raise ValueError(f"answer letters share token ids {out}; use the generate scorer")
+    return out

@@ -51,7 +51,7 @@ class TransformersChatModel:
         from transformers import AutoConfig
         from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
-        from tokenswap.cli import require_model
+        from tokenswap.inputs import require_model
 
         require_model(self.model_path, "chat model checkpoint")
         config = AutoConfig.from_pretrained(self.model_path)

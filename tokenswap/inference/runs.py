@@ -17,13 +17,14 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from tokenswap.errors import IncompleteRunError
 from tokenswap.inference.backends import Backend
 
 __all__ = ["ErrorShareExceeded", "RecordLog", "check_error_share", "run_units", "tally", "usage_totals"]
 
 
-class ErrorShareExceeded(RuntimeError):
-    """More units failed than ``--max-error-share`` allows; the message names the count and the first error."""
+class ErrorShareExceeded(IncompleteRunError):
+    """More units failed than ``--max-error-share`` allows; the message names the count and the first error (exit 1)."""
 
 
 class RecordLog:

@@ -19,17 +19,17 @@ import argparse
 import os
 import sys
 
-from tokenswap.cli import (
-    InputError,
+from tokenswap.errors import InputError
+from tokenswap.files import read_json
+from tokenswap.inference.backends import add_backend_arguments
+from tokenswap.inputs import (
     looks_like_path,
     non_negative_int,
     positive_int,
-    read_json,
     require_model,
     require_output_dir,
     require_path,
 )
-from tokenswap.inference.backends import add_backend_arguments
 
 __all__ = ["cli_main"]
 
@@ -110,22 +110,15 @@ def _built_variants(meta: str) -> list[str]:
 
 def _eval(args: argparse.Namespace) -> int:
     from tokenswap.inference.backends import (
-        BackendConfigError,
-        NoLogprobsError,
         check_backend_arguments,
         describe_arguments,
         open_backend,
         resolve_settings,
     )
-    from tokenswap.inference.runs import ErrorShareExceeded
     from tokenswap.rest.build import BASE_VARIANT
     from tokenswap.rest.evaluate import run_rest_eval
 
-    try:
-        check_backend_arguments(args)
-    except BackendConfigError as err:
-        print(f"tokenswap rest eval: error: {err}", file=sys.stderr)
-        return 2
+    check_backend_arguments(args)
     require_path(args.data, "--data", kind="dir")
     require_path(os.path.join(args.data, "meta.json"), "--data (a folder written by `tokenswap rest build`) file")
     if args.backend == "hf":
@@ -143,29 +136,22 @@ def _eval(args: argparse.Namespace) -> int:
                          "among those, or rebuild the folder with `tokenswap rest build`")
     require_output_dir(args.out)
     settings = resolve_settings(args, "rest")
-    try:
-        metrics = run_rest_eval(
-            None,
-            None,
-            args.data,
-            args.out,
-            variants=variants,
-            ocr=args.ocr,
-            n=args.n,
-            max_new_tokens=args.max_new_tokens,
-            batch_size=args.batch_size,
-            progress=True,
-            model_name=args.model,
-            backend=lambda: open_backend(args, settings, batch_size=args.batch_size),
-            max_error_share=args.max_error_share,
-            run_info={"backend_info": describe_arguments(args), "model_settings": settings.as_dict()},
-        )
-    except NoLogprobsError as err:
-        print(f"tokenswap rest eval: error: {err}", file=sys.stderr)
-        return 2
-    except ErrorShareExceeded as err:
-        print(f"tokenswap rest eval: error: {err}", file=sys.stderr)
-        return 1
+    metrics = run_rest_eval(
+        None,
+        None,
+        args.data,
+        args.out,
+        variants=variants,
+        ocr=args.ocr,
+        n=args.n,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        progress=True,
+        model_name=args.model,
+        backend=lambda: open_backend(args, settings, batch_size=args.batch_size),
+        max_error_share=args.max_error_share,
+        run_info={"backend_info": describe_arguments(args), "model_settings": settings.as_dict()},
+    )
     base = metrics["variants"][BASE_VARIANT]["all"]
     shown = [base["accuracy"][m] for m in ("text", "image", "mixed")] + [base["rer"]]
     text_acc, image_acc, mixed_acc, rer = ("n/a" if v is None else f"{v:.3f}" for v in shown)

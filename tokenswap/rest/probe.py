@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tokenswap.cli import InputError, positive_int, require_model, require_output_dir, require_path
+from tokenswap.errors import InputError
+from tokenswap.inputs import positive_int, require_model, require_output_dir, require_path
 
 __all__ = [
     "DEFAULT_LABELS",
@@ -296,7 +297,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=positive_int, default=8)
     args = parser.parse_args(argv)
 
-    from tokenswap.testing import load_qwen2vl
+    from tokenswap.families import load_checkpoint
 
     require_model(args.model)
     require_output_dir(args.out)
@@ -313,7 +314,7 @@ def cli_main(argv: list[str] | None = None) -> int:
         parser.error(
             f"--pairs must be in [2, {len(pool)}] for this text pool, got {args.pairs}; pass --texts FILE for more"
         )
-    model, processor = load_qwen2vl(args.model)
+    model, processor = load_checkpoint(args.model)
     if torch.cuda.is_available():
         model = model.to("cuda")
     summary = run_probe(

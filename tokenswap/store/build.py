@@ -57,8 +57,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from tokenswap.cli import looks_like_path
 from tokenswap.config import flatten_dict
+from tokenswap.files import atomic_write
+from tokenswap.inputs import looks_like_path
+from tokenswap.ranks import rank_and_world
 from tokenswap.store.build_config import (
     FIXTURE,
     DataConfig,
@@ -73,7 +75,7 @@ from tokenswap.store.build_config import (
     embedded_config,
 )
 from tokenswap.store.builders import _lexicon_vocabulary
-from tokenswap.store.coordination import BuildLockedError, OtherRankFailed, _FolderLock, _rank_and_world, _wait_for
+from tokenswap.store.coordination import BuildLockedError, OtherRankFailed, _wait_for, build_lock
 from tokenswap.store.stages import (
     RequestsFailed,
     _iter_samples,
@@ -85,8 +87,6 @@ from tokenswap.store.stages import (
     read_swap_dataset,
     write_failure_report,
 )
-
-from .image_store import atomic_write
 
 __all__ = [
     "DataConfig",
@@ -229,11 +229,11 @@ def build_store(cfg: StoreBuildConfig) -> dict:
         ValueError: bad data, or a resume with different plan settings (the message shows the difference).
     """
     t_start = time.perf_counter()
-    rank, world = _rank_and_world()
+    rank, world = rank_and_world()
     _validate_inputs(cfg)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with _FolderLock(out, rank):
+    with build_lock(out, rank):
         return _build_locked(cfg, out, rank, world, t_start)
 
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 
 from tokenswap.concepts import LexiconExtractor, normalize_concept
+from tokenswap.inference.parsing import parse_json_response
 from tokenswap.inference.types import ChatModel, LLMRequestError
-from tokenswap.llm import parse_json_response
 
 __all__ = ["ExtractionStats", "LLMConceptExtractor", "build_lexicon", "plural_forms"]
 
@@ -127,7 +127,7 @@ class LLMConceptExtractor:
     nothing twice. Thread-safe when the chat model is: many texts may be extracted at once.
 
     Args:
-        chat_model: any :class:`tokenswap.llm.ChatModel`.
+        chat_model: any :class:`tokenswap.inference.ChatModel`.
         max_concepts: keep at most this many spans per text (the first ones); None for all.
         max_span_chars: spans longer than this are not concepts and are dropped.
     """

@@ -28,7 +28,6 @@ import io
 import json
 import os
 import re
-import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ import pyarrow as pa
 from PIL import Image
 
 from tokenswap.concepts import normalize_concept
+from tokenswap.files import atomic_write
 from tokenswap.images import BadImageError, check_image_size, load_image
 
 __all__ = [
@@ -48,7 +48,6 @@ __all__ = [
     "StoreFormatError",
     "StoreImage",
     "StoreWriter",
-    "atomic_write",
     "image_id_of",
 ]
 
@@ -496,22 +495,3 @@ class StoreWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part.
-
-    The temporary file is the writer's own (process and thread in its name): two ranks writing ``store.json`` at
-    once each rename a whole file (the last one wins) instead of one renaming the other's away.
-    """
-    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from PIL import Image
 
-from tokenswap.llm import ChatModel, parse_json_response
+from tokenswap.inference import ChatModel
+from tokenswap.inference.parsing import parse_json_response
 from tokenswap.swap import interleave
 
 __all__ = ["ValidityJudge"]
@@ -27,7 +28,7 @@ class ValidityJudge:
     """Ask a vision-language chat model whether an image faithfully stands in for a concept.
 
     Args:
-        chat_model: a :class:`tokenswap.llm.ChatModel` that accepts image parts.
+        chat_model: a :class:`tokenswap.inference.ChatModel` that accepts image parts.
     """
 
     def __init__(self, chat_model: ChatModel):

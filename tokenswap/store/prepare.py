@@ -24,8 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tokenswap.files import atomic_write
 from tokenswap.images import BadImageError
-from tokenswap.store.image_store import ImageStore, atomic_write
+from tokenswap.store.image_store import ImageStore
 
 __all__ = [
     "PreparedImageError",

@@ -36,8 +36,8 @@ from typing import Any, Protocol
 from PIL import Image, ImageDraw, ImageFont
 
 from tokenswap.concepts import normalize_concept
+from tokenswap.files import atomic_write
 from tokenswap.images import BadImageError, load_image
-from tokenswap.store.image_store import atomic_write
 
 __all__ = [
     "GenerationSource",

@@ -15,12 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tokenswap.concepts import Concept, validate_concepts
+from tokenswap.files import atomic_write
 from tokenswap.inference.types import LLMRequestError
 from tokenswap.store.build_config import FIXTURE, DataConfig, StoreBuildConfig
 from tokenswap.store.builders import SOURCE_BUILDERS, _build_extractor, build_chat_model
 from tokenswap.swap import unit_hash
 
-from .image_store import ImageStore, StoreWriter, atomic_write
+from .image_store import ImageStore, StoreWriter
 from .sources import RetrievalSource
 
 _PART = re.compile(r"part-r(\d{3})-(\d{6})\.jsonl$")

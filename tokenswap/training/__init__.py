@@ -16,6 +16,7 @@
 Recipes import from the module of each concern; every name is also importable from ``tokenswap.training``.
 """
 
+from tokenswap.ranks import print0
 from tokenswap.training.builders import build_collator, build_gap_callback, build_image_store
 from tokenswap.training.callbacks import (
     EmptyStepCallback,
@@ -43,7 +44,7 @@ from tokenswap.training.config import (
     RunConfig,
     WandbConfig,
 )
-from tokenswap.training.distributed import at_script_end, close_process_group, end_script, print0
+from tokenswap.training.distributed import at_script_end, close_process_group, end_script
 from tokenswap.training.model import (
     check_inputs,
     load_model_and_processor,

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from transformers import TrainerCallback
 
 from tokenswap.collator import TokenSwapCollator
-from tokenswap.training.distributed import print0
-
-if TYPE_CHECKING:  # checkpoint.py imports this module (NoTargetsError)
-    from tokenswap.training.checkpoint import ResumableCollator
+from tokenswap.ranks import print0
 
 
 class EpochCallback(TrainerCallback):
@@ -36,7 +31,9 @@ class SwapStatsCallback(TrainerCallback):
     callbacks; :func:`install_first` puts it there.
     """
 
-    def __init__(self, collator: ResumableCollator):
+    def __init__(self, collator):
+        # Any object with the collator's ``stats`` mapping (checkpoint.py's ResumableCollator, which imports this
+        # module, so it is not named here).
         self.collator = collator
 
     def on_log(self, args, state, control, logs=None, **kwargs):

@@ -24,11 +24,12 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from tokenswap.store.image_store import atomic_write
+from tokenswap.files import atomic_write
+from tokenswap.ranks import print0
 from tokenswap.training.callbacks import NoTargetsError
-from tokenswap.training.distributed import print0
+from tokenswap.training.distributed import any_rank
+from tokenswap.training.run_folder import COMPLETE_MARKER, RUN_CONFIG
 
-COMPLETE_MARKER = "tokenswap_complete.json"
 """Written into ``checkpoint-N`` after every rank finished saving it (see :class:`CheckpointCallback`)."""
 
 FAULT_PAUSE_ENV = "TOKENSWAP_FAULT_SAVE_PAUSE_S"
@@ -504,12 +505,10 @@ class CheckpointCallback(TrainerCallback):
         self.consumed += 1
 
     def on_step_end(self, args, state, control, **kwargs):
-        from tokenswap.training.run_folder import _any_rank
-
         self.consumed += 1
         # One flag OR-ed over the ranks each step: a SIGTERM that reached any rank stops all of them at this step,
         # so the checkpoint holds one step for every rank (each rank may get the signal at another moment).
-        if _any_rank(self._sigterm_at is not None, args):
+        if any_rank(self._sigterm_at is not None, args):
             control.should_save = True
             control.should_training_stop = True
             self.stopped_at = state.global_step
@@ -535,8 +534,6 @@ class CheckpointCallback(TrainerCallback):
         if world > 1:
             dist.barrier()  # every rank, folder or not: one that skipped it would leave the others waiting
         if rank == 0 and os.path.isdir(folder):
-            from tokenswap.training.run_folder import RUN_CONFIG
-
             # The settings this checkpoint was trained with, for the resume check (run_folder.check_resume_settings).
             run_config = os.path.join(args.output_dir, RUN_CONFIG)
             if os.path.isfile(run_config):

@@ -1,4 +1,4 @@
-"""Rank-aware helpers: print on the main process, and end a multi-process run cleanly."""
+"""Rank-aware helpers: agree across the ranks of a run, and end a multi-process run cleanly."""
 
 from __future__ import annotations
 
@@ -7,11 +7,32 @@ import os
 import sys
 from collections.abc import Callable
 
+from tokenswap.ranks import print0
 
-def print0(*args, **kwargs) -> None:
-    """print on the main process only."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(*args, **kwargs, flush=True)
+__all__ = ["any_rank", "at_script_end", "close_process_group", "end_script", "max_over_ranks", "print0"]
+
+
+def max_over_ranks(value: int, args=None) -> int:
+    """The largest ``value`` over the ranks (every rank returns the same answer); ``value`` itself in one process.
+
+    Args:
+        value: this rank's value (a flag as 0/1, an exit status).
+        args: the run's ``TrainingArguments`` (its device carries the collective on NCCL).
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    device = "cpu" if dist.get_backend() == "gloo" else (args.device if args is not None else "cuda")
+    t = torch.tensor([int(value)], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def any_rank(flag: bool, args=None) -> bool:
+    """``flag`` OR-ed over the ranks (every rank returns the same answer); the flag itself in one process."""
+    return bool(max_over_ranks(int(flag), args))
 
 
 _GLOO_RAN = False

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
+from tokenswap.ranks import print0
 from tokenswap.store.image_store import ImageStore
 from tokenswap.training.config import CollatorConfig, GapEvalConfig, LoraConfig, ModelConfig
-from tokenswap.training.distributed import print0
 
 
 def resolve_attn_implementation(requested: str) -> str:

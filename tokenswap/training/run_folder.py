@@ -16,10 +16,13 @@ import sys
 from pathlib import Path
 
 from tokenswap.config import flatten_dict
-from tokenswap.store.coordination import _FolderLock
-from tokenswap.store.image_store import atomic_write
+from tokenswap.errors import InputError
+from tokenswap.files import FolderLock, atomic_write, remove_dead_temporaries
+from tokenswap.training.distributed import max_over_ranks
 
 RUN_CONFIG = "tokenswap_config.json"
+# Written into a checkpoint last, by every rank (tokenswap.training.checkpoint): the checkpoint is then complete.
+COMPLETE_MARKER = "tokenswap_complete.json"
 """The resolved config of a run, in its output folder and in each of its checkpoints."""
 
 LOCK_PREFIX = ".train-lock"
@@ -32,24 +35,12 @@ class RunLockedError(RuntimeError):
 
 # Locks this process holds, by real folder path. A recipe's main() called again in the same process (tests, a
 # notebook) is the same owner: the kernel would refuse a second flock on a new descriptor of the same file.
-_HELD: dict[str, _FolderLock] = {}
-
-
-def _any_rank(flag: bool, args=None) -> bool:
-    """``flag`` OR-ed over the ranks (every rank returns the same answer); the flag itself in one process."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return flag
-    device = "cpu" if dist.get_backend() == "gloo" else (args.device if args is not None else "cuda")
-    t = torch.tensor([int(flag)], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+_HELD: dict[str, FolderLock] = {}
 
 
 def hold_output_dir(output_dir: str, args=None) -> None:
-    """Lock ``output_dir`` for this run until the process ends; exit 1 naming the holder if another run has it.
+    """Lock ``output_dir`` for this run until the process ends; exit 1 naming the holder if another run has it
+    (exit 2 if the lock file cannot be made: a read-only disk, a folder or a symlink in its place).
 
     Two runs writing one folder interleave their sample-id logs, checkpoints and config (each would end with a
     mix of both), so the second is refused before it writes anything. Rank 0 holds the lock (the other ranks of a
@@ -60,19 +51,25 @@ def hold_output_dir(output_dir: str, args=None) -> None:
     if args is not None:
         args.device  # noqa: B018 - sets up the process group of a multi-process run, which the answer travels on
     os.makedirs(output_dir, exist_ok=True)
-    refused = ""
+    refused, code = "", 0
     key = os.path.realpath(output_dir)
     if int(os.environ.get("RANK", "0")) == 0 and key not in _HELD:
-        lock = _FolderLock(Path(output_dir), 0, prefix=LOCK_PREFIX, doing="used by a training run",
-                           error=RunLockedError, what="run")
+        lock = FolderLock(Path(output_dir), 0, prefix=LOCK_PREFIX, doing="used by a training run",
+                          error=RunLockedError, what="run")
         try:
-            _HELD[key] = lock.__enter__()
+            _HELD[key] = lock.acquire()
         except RunLockedError as e:
-            refused = str(e)
-    if _any_rank(bool(refused), args):
+            refused, code = str(e), 1
+        except InputError as e:  # the lock file cannot be one (a read-only disk, a folder or a symlink there)
+            refused, code = str(e), 2
+        else:
+            # Nobody else writes this folder now: what a killed writer left half-written goes.
+            remove_dead_temporaries(output_dir)
+    code = max_over_ranks(code, args)
+    if code:
         if refused:
             print(f"error: {refused}", file=sys.stderr, flush=True)
-        raise SystemExit(1)
+        raise SystemExit(code)
 
 
 def write_run_config(output_dir: str, config: dict) -> None:
@@ -139,8 +136,6 @@ def check_resume_settings(config: dict, checkpoint: str | None) -> None:
     else:
         where, saved = found
         problems += resume_differences(saved, config)
-    from tokenswap.training.checkpoint import COMPLETE_MARKER
-
     try:
         world = json.loads((Path(checkpoint) / COMPLETE_MARKER).read_text()).get("world_size")
     except (OSError, ValueError, AttributeError):

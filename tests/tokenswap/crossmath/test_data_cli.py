@@ -22,7 +22,6 @@ from tokenswap.crossmath import (
     sft_messages,
     solve,
 )
-from tokenswap.crossmath.cli import cli_main
 from tokenswap.crossmath.data import InconsistentPuzzleError, find_jsonl, puzzle_problem, read_jsonl
 from tokenswap.crossmath.fidelity import RELEASED_FILES
 from tokenswap.crossmath.render import puzzle_id_from_image
@@ -38,6 +37,11 @@ from tokenswap.crossmath.training_data import (
 # styles, with the released file and folder names and the PNGs of the first two: see fixtures/README.md.
 RELEASE = Path(__file__).parent / "fixtures" / "crossmath_release"
 IDS = ["math_puzzle_0104", "math_puzzle_0072", "math_puzzle_0187"]
+
+
+def cli_main(argv):
+    """`tokenswap crossmath ...` through the real entry point (it maps refusals to exit 2)."""
+    return tokenswap_main(["crossmath", *argv])
 
 
 @pytest.mark.parametrize("style", sorted(RELEASED_FILES))
@@ -201,7 +205,7 @@ def test_eval_on_the_tiny_model(tiny_qwen2vl, tmp_path_factory, modality, monkey
     def no_load(*args, **kwargs):
         raise AssertionError("resumed eval must not reload the model")
 
-    monkeypatch.setattr("tokenswap.testing.load_qwen2vl", no_load)
+    monkeypatch.setattr("tokenswap.families.load_checkpoint", no_load)
     assert cli_main(argv) == 0
     assert len(read_jsonl(out / f"predictions_{modality}.jsonl")) == 2
     other = [*argv]

@@ -38,10 +38,10 @@ def always_b(tiny_qwen2vl, tmp_path_factory):
     import torch
 
     from tokenswap.eval.mc import build_conversation
+    from tokenswap.families import load_checkpoint
     from tokenswap.inference.hf import build_inputs
-    from tokenswap.testing import load_qwen2vl
 
-    model, processor = load_qwen2vl(tiny_qwen2vl)
+    model, processor = load_checkpoint(tiny_qwen2vl)
     tok = processor.tokenizer
     answer = tok.encode("B", add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
     convs = [build_conversation(item) for pair in _make_pairs(6, "college_physics") for item in pair]

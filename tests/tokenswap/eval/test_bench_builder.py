@@ -14,7 +14,7 @@ from tokenswap.concepts import LexiconExtractor
 from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs
 from tokenswap.eval.bench_builder import BenchBuilder
 from tokenswap.eval.mc import MCItem
-from tokenswap.llm import OpenAIChatModel
+from tokenswap.inference import OpenAIChatModel
 from tokenswap.store.image_store import ImageStore, StoreWriter
 
 COLORS = {"horse": "red", "heart": "blue", "moon": "white", "sun": "yellow", "lemon": "green"}

@@ -7,7 +7,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from tokenswap.eval.callback import GapEvalCallback
 from tokenswap.eval.gap import GapEvaluator
-from tokenswap.testing import load_qwen2vl
+from tokenswap.families import load_checkpoint
 
 
 class _Collator:
@@ -37,7 +37,7 @@ class _ModeProbe(TrainerCallback):
 
 
 def test_callback_logs_gap_metrics_and_restores_train_mode(tiny_qwen2vl, tmp_path, make_pairs):
-    model, processor = load_qwen2vl(tiny_qwen2vl)
+    model, processor = load_checkpoint(tiny_qwen2vl)
     rows = [{"q": f"What is {i} plus {i}?", "a": str(2 * i)} for i in range(8)]
     args = TrainingArguments(
         output_dir=str(tmp_path),

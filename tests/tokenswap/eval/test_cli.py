@@ -73,11 +73,11 @@ def test_eval_cli_per_item_path_equals_the_in_loop_evaluator(tiny_qwen2vl, tmp_p
     """`tokenswap eval` (hf, one process: per-item records, resumable) scores as GapEvaluator does, both scorers."""
     from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs
     from tokenswap.eval.gap import GapEvaluator
-    from tokenswap.testing import load_qwen2vl
+    from tokenswap.families import load_checkpoint
 
     _write_bench(tmp_path / "bench")
     pairs = load_tokenswap_bench_pairs(tmp_path / "bench")
-    model, processor = load_qwen2vl(tiny_qwen2vl)
+    model, processor = load_checkpoint(tiny_qwen2vl)
     for scorer in ("loglik", "generate"):
         out = tmp_path / scorer
         argv = ["--model", str(tiny_qwen2vl), "--bench", str(tmp_path / "bench"), "--scorer", scorer,

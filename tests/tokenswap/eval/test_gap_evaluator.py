@@ -12,15 +12,16 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tokenswap.eval.gap import GapEvaluator, GapStats, letter_token_ids, summarize
+from tokenswap.eval.gap import GapEvaluator, GapStats, summarize
 from tokenswap.eval.mc import MCItem
 from tokenswap.eval.recognition import recognition_items
-from tokenswap.testing import load_qwen2vl
+from tokenswap.families import load_checkpoint
+from tokenswap.inference.hf import letter_token_ids
 
 
 @pytest.fixture(scope="module")
 def b_model(always_b):
-    return load_qwen2vl(always_b)
+    return load_checkpoint(always_b)
 
 
 def test_loglik_and_generate_agree_when_confident(b_model, make_pairs):
@@ -122,7 +123,7 @@ def test_naming_recognition_finds_the_name_a_model_was_taught(tiny_qwen2vl, make
 
     from tokenswap.eval.gap import NAMING_ANSWER, NAMING_PROMPT
 
-    model, processor = load_qwen2vl(tiny_qwen2vl)
+    model, processor = load_checkpoint(tiny_qwen2vl)
     pairs = make_pairs(6)
     rec = recognition_items([i for _, i in pairs])
     ev = GapEvaluator(processor, pairs, recognition=True, batch_size=8, progress=False)
@@ -212,10 +213,10 @@ _SCRIPT = textwrap.dedent(
     from conftest import _make_pairs as make_pairs
     from accelerate import Accelerator
     from tokenswap.eval.gap import GapEvaluator
-    from tokenswap.testing import load_qwen2vl
+    from tokenswap.families import load_checkpoint
 
     state = Accelerator()  # reads ACCELERATE_USE_CPU; a bare PartialState() would not
-    model, processor = load_qwen2vl({model!r})
+    model, processor = load_checkpoint({model!r})
     out = {{}}
     for scorer in ("loglik", "generate"):
         ev = GapEvaluator(processor, make_pairs(7), scorer=scorer, batch_size=2, max_new_tokens=3,
@@ -236,7 +237,7 @@ _SCRIPT = textwrap.dedent(
 
 
 def test_two_process_cpu_equals_single_process(tiny_qwen2vl, tmp_path, make_pairs, free_port):
-    model, processor = load_qwen2vl(tiny_qwen2vl)
+    model, processor = load_checkpoint(tiny_qwen2vl)
     single = {}
     for scorer in ("loglik", "generate"):
         ev = GapEvaluator(
@@ -273,7 +274,7 @@ def test_loglik_scores_qwen3_5_where_training_puts_the_answer(tiny_family, make_
     from tokenswap.families import family_of, render_conversation
     from tokenswap.inference.backends import HFBackend
 
-    model, processor = load_qwen2vl(tiny_family("qwen3_5"))
+    model, processor = load_checkpoint(tiny_family("qwen3_5"))
     family = family_of("qwen3_5")
     pairs = make_pairs(3)
     evaluator = GapEvaluator(processor, pairs, scorer="loglik", batch_size=1, progress=False)

@@ -227,7 +227,7 @@ def test_bootstrap_is_seeded_and_a_model_interval_ignores_the_other_models(tmp_p
 
 
 def _t_density_tail(t, dof, steps=400_000):
-    # P(T > t) by integrating the Student-t density numerically: independent of stats.betainc.
+    # P(T > t) by integrating the Student-t density numerically: independent of scipy.stats.
     log_c = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
     # substitute x = t / u, u in (0, 1]: the infinite tail becomes a finite integral
     u = (np.arange(steps) + 0.5) / steps

@@ -48,9 +48,9 @@ def test_masked_mean():
 
 def test_model_path_identical_inputs_give_one(tiny_qwen2vl):
     """Through the tiny model: image-token means of the same image twice have cosine 1 at every layer."""
-    from tokenswap.testing import load_qwen2vl
+    from tokenswap.families import load_checkpoint
 
-    model, processor = load_qwen2vl(tiny_qwen2vl)
+    model, processor = load_checkpoint(tiny_qwen2vl)
     texts = ["tiger", "banana", "violin"]
     images = [Image.new("RGB", (120, 60), c) for c in ("white", "red", "blue")]
     image_hidden, text_hidden = collect_pair_states(model, processor, texts, images, batch_size=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tokenswap.llm import OpenAIChatModel
+from tokenswap.inference import OpenAIChatModel
 from tokenswap.store.extract import LLMConceptExtractor, build_lexicon
 
 TEXT = "I bought a red apple and 3 bananas; the Cat ate the apple."

@@ -244,7 +244,7 @@ def test_concurrent_atomic_writes_of_one_file_never_rename_each_others_file_away
     import json
     import threading
 
-    from tokenswap.store.image_store import atomic_write
+    from tokenswap.files import atomic_write
 
     path = tmp_path / "store.json"
     errors: list[BaseException] = []

@@ -1,4 +1,4 @@
-"""tokenswap.llm: the OpenAI-compatible client against a local server, the cache, JSON parsing."""
+"""tokenswap.inference: the OpenAI-compatible client against a local server, the cache, JSON parsing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import io
 import pytest
 from PIL import Image
 
-from tokenswap.llm import OpenAIChatModel, ResponseCache, TransformersChatModel, cache_key, parse_json_response
+from tokenswap.inference import OpenAIChatModel, ResponseCache, TransformersChatModel, cache_key
+from tokenswap.inference.parsing import parse_json_response
 
 
 def test_openai_chat_sends_images_as_png_data_urls_and_key_only_in_header(fake_openai, tmp_path, monkeypatch):

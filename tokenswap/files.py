@@ -1,0 +1,299 @@
+"""File-system primitives every room uses: atomic writes, a folder lock, and checked JSON / JSONL readers.
+
+* :func:`atomic_write`: readers see the old file or the whole new one, never a part. Each writer has its own
+  temporary file (host, process and thread in its name); a writer that fails (a full disk) removes it, and the
+  temporaries a killed writer left are removed by the next write of the same file and by
+  :func:`remove_dead_temporaries`, which long jobs call on their folder when they start.
+* :class:`FolderLock`: one job per output folder, an exclusive ``flock`` released by the kernel when its holder
+  dies. Processes forked while it is held (data-loader workers) drop their copy at once, so a killed holder
+  frees the folder at once, not when its orphaned workers notice. The lock file is never followed as a symlink.
+* :func:`read_json` / :func:`read_jsonl` / :func:`json_loads`: a missing, unreadable, empty, truncated or
+  hostile file (nesting Python's parser cannot take, integers past its digit limit) is an :class:`InputError`
+  naming the file and the fix, not a traceback.
+
+Only :mod:`tokenswap.errors` is imported: this is the ground floor.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tokenswap.errors import InputError
+
+__all__ = [
+    "FolderLock",
+    "FolderLockedError",
+    "atomic_write",
+    "json_loads",
+    "glob_escape",
+    "read_json",
+    "read_json_object",
+    "read_jsonl",
+    "remove_dead_temporaries",
+]
+
+_HOST = hashlib.blake2b(socket.gethostname().encode(), digest_size=4).hexdigest()
+# name.PID-TID-HOST.tmp (the host part is absent in files written before it was added).
+_TEMPORARY = re.compile(r"^(?P<target>.+)\.(?P<pid>\d+)-(?P<tid>\d+)(?:-(?P<host>[0-9a-f]{8}))?\.tmp$")
+
+
+# ----------------------------------------------------------------------------- atomic writes
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def _dead_temporary(path: Path, target: str | None = None) -> bool:
+    m = _TEMPORARY.match(path.name)
+    if m is None or (target is not None and m["target"] != target):
+        return False
+    # A temporary of another host (a shared disk) cannot be judged from here: it is left alone.
+    return m["host"] in (None, _HOST) and int(m["pid"]) != os.getpid() and not _alive(int(m["pid"]))
+
+
+def remove_dead_temporaries(folder: str | os.PathLike, recursive: bool = True) -> list[Path]:
+    """Delete the :func:`atomic_write` temporaries under ``folder`` whose writer is no longer alive on this host.
+
+    Returns:
+        The files removed. A live writer's temporary, and any file not named like one, is kept.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        return []
+    removed = []
+    for path in root.rglob("*.tmp") if recursive else root.glob("*.tmp"):
+        if path.is_file() and _dead_temporary(path):
+            try:
+                path.unlink()
+            except FileNotFoundError:  # another process cleaned it first
+                continue
+            removed.append(path)
+    return removed
+
+
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part.
+
+    The temporary file is the writer's own (host, process and thread in its name): two ranks writing
+    ``store.json`` at once each rename a whole file (the last one wins) instead of one renaming the other's away.
+    A failed write (``ENOSPC``) removes its temporary before raising; a killed writer's temporary of the same file
+    is removed here the next time the file is written.
+    """
+    path = Path(path)
+    for stale in path.parent.glob(f"{glob_escape(path.name)}.*.tmp"):
+        if _dead_temporary(stale, path.name):
+            stale.unlink(missing_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}-{_HOST}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def glob_escape(name: str) -> str:
+    """``name`` with the glob metacharacters ``* ? [`` made literal."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+# ----------------------------------------------------------------------------- the folder lock
+
+
+class FolderLockedError(RuntimeError):
+    """Another process holds the folder's lock; the message names its PID, host and start time."""
+
+
+# Descriptors of the locks this process holds: a forked child closes its copies at once (see FolderLock).
+_HELD_FDS: set[int] = set()
+
+
+def _drop_inherited_locks() -> None:
+    for fd in list(_HELD_FDS):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD_FDS.clear()
+
+
+os.register_at_fork(after_in_child=_drop_inherited_locks)
+
+
+class FolderLock:
+    """An exclusive ``flock`` on ``<folder>/<prefix>-rRRR``, held until :meth:`release` (or the process ends).
+
+    The kernel drops the lock when the last descriptor of its open file goes, however the holder exits, so a
+    SIGKILLed job never leaves a stale lock behind. A forked child (a data-loader worker) would share that open
+    file and keep the lock alive until it exits: every child closes its copy right after the fork. Each rank locks
+    its own file: the ranks of one launch never wait on each other, while a second job on the folder collides with
+    the first on rank 0's file. The holder's PID, host and start time are written into the file so the refused job
+    can say who holds it. Works on local disks and on NFS (Linux emulates flock with POSIX locks there).
+
+    Args:
+        folder: the folder to lock (created if missing).
+        rank: this process's rank (its own lock file).
+        prefix: the lock file's name before ``-rRRR``.
+        doing: what the holder does, for the message (``"being built"``).
+        error: the exception raised when another process holds the lock.
+        what: the kind of job, for the message (``"build"``).
+
+    Raises:
+        error: another process holds the lock.
+        InputError: the lock file cannot be one: a read-only disk, a folder or a symlink in its place.
+    """
+
+    def __init__(self, folder: str | os.PathLike, rank: int = 0, *, prefix: str = ".lock", doing: str = "in use",
+                 error: type[RuntimeError] = FolderLockedError, what: str = "job"):
+        self.path = Path(folder) / f"{prefix}-r{rank:03d}"
+        self._doing, self._error, self._what = doing, error, what
+        self._fd: int | None = None
+
+    def _open(self) -> int:
+        try:
+            # O_NOFOLLOW: a symlink planted in the lock's place must not make us truncate and write its target.
+            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise InputError(
+                    f"{self.path} is a symbolic link; tokenswap does not follow it (its target would be overwritten): "
+                    "remove the link and rerun"
+                ) from None
+            if e.errno == errno.EISDIR:
+                raise InputError(f"{self.path} is a folder where the lock file goes; remove it and rerun") from None
+            if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise InputError(
+                    f"cannot create the lock file {self.path} ({e.strerror}): the folder must be writable; pick an "
+                    "output folder on a writable disk"
+                ) from None
+            raise
+
+    def acquire(self) -> FolderLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = self._open()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "unknown process"
+            os.close(fd)
+            raise self._error(
+                f"{self.path.parent} is {self._doing} by another process ({holder}); wait for it to finish "
+                f"(a killed {self._what} releases the folder at once), or use another output folder"
+            ) from None
+        os.ftruncate(fd, 0)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()} since {stamp}\n".encode(), 0)
+        self._fd = fd
+        _HELD_FDS.add(fd)
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            _HELD_FDS.discard(self._fd)
+            os.close(self._fd)  # closing the last descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> FolderLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+# ----------------------------------------------------------------------------- checked readers
+
+
+def json_loads(text: str | bytes) -> Any:
+    """``json.loads`` whose every refusal is a ``ValueError``: also nesting deeper than Python's recursion limit
+    (``RecursionError``) and integers past its digit limit (a plain ``ValueError`` that is no JSONDecodeError)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse") from None
+
+
+def _problem(e: ValueError) -> str:
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg} at line {e.lineno}, column {e.colno}"
+    return str(e).split(";")[0]
+
+
+def read_json(path: str | os.PathLike, what: str, fix: str = "restore or regenerate it") -> Any:
+    """The JSON value in ``path``; a missing, unreadable, non-UTF-8, empty, truncated or unparsable file is an
+    :class:`InputError` naming the file, what it is and ``fix`` (``json``'s own error names no file)."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {str(path)!r} does not exist; {fix}") from None
+    except IsADirectoryError:
+        raise InputError(f"{what} {str(path)!r} is a folder, not a file; {fix}") from None
+    except OSError as e:
+        raise InputError(f"{what} {str(path)!r} cannot be read ({e.strerror or e}); {fix}") from None
+    if not raw.strip():
+        raise InputError(f"{what} {str(path)!r} is empty; {fix}")
+    try:
+        return json_loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise InputError(f"{what} {str(path)!r} is not UTF-8 text (byte {e.start}); {fix}") from None
+    except ValueError as e:
+        raise InputError(f"{what} {str(path)!r} is not valid JSON ({_problem(e)}; truncated or overwritten?); "
+                         f"{fix}") from None
+
+
+def read_json_object(path: str | os.PathLike, what: str, fix: str = "restore or regenerate it") -> dict:
+    """:func:`read_json` of a file that must hold one JSON object."""
+    value = read_json(path, what, fix)
+    if not isinstance(value, dict):
+        raise InputError(f"{what} {str(path)!r} holds a JSON {type(value).__name__}, not an object; {fix}")
+    return value
+
+
+def read_jsonl(path: str | os.PathLike, what: str, fix: str = "restore or regenerate it") -> list[dict]:
+    """The JSON objects of a JSONL file, one per non-blank line; a line that is no JSON object is an
+    :class:`InputError` naming ``path:line`` and ``fix``."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {str(path)!r} does not exist; {fix}") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{what} {str(path)!r} is not UTF-8 text (byte {e.start}); {fix}") from None
+    except OSError as e:
+        raise InputError(f"{what} {str(path)!r} cannot be read ({e.strerror or e}); {fix}") from None
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json_loads(line)
+        except ValueError as e:
+            raise InputError(f"{what} {path}:{number} is not valid JSON ({_problem(e)}; a run killed mid-write?); "
+                             f"{fix}") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{what} {path}:{number} holds a JSON {type(row).__name__}, not an object; {fix}")
+        rows.append(row)
+    return rows

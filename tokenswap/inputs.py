@@ -1,0 +1,107 @@
+"""The checks every command runs on its inputs before any model or data loads.
+
+Counts (:func:`positive_int`, :func:`non_negative_int`, for argparse ``type=``), paths (:func:`require_path`,
+:func:`require_model`), output folders (:func:`require_output_dir`) and emptiness (:func:`require_items`). Each
+raises :class:`~tokenswap.errors.InputError` (or ``FileNotFoundError``) naming the file or flag and the fix;
+``tokenswap.cli.main`` prints it as one line with exit status 2. Checked file readers are in :mod:`tokenswap.files`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from tokenswap.errors import InputError
+
+__all__ = [
+    "looks_like_path",
+    "non_negative_int",
+    "positive_int",
+    "require_items",
+    "require_model",
+    "require_output_dir",
+    "require_path",
+]
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether a model or dataset name is meant as a local path rather than a hub id.
+
+    A hub id is ``name`` or ``owner/name``; anything starting with ``/ . ~``, with two or more
+    slashes, or with a file suffix is a path, and when it does not exist it is a typo, not a
+    download to attempt.
+    """
+    return (
+        name.startswith(("/", ".", "~"))
+        or name.count("/") > 1
+        or (os.sep != "/" and os.sep in name)
+        or Path(name).suffix.lower() in (".jsonl", ".json", ".parquet", ".txt", ".csv", ".yaml", ".safetensors")
+    )
+
+
+def require_path(path: str, what: str, kind: str = "any") -> None:
+    """Raise FileNotFoundError naming ``what`` when ``path`` is missing (or not a ``kind``: file/dir)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{what} {path!r} does not exist")
+    if kind == "file" and not os.path.isfile(path):
+        raise FileNotFoundError(f"{what} {path!r} is not a file")
+    if kind == "dir" and not os.path.isdir(path):
+        raise FileNotFoundError(f"{what} {path!r} is not a folder")
+
+
+def require_model(name: str, what: str = "--model") -> None:
+    """A path-like model name must exist locally; otherwise transformers says "Repo id must be ..."; an existing
+    local path must be a checkpoint folder (transformers' own message for a folder without ``config.json`` names
+    no flag)."""
+    local = os.path.expanduser(name)
+    if looks_like_path(name) and not os.path.exists(local):
+        raise FileNotFoundError(
+            f"{what} {name!r} does not exist locally (it looks like a path, not a hub id such as Qwen/Qwen2-VL-2B-Instruct)"
+        )
+    if os.path.isfile(local):
+        raise InputError(f"{what} {name!r} is a file; pass a checkpoint folder (with config.json) or a hub id")
+    if os.path.isdir(local) and not os.path.isfile(os.path.join(local, "config.json")):
+        raise InputError(f"{what} {name!r} is a folder without config.json, not a checkpoint; pass the folder a "
+                         "training run saved (output_dir or one of its checkpoint-N folders) or a hub id")
+
+
+def require_output_dir(path: str | os.PathLike, what: str = "--out") -> Path:
+    """``path`` as a folder to write into, created if missing; refused before any work when it cannot be one."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{what} {str(path)!r} is a file, not a folder; pass a folder path (or move the file away)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise InputError(f"{what} {str(path)!r} cannot be a folder: a part of the path above it is a file") from None
+    except OSError as e:
+        raise InputError(f"{what} {str(path)!r}: cannot create the folder ({e.strerror or e})") from None
+    return out
+
+
+def require_items(items: Sequence, source: str, what: str, fix: str) -> None:
+    """An input that holds nothing to evaluate is an error, not an empty report (or ``min()`` of nothing)."""
+    if not items:
+        raise InputError(f"{source} holds no {what}; {fix}")
+
+
+def _whole_number(text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=`` for counts: an integer >= 1 (``--n -1`` is an error, not "nothing")."""
+    return _whole_number(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse ``type=`` for seeds and offsets: an integer >= 0."""
+    return _whole_number(text, 0)

@@ -1,0 +1,23 @@
+"""Which process this is, read from the launcher's environment, and printing from the main one only.
+
+``accelerate launch`` and ``torchrun`` set ``RANK`` and ``WORLD_SIZE`` before any process group exists; the store
+build synchronises through files and never makes one, and a bare ``PartialState()`` on CPU reports every process
+as rank 0 of 1, so the environment is the one answer every room can use. Imports nothing of tokenswap.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["print0", "rank_and_world"]
+
+
+def rank_and_world() -> tuple[int, int]:
+    """This process's rank and the number of processes (``0, 1`` outside a launcher)."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def print0(*args, **kwargs) -> None:
+    """``print`` on the main process only (flushed: the line must not wait for a buffer on a long run)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(*args, **kwargs, flush=True)
