@@ -1,0 +1,180 @@
+"""The ground floor: atomic writes leave no stray file, the folder lock refuses what it cannot be, checked readers."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tokenswap.errors import InputError
+from tokenswap.files import (
+    _HOST,
+    FolderLock,
+    FolderLockedError,
+    atomic_write,
+    json_loads,
+    read_json,
+    read_json_object,
+    read_jsonl,
+    remove_dead_temporaries,
+)
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid  # reaped: no process has this id now (pids are not reused this fast)
+
+
+def test_a_dead_writers_temporary_goes_with_the_next_write_and_the_sweep(tmp_path):
+    dead = _dead_pid()
+    stale = tmp_path / f"report.json.{dead}-7-{_HOST}.tmp"
+    legacy = tmp_path / f"rejected-r000-000001.json.{dead}-7.tmp"  # written before the host part existed
+    live = tmp_path / f"report.json.{os.getppid()}-7-{_HOST}.tmp"
+    other_host = tmp_path / f"report.json.{dead}-7-00000000.tmp"
+    unrelated = tmp_path / "notes.tmp"
+    for p in (stale, legacy, live, other_host, unrelated):
+        p.write_text("half")
+    atomic_write(tmp_path / "report.json", b"{}")
+    assert (tmp_path / "report.json").read_bytes() == b"{}"
+    assert not stale.exists() and legacy.exists()  # the write cleans its own file's temporaries only
+    (tmp_path / "sub").mkdir()
+    deep = tmp_path / "sub" / f"x.arrow.{dead}-1-{_HOST}.tmp"
+    deep.write_text("half")
+    assert sorted(remove_dead_temporaries(tmp_path)) == sorted([legacy, deep])
+    assert live.exists() and other_host.exists() and unrelated.exists()
+
+
+def test_a_failed_write_removes_its_temporary(tmp_path):
+    target = tmp_path / "taken"
+    target.mkdir()  # os.replace of a file onto a folder fails after the temporary is written
+    with pytest.raises(OSError):
+        atomic_write(target, b"data")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+def test_a_killed_writer_leaves_a_temporary_the_rerun_removes(tmp_path):
+    # A real writer killed between writing its temporary and renaming it.
+    script = textwrap.dedent(f"""
+        import os, signal
+        from pathlib import Path
+        import tokenswap.files as files
+        real = os.replace
+        def stop(src, dst):
+            os.kill(os.getpid(), signal.SIGKILL)
+        files.os.replace = stop
+        files.atomic_write(Path({str(tmp_path)!r}) / "store.json", b"new")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == -signal.SIGKILL
+    assert len(list(tmp_path.glob("store.json.*.tmp"))) == 1
+    assert len(remove_dead_temporaries(tmp_path)) == 1 and not list(tmp_path.iterdir())
+
+
+def test_lock_refuses_a_second_holder_and_frees_on_release(tmp_path):
+    first = FolderLock(tmp_path, prefix=".job-lock", doing="in use", what="job").acquire()
+    with pytest.raises(FolderLockedError, match=f"pid {os.getpid()}"):
+        FolderLock(tmp_path, prefix=".job-lock").acquire()
+    first.release()
+    with FolderLock(tmp_path, prefix=".job-lock"):
+        pass
+
+
+def test_lock_does_not_follow_a_planted_symlink(tmp_path):
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me")
+    (tmp_path / ".job-lock-r000").symlink_to(victim)
+    with pytest.raises(InputError, match="symbolic link"):
+        FolderLock(tmp_path, prefix=".job-lock").acquire()
+    assert victim.read_text() == "keep me"
+
+
+def test_lock_refuses_a_folder_in_its_place(tmp_path):
+    (tmp_path / ".job-lock-r000").mkdir()
+    with pytest.raises(InputError, match="is a folder"):
+        FolderLock(tmp_path, prefix=".job-lock").acquire()
+
+
+def test_lock_on_a_read_only_disk_is_named(tmp_path):
+    disk = tmp_path / "ro"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(disk)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("needs root and mount -t tmpfs for a read-only disk")
+    try:
+        with pytest.raises(InputError, match="writable"):
+            FolderLock(disk, prefix=".job-lock").acquire()
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_forked_child_does_not_keep_the_lock_after_its_parent_dies(tmp_path):
+    # The holder forks a long-lived child (as a data-loader worker is) and is SIGKILLed: the folder is free at once,
+    # not when the orphaned child notices.
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        from tokenswap.files import FolderLock
+        FolderLock({str(tmp_path)!r}, prefix=".job-lock").acquire()
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        print("locked", flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        with pytest.raises(FolderLockedError):
+            FolderLock(tmp_path, prefix=".job-lock").acquire()
+        proc.kill()
+        proc.wait()
+        time.sleep(0.2)
+        with FolderLock(tmp_path, prefix=".job-lock"):  # the child is still alive, the lock is not
+            pass
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "is empty"),
+        (b'{"a": ', "not valid JSON"),
+        (b"\xff\xfe", "not UTF-8"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"n": ' + b"9" * 5000 + b"}", "not valid JSON"),
+    ],
+)
+def test_read_json_names_the_file_for_every_refusal(tmp_path, content, message):
+    path = tmp_path / "run.json"
+    path.write_bytes(content)
+    with pytest.raises(InputError, match=message) as err:
+        read_json(path, "run file", "delete it and rerun")
+    assert str(path) in str(err.value) and "delete it and rerun" in str(err.value)
+
+
+def test_read_json_object_and_jsonl(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text("[1]")
+    with pytest.raises(InputError, match="not an object"):
+        read_json_object(path, "x")
+    lines = tmp_path / "x.jsonl"
+    lines.write_text('{"a": 1}\n\n[2]\n')
+    with pytest.raises(InputError, match=r"x.jsonl:3 holds a JSON list"):
+        read_jsonl(lines, "records")
+    lines.write_text('{"a": 1}\n' + "[" * 100_000 + "\n")
+    with pytest.raises(InputError, match=r"x.jsonl:2 is not valid JSON \(JSON nested too deeply"):
+        read_jsonl(lines, "records")
+    lines.write_text('{"a": 1}\n{"b": 2}\n')
+    assert read_jsonl(lines, "records") == [{"a": 1}, {"b": 2}]
+    assert json_loads(json.dumps({"k": [1, 2]})) == {"k": [1, 2]}
+    with pytest.raises(ValueError):
+        json_loads("9" * 5000)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_jsonl(Path(tmp_path / "nope.jsonl"), "records")
