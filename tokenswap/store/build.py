@@ -58,7 +58,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tokenswap.config import flatten_dict
-from tokenswap.files import atomic_write
+from tokenswap.files import atomic_write, remove_dead_temporaries
 from tokenswap.inputs import looks_like_path
 from tokenswap.ranks import rank_and_world
 from tokenswap.store.build_config import (
@@ -234,6 +234,8 @@ def build_store(cfg: StoreBuildConfig) -> dict:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     with build_lock(out, rank):
+        # What a killed writer left half-written (its own temporary file) goes; a live rank's is kept.
+        remove_dead_temporaries(out)
         return _build_locked(cfg, out, rank, world, t_start)
 
 
