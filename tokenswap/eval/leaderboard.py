@@ -71,9 +71,9 @@ __all__ = ["DEFAULT_RESAMPLES", "MAX_RESAMPLES", "LeaderboardError", "Run", "bui
            "plot_components", "plot_gaps", "short_name", "to_markdown", "welch_t_test"]
 
 DEFAULT_RESAMPLES = 10_000
-# 10x the default: the Monte-Carlo error of a percentile is already ~0.1 point at 10,000. The cap bounds memory
-# (every statistic keeps one float per resample: ~25 MB a model at the cap) and time (~0.3 s per 1,000 items per
-# 10,000 resamples per model, about 3 s at the cap).
+# 10x the default: the Monte-Carlo error of a percentile is already ~0.1 point at 10,000. Time grows with it: a
+# model of 1,000 items with every form takes ~2.5 s at 10,000 resamples and ~25 s at the cap (index matrices come
+# in chunks of 2,000,000 entries, so memory stays near 75 MB); 1,000,000,000 would have asked for 16 GB at once.
 MAX_RESAMPLES = 100_000
 LEVEL = 0.95
 METRICS = ("acc_text", "acc_interleaved", "gap", "rel_gap", "retention")

@@ -730,14 +730,16 @@ def test_a_model_name_cannot_forge_a_table_row_or_a_formula(tmp_path, capsys):
     forged = "evil | 1 | 0 |\n| 1 | GPT-5 `x` | $\\frac{"
     a = _gap_run(tmp_path / "a", forged, [True, True], [False, True])
     b = _gap_run(tmp_path / "b", "=HYPERLINK(\"http://x\")", [True, True], [True, True])
-    code, out, err = _lb(capsys, a, b, "--out", tmp_path / "board", "--resamples", 50)
+    odd = _gap_run(tmp_path / "odd", "bytes-\udcff", [True], [True])  # a lone surrogate: no UTF-8 for it
+    code, out, err = _lb(capsys, a, b, odd, "--out", tmp_path / "board", "--resamples", 50)
     assert code == 0, err
+    assert md_cell("bytes-\udcff") == "bytes-\\\\udcff" and "bytes-\\\\udcff" in out
     md = (tmp_path / "board" / "leaderboard.md").read_text()
     lines = md.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| # | model | group |")) + 2
     table = lines[start : lines.index("", start)]
-    # Two rows of 15 cells each: 16 pipes that are not escaped (a backslash pair escapes itself).
-    assert len(table) == 2 and all(re.findall(r"\\.|\|", line).count("|") == 16 for line in table), table
+    # Three rows of 15 cells each: 16 pipes that are not escaped (a backslash pair escapes itself).
+    assert len(table) == 3 and all(re.findall(r"\\.|\|", line).count("|") == 16 for line in table), table
     assert md_cell(forged) == "evil \\| 1 \\| 0 \\|\\\\n\\| 1 \\| GPT-5 \\`x\\` \\| $\\\\frac{"
     with open(tmp_path / "board" / "leaderboard.csv", newline="") as f:
         rows = {r["label"]: r for r in csv.DictReader(f)}
@@ -817,3 +819,35 @@ def test_doctests_of_the_new_modules():
     for module in (correlation, leaderboard_runs):
         result = doctest.testmod(module)
         assert result.attempted >= 1 and result.failed == 0, module
+
+
+def test_bad_rest_inputs_are_one_line_errors(tmp_path, capsys):
+    from tokenswap.rest.evaluate import TEXT_VARIANT
+    from tokenswap.rest.items import read_items
+
+    data, run = tmp_path / "data", tmp_path / "run"
+    assert _cmd("rest", "build", "--source", "soebench", "--n", "2", "--out", data) == 0
+    run.mkdir()
+    rows = [{"key": f"{item.id}|{form}|{variant}", "response": "Answer: 1"} for item in read_items(data / "items.jsonl")
+            for form, variant in (("text", TEXT_VARIANT), ("image", "sans_200"))]
+    metrics = {"model": "m", "data": str(data), "source": "soebench", "n_items": 2, "base_variant": "sans_200"}
+
+    def write(rows, metrics):
+        (run / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run / "metrics.json").write_text(json.dumps(metrics))
+
+    write(rows, metrics)
+    assert _lb(capsys, run, "--out", tmp_path / "ok", "--resamples", 20)[0] == 0
+    items_text = (data / "items.jsonl").read_text()
+    cases = [
+        (lambda: write([rows[0] | {"response": {"text": "1"}}] + rows[1:], metrics), ["predictions.jsonl", "response="]),
+        (lambda: write(rows, metrics | {"n_items": "2"}), ["metrics.json", "'n_items'", "int"]),
+        (lambda: (write(rows, metrics), (data / "items.jsonl").write_text(items_text[: len(items_text) // 2])),
+         ["items.jsonl", "rest build"]),
+    ]
+    for prepare, needles in cases:
+        prepare()
+        code, _, err = _lb(capsys, run, "--out", tmp_path / "board")
+        assert code == 2 and err.count("\n") == 1, err
+        for needle in needles:
+            assert needle in err, (needle, err)
