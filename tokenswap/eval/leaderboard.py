@@ -1,45 +1,50 @@
-"""``tokenswap leaderboard``: many evaluated models, one table and one figure of their modality gaps.
+"""``tokenswap leaderboard``: many evaluated models, one table and figures of their modality gaps and of what
+the gaps are made of.
 
 ::
 
     tokenswap leaderboard results/qwen2vl results/qwen25vl GPT-4o=results/gpt4o --out results/board \\
         --group reasoning=Qwen3-VL-8B-Thinking,GPT-5 --group non-reasoning=Qwen2-VL-7B,GPT-4o
 
-Each RESULT is one run's output folder (or a file in it), optionally as ``NAME=PATH`` to name the model
-(the default name is the run's ``model`` field):
-
-* ``tokenswap eval``: ``gap.json``; text vs interleaved form, ``correct_text`` / ``correct_interleaved`` per item;
-* ``tokenswap crossmath eval``: ``predictions_text.jsonl`` and ``predictions_image.jsonl`` (+ their
-  ``metrics_*.json``); text vs image, a puzzle is correct when every blank is (the paper's macro accuracy);
-* ``tokenswap rest eval``: ``metrics.json`` + ``predictions.jsonl``; text vs image (the whole question
-  rendered) on the plain-REST rendering, re-scored with the REST extractor against the gold answers of the
-  dataset folder that ``metrics.json`` names.
-
-Every run of a leaderboard must be of one benchmark. Items are paired by id; an item without a record of
-both forms is left out and counted (``unpaired``). **Failed requests**: a record with a non-null ``error``
-(or ``error_<form>`` / ``<form>_error``) field, or ``failed: true``, or a null correctness, is a request
-that got no answer; the item is left out of *both* forms and counted (``failed``), never scored as a wrong
-answer. A record with a non-null ``skipped`` (``skipped_<form>``, ``<form>_skipped``; an item never sent,
-e.g. over ``--max-images``) is left out of both forms the same way and counted apart (``skipped``).
+Each RESULT is one run's output folder (or a file in it), optionally as ``NAME=PATH`` to name the model; what
+is read from ``tokenswap eval``, ``crossmath eval`` and ``rest eval`` folders, and how failed and skipped items
+are left out and counted, is in :mod:`tokenswap.eval.leaderboard_runs`. Every run of a leaderboard must be of
+one benchmark. A model whose name is a path (a served checkpoint folder) is shown by its last components
+(:func:`short_name`); ``--group`` takes either.
 
 Per model: acc_text, acc_interleaved, gap = acc_text - acc_interleaved, relative gap = gap / acc_text and
 retention = acc_interleaved / acc_text, each with a 95% interval from a **paired bootstrap over items**:
 :data:`DEFAULT_RESAMPLES` resamples of the model's item ids with replacement (both forms of an item move
 together, so the gap's interval reflects the per-item pairing), seeded (``--seed``, default 0; the same
 seed for every model, so a model's interval does not depend on which other models are on the board), and
-the 2.5th/97.5th percentiles. A ratio's interval is left empty when some resample has acc_text = 0.
+the 2.5th/97.5th percentiles. A ratio's interval is left empty when some resample has acc_text = 0. The
+resamples are :func:`~tokenswap.eval.decompose.bootstrap_indices`' stream, the one ``tokenswap eval`` uses for
+gap.json's ``decomposition``: the same seed and resamples give the same intervals in both. ``--resamples`` is
+at most :data:`MAX_RESAMPLES`.
+
+**Controls** (runs of ``tokenswap eval --forms ...``): each ``tokenswap eval`` run is decomposed
+(:func:`~tokenswap.eval.decompose.decompose` over its scored items), giving per model acc_<form> for every form
+run beyond the two ends, the recognition rate (share of distinct pictures identified), the load effect
+(text − both), the caption recovery (caption − interleaved), the reading recovery (rendered − interleaved), the
+recognised-only gap and the split of the gap into load / recognition / rest, each with its interval, and the
+gap by number of images sent. **Across models** (:mod:`tokenswap.eval.correlation`): Pearson's r of gap with
+recognition rate (≥ 3 models with recognition), the partial r controlling for acc_text (≥ 4), and r of gap
+with load (≥ 3 models that ran ``both``), each with a bootstrap interval over models and a p-value.
 
 ``--group TAG=MODEL,...`` (two or more groups, disjoint): per group the mean gap over its models, the
 standard error, and the 95% Student-t interval half-width, which is the paper's "±": its "19.6% ± 3.3%" over
 42 models is a stated 95% CI, and its groups' "10.1% ± 2.2% vs 25.5% ± 3.7%, t = -7.48" only fit together
 that way (as 95% t half-widths they give t = -7.43 to -7.65 for any split of the 42 models from 8/34 to
 26/16; as standard errors, t = -3.58). Then Welch's t-test between every two groups on the per-model gaps
-(t, Welch-Satterthwaite dof, two-sided p from the exact t CDF of :mod:`tokenswap.eval.stats`; no scipy).
+(t, Welch-Satterthwaite dof, two-sided p from ``scipy.stats.t``).
 
-Writes ``leaderboard.md``, ``leaderboard.json``, ``leaderboard.csv`` and ``leaderboard.png`` (the gap per
-model as horizontal bars with interval whiskers, largest gap on top, as in the TokenSwap paper's figure).
-An unreadable input (no known result file, truncated JSON, a folder given twice, two runs with one model
-name, an unknown model in a group) exits with status 2 naming the file and the fix.
+Writes ``leaderboard.md``, ``leaderboard.json``, ``leaderboard.csv`` and the figures of
+:mod:`tokenswap.eval.leaderboard_figures`: ``leaderboard.png`` (the gap per model, as in the TokenSwap paper's
+figure), ``leaderboard_by_images.png`` (gap by images sent, all models) and, when some run has a control,
+``leaderboard_components.png`` (each gap split into load / recognition / rest). Model names and group tags are
+escaped in markdown (:func:`md_cell`) and kept text in the CSV. An unreadable input (no known result file,
+truncated JSON, a folder given twice, two runs with one model name, an unknown model in a group, too many
+resamples, an unwritable --out) exits with status 2 naming the file and the fix.
 """
 
 from __future__ import annotations
@@ -48,304 +53,33 @@ import argparse
 import csv
 import json
 import math
-import os
-from dataclasses import dataclass
+import re
+import sys
 from itertools import combinations
 from pathlib import Path
 
 import numpy as np
+from scipy import stats as scipy_stats
 
-from tokenswap.errors import InputError
-from tokenswap.eval.stats import t_cdf, t_quantile
+from tokenswap.eval import correlation
+from tokenswap.eval.decompose import ITEM_FORMS, bootstrap_indices, decompose
+from tokenswap.eval.leaderboard_figures import plot_by_images, plot_components, plot_gaps
+from tokenswap.eval.leaderboard_runs import ALL_FORMS, LeaderboardError, Run, left_out, load_run
 
-__all__ = ["DEFAULT_RESAMPLES", "LeaderboardError", "Run", "build_leaderboard", "cli_main", "left_out", "load_run",
-           "paired_bootstrap", "plot_gaps", "to_markdown", "welch_t_test"]
+__all__ = ["DEFAULT_RESAMPLES", "MAX_RESAMPLES", "LeaderboardError", "Run", "build_leaderboard", "cli_main",
+           "display_names", "left_out", "load_run", "md_cell", "paired_bootstrap", "plot_by_images",
+           "plot_components", "plot_gaps", "short_name", "to_markdown", "welch_t_test"]
 
 DEFAULT_RESAMPLES = 10_000
+# 10x the default: the Monte-Carlo error of a percentile is already ~0.1 point at 10,000. Time grows with it: a
+# model of 1,000 items with every form takes ~2.5 s at 10,000 resamples and ~25 s at the cap (index matrices come
+# in chunks of 2,000,000 entries, so memory stays near 75 MB); 1,000,000,000 would have asked for 16 GB at once.
+MAX_RESAMPLES = 100_000
 LEVEL = 0.95
 METRICS = ("acc_text", "acc_interleaved", "gap", "rel_gap", "retention")
-CROSSMATH_FORMS = ("text", "image")
-REST_FORMS = ("text", "image")
 TITLES = {"tokenswap": "TokenSwap-Bench", "crossmath": "CrossMath", "rest": "REST"}
-
-
-class LeaderboardError(InputError):
-    """An input the leaderboard cannot read; one line naming the file and the fix, exit status 2."""
-
-
-@dataclass
-class Run:
-    """One model's paired per-item scores (1.0 correct, 0.0 wrong), item ids sorted.
-
-    Args:
-        name: the model name shown.
-        benchmark: ``tokenswap``, ``crossmath`` or ``rest``.
-        path: the result folder.
-        forms: the two forms compared (``text`` first).
-        item_ids: scored items (failed, skipped and unpaired ones left out).
-        text: (n,) scores in the text form.
-        interleaved: (n,) scores in the other form.
-        failed: items left out because a request of either form failed.
-        skipped: items left out because either form was never sent (e.g. over the image cap).
-        unpaired: items left out because they lack a record of one form or both.
-    """
-
-    name: str
-    benchmark: str
-    path: Path
-    forms: tuple[str, str]
-    item_ids: list[str]
-    text: np.ndarray
-    interleaved: np.ndarray
-    failed: int = 0
-    skipped: int = 0
-    unpaired: int = 0
-
-
-# ----------------------------------------------------------------------------- reading runs
-
-
-def left_out(*records: dict) -> str | None:
-    """``failed`` when a record of the item is a failed request, ``skipped`` when one was never sent, else None.
-
-    >>> left_out({"id": "q1", "correct_text": True}, {"id": "q1", "error": "HTTP 500 after 5 tries"})
-    'failed'
-    >>> left_out({"id": "q1", "skipped": "7 images > --max-images 6"}), left_out({"id": "q1", "error": None})
-    ('skipped', None)
-    """
-    for kind, word in (("failed", "error"), ("skipped", "skipped")):
-        for record in records:
-            if kind == "failed" and record.get("failed") is True:
-                return kind
-            # Evaluators write the bare field only when it applies, so its presence counts; a per-form
-            # variant counts when it says something, so a count such as 0 does not.
-            if record.get(word) is not None or any(
-                value and (key.startswith(f"{word}_") or key.endswith(f"_{word}")) for key, value in record.items()
-            ):
-                return kind
-    return None
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise LeaderboardError(f"{path} is not UTF-8 text; is it a result file?") from None
-    except json.JSONDecodeError as err:
-        raise LeaderboardError(
-            f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}; truncated?); "
-            "rerun the evaluation that wrote it, or restore the file"
-        ) from None
-    if not isinstance(data, dict):
-        raise LeaderboardError(f"{path} holds a JSON {type(data).__name__}, not a result object; is it a result file?")
-    return data
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise LeaderboardError(f"{path} is not UTF-8 text; is it a result file?") from None
-    rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise LeaderboardError(
-                f"{path}:{number} is not valid JSON ({err.msg}; a run killed mid-write?); rerun the same eval "
-                "command, which resumes, or delete that line"
-            ) from None
-    return rows
-
-
-def _model_name(name: str | None, found, source: Path) -> str:
-    if name:
-        return name
-    if not found or not isinstance(found, str):
-        raise LeaderboardError(f"{source} names no model (field 'model'); pass the run as NAME={source.parent}")
-    return found
-
-
-def _as_score(value, key: str, source: Path, item_id: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or value in (0, 1):
-        return float(value)
-    raise LeaderboardError(f"{source}: item {item_id!r} has {key}={value!r}, expected true/false")
-
-
-def _pair(scored: dict[str, tuple[float, float]]) -> tuple[list[str], np.ndarray, np.ndarray]:
-    ids = sorted(scored)
-    return ids, np.array([scored[i][0] for i in ids]), np.array([scored[i][1] for i in ids])
-
-
-def _load_tokenswap(folder: Path, name: str | None) -> Run:
-    source = folder / "gap.json"
-    data = _read_json(source)
-    items = data.get("items")
-    if not isinstance(items, list):
-        raise LeaderboardError(f"{source} has no per-item 'items' list; write it with `tokenswap eval` (gap.json)")
-    scored, left = {}, {"failed": 0, "skipped": 0}
-    seen = set()
-    for record in items:
-        if not isinstance(record, dict) or "id" not in record:
-            raise LeaderboardError(f"{source}: an item record is not an object with an 'id' field: {str(record)[:80]}")
-        item_id = str(record["id"])
-        if item_id in seen:
-            raise LeaderboardError(f"{source}: item id {item_id!r} appears twice; items are paired by id")
-        seen.add(item_id)
-        kind = left_out(record)
-        if kind is not None:  # a failed or skipped record need not carry correctness at all
-            left[kind] += 1
-            continue
-        for key in ("correct_text", "correct_interleaved"):
-            if key not in record:
-                raise LeaderboardError(f"{source}: item {item_id!r} has no {key!r} field (keys {sorted(record)})")
-        text = _as_score(record["correct_text"], "correct_text", source, item_id)
-        inter = _as_score(record["correct_interleaved"], "correct_interleaved", source, item_id)
-        if text is None or inter is None:
-            left["failed"] += 1
-            continue
-        scored[item_id] = (text, inter)
-    ids, text, inter = _pair(scored)
-    model = _model_name(name, data.get("model"), source)
-    return Run(model, "tokenswap", folder, ("text", "interleaved"), ids, text, inter, **left)
-
-
-def _by_id(rows: list[dict], source: Path) -> dict[str, dict]:
-    out = {}
-    for row in rows:
-        if "id" not in row:
-            raise LeaderboardError(f"{source}: a record has no 'id' field (keys {sorted(row)})")
-        out[str(row["id"])] = row  # a resumed run may repeat an id; the last record is the one scored
-    return out
-
-
-def _load_crossmath(folder: Path, name: str | None) -> Run:
-    from tokenswap.crossmath.metrics import gold_answer
-
-    forms, models = {}, {}
-    for modality in CROSSMATH_FORMS:
-        source = folder / f"predictions_{modality}.jsonl"
-        if not source.exists():
-            raise LeaderboardError(
-                f"{folder} has no {source.name}; the gap needs both forms: run `tokenswap crossmath eval "
-                f"--modality {modality} --out {folder}` with the same model and data"
-            )
-        forms[modality] = _by_id(_read_jsonl(source), source)
-        metrics = folder / f"metrics_{modality}.json"
-        found = _read_json(metrics).get("model") if metrics.exists() else None
-        models[modality] = found or next((r.get("model") for r in forms[modality].values() if r.get("model")), None)
-    if models["text"] != models["image"]:
-        raise LeaderboardError(
-            f"{folder}: predictions_text.jsonl is of model {models['text']!r} but predictions_image.jsonl of "
-            f"{models['image']!r}; a gap compares one model's two forms, put each model in its own folder"
-        )
-    text, image = forms["text"], forms["image"]
-    scored, left = {}, {"failed": 0, "skipped": 0}
-    for item_id in sorted(set(text) & set(image)):
-        rows = (text[item_id], image[item_id])
-        kind = left_out(*rows)
-        if kind is not None:
-            left[kind] += 1
-            continue
-        scores = []
-        for row in rows:
-            if "answer" not in row or "prediction" not in row:
-                raise LeaderboardError(f"{folder}: puzzle {item_id!r} has no 'answer'/'prediction' field")
-            scores.append(float(list(row["prediction"] or []) == gold_answer({"markdown_answer": row["answer"]})))
-        scored[item_id] = tuple(scores)
-    ids, t, i = _pair(scored)
-    model = _model_name(name, models["text"], folder / "metrics_text.json")
-    unpaired = len(set(text) ^ set(image))
-    return Run(model, "crossmath", folder, CROSSMATH_FORMS, ids, t, i, unpaired=unpaired, **left)
-
-
-def _load_rest(folder: Path, name: str | None) -> Run:
-    from tokenswap.rest.evaluate import TEXT_VARIANT
-    from tokenswap.rest.extract import extract_answer
-    from tokenswap.rest.items import read_items
-
-    source = folder / "metrics.json"
-    metrics = _read_json(source)
-    for key in ("data", "n_items", "base_variant"):
-        if key not in metrics:
-            raise LeaderboardError(f"{source} has no {key!r} field; is it written by `tokenswap rest eval`?")
-    data = Path(metrics["data"])
-    if not (data / "items.jsonl").exists():
-        raise LeaderboardError(
-            f"{source}: the REST dataset it was scored on, {str(data)!r} (field 'data'), has no items.jsonl here; "
-            "the gold answers are read from it: run from the folder the eval ran in, or set 'data' to its path"
-        )
-    predictions = {}
-    for row in _read_jsonl(folder / "predictions.jsonl"):
-        if "key" not in row:
-            raise LeaderboardError(f"{folder / 'predictions.jsonl'}: a record has no 'key' field (keys {sorted(row)})")
-        predictions[row["key"]] = row
-    variants = {"text": TEXT_VARIANT, "image": metrics["base_variant"]}
-    scored, left, unpaired = {}, {"failed": 0, "skipped": 0}, 0
-    for item in read_items(data / "items.jsonl")[: metrics["n_items"]]:
-        rows = [predictions.get(f"{item.id}|{form}|{variants[form]}") for form in REST_FORMS]
-        if any(r is None for r in rows):
-            unpaired += 1
-            continue
-        kind = left_out(*rows) or ("failed" if any(r.get("response") is None for r in rows) else None)
-        if kind is not None:
-            left[kind] += 1
-            continue
-        scored[item.id] = tuple(
-            float(extract_answer(r["response"], item.answer_type, item.options) == item.gold) for r in rows
-        )
-    ids, t, i = _pair(scored)
-    model = _model_name(name, metrics.get("model"), source)
-    return Run(model, "rest", folder, REST_FORMS, ids, t, i, unpaired=unpaired, **left)
-
-
-def _kinds(folder: Path) -> list[str]:
-    kinds = []
-    if (folder / "gap.json").exists():
-        kinds.append("tokenswap")
-    if any((folder / f"predictions_{m}.jsonl").exists() for m in CROSSMATH_FORMS):
-        kinds.append("crossmath")
-    if (folder / "metrics.json").exists() and (folder / "predictions.jsonl").exists():
-        kinds.append("rest")
-    return kinds
-
-
-def load_run(spec: str) -> Run:
-    """One run from ``PATH`` or ``NAME=PATH`` (a result folder, or a result file inside it).
-
-    Raises:
-        LeaderboardError: nothing readable there; the message names the file and the fix.
-    """
-    name, path = None, spec
-    if not os.path.exists(spec) and "=" in spec:
-        name, path = spec.split("=", 1)
-        if not name:
-            raise LeaderboardError(f"{spec!r}: the name before '=' is empty; write NAME=PATH")
-    folder = Path(path)
-    if folder.is_file():
-        folder = folder.parent
-    if not folder.is_dir():
-        raise LeaderboardError(f"result {path!r} does not exist; pass a `tokenswap eval`, crossmath or rest eval --out folder")
-    kinds = _kinds(folder)
-    if not kinds:
-        raise LeaderboardError(
-            f"{folder} holds no known result file (gap.json from `tokenswap eval`, predictions_text.jsonl + "
-            "predictions_image.jsonl from `tokenswap crossmath eval`, metrics.json + predictions.jsonl from "
-            "`tokenswap rest eval`); pass the --out folder of one of those"
-        )
-    if len(kinds) > 1:
-        raise LeaderboardError(f"{folder} holds results of {' and '.join(kinds)}; give each run its own folder")
-    run = {"tokenswap": _load_tokenswap, "crossmath": _load_crossmath, "rest": _load_rest}[kinds[0]](folder, name)
-    if not run.item_ids:
-        raise LeaderboardError(
-            f"{folder}: no item to score ({run.failed} failed, {run.skipped} skipped, {run.unpaired} without both "
-            "forms); rerun the evaluation"
-        )
-    return run
+# The forms beyond the gap's two ends.
+CONTROLS = tuple(f for f in ALL_FORMS if f not in ("text", "interleaved"))
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -378,13 +112,13 @@ def paired_bootstrap(
     n = len(text)
     if n == 0 or len(interleaved) != n:
         raise ValueError(f"paired bootstrap needs the same n > 0 items in both forms, got {n} and {len(interleaved)}")
-    rng = np.random.default_rng(seed)
     acc_t, acc_i = np.empty(resamples), np.empty(resamples)
-    chunk = max(1, 2_000_000 // n)  # bounds the (chunk, n) index matrix at ~16 MB
-    for start in range(0, resamples, chunk):
-        idx = rng.integers(0, n, size=(min(chunk, resamples - start), n))
+    start = 0
+    # decompose()'s stream: the same resamples for the same seed, so the board's intervals are gap.json's.
+    for idx in bootstrap_indices(n, resamples, seed):
         acc_t[start : start + len(idx)] = text[idx].mean(axis=1)
         acc_i[start : start + len(idx)] = interleaved[idx].mean(axis=1)
+        start += len(idx)
     gap = acc_t - acc_i
     with np.errstate(divide="ignore", invalid="ignore"):
         draws = {"acc_text": acc_t, "acc_interleaved": acc_i, "gap": gap, "rel_gap": gap / acc_t,
@@ -407,14 +141,14 @@ def _summary(values: list[float], level: float = LEVEL) -> dict[str, float | Non
         return {"n": n, "mean": mean, "sd": None, "se": None, "ci_half": None}
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     se = sd / math.sqrt(n)
-    return {"n": n, "mean": mean, "sd": sd, "se": se, "ci_half": t_quantile(0.5 + level / 2, n - 1) * se}
+    return {"n": n, "mean": mean, "sd": sd, "se": se, "ci_half": float(scipy_stats.t.ppf(0.5 + level / 2, n - 1)) * se}
 
 
 def welch_t_test(a: list[float], b: list[float]) -> dict[str, float]:
     """Welch's unequal-variance t-test of mean(a) vs mean(b).
 
     t = (mean_a - mean_b) / sqrt(s_a²/n_a + s_b²/n_b), with Welch-Satterthwaite degrees of freedom and a
-    two-sided p from the exact Student-t CDF.
+    two-sided p from the Student-t CDF (``scipy.stats.t``).
 
     >>> r = welch_t_test([0.1, 0.3], [0.5, 0.7])  # equal n and variance: dof = 2(n - 1), p = 1 - 2/sqrt(5)
     >>> round(r["t"], 6), round(r["dof"], 6), round(r["p"], 6)
@@ -431,13 +165,71 @@ def welch_t_test(a: list[float], b: list[float]) -> dict[str, float]:
         raise ValueError("both groups have zero variance; Welch's t is undefined")
     t = (sa["mean"] - sb["mean"]) / math.sqrt(va + vb)
     dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return {"t": t, "dof": dof, "p": 2 * t_cdf(-abs(t), dof)}
+    return {"t": t, "dof": dof, "p": float(2 * scipy_stats.t.cdf(-abs(t), dof))}
+
+
+# ----------------------------------------------------------------------------- names
+
+
+def short_name(name: str, parts: int = 2) -> str:
+    """The name shown for a model: a path's last ``parts`` components, any other name as it is.
+
+    A name is a path when it starts with ``/``, ``~``, ``.`` or a drive letter (``C:\\``), or has more than two
+    ``/``-separated parts (a hub id ``org/name`` has two): a served model named by its checkpoint folder.
+
+    >>> short_name("/srv/models/Qwen2.5-VL-7B-Instruct/checkpoint-500"), short_name("Qwen/Qwen2-VL-7B-Instruct")
+    ('Qwen2.5-VL-7B-Instruct/checkpoint-500', 'Qwen/Qwen2-VL-7B-Instruct')
+    """
+    drive = re.match(r"[A-Za-z]:[\\/]", name) is not None
+    pieces = [p for p in re.split(r"[\\/]+" if drive else "/+", name) if p not in ("", ".", "..")]
+    if not pieces or not (drive or name[:1] in ("/", "~", ".") or len(pieces) > 2):
+        return name
+    return "/".join(pieces[-parts:])
+
+
+def display_names(names: list[str]) -> list[str]:
+    """:func:`short_name` of each, with more components where two would read the same (the full name at worst)."""
+    parts = dict.fromkeys(names, 2)
+    while True:
+        labels = {n: short_name(n, parts[n]) for n in names}
+        shown = list(labels.values())
+        grow = [n for n in names if shown.count(labels[n]) > 1 and short_name(n, parts[n] + 1) != labels[n]]
+        if not grow:
+            break
+        for n in grow:
+            parts[n] += 1
+    return [labels[n] if shown.count(labels[n]) == 1 else n for n in names]
+
+
+_MARKUP = re.compile(r"([\\`*_\[\]<>|~&])")
+
+
+def md_cell(text) -> str:
+    r"""Text that stays one markdown table cell: unprintable characters as escapes, markup characters escaped.
+
+    A model name or group tag is the user's (or a served model's) text: a ``|`` or a newline in it would end the
+    cell or the row and forge another.
+
+    >>> print(md_cell("m|9 |\n| 1 | `x`"))
+    m\|9 \|\\n\| 1 \| \`x\`
+    """
+    text = str(text).encode("utf-8", "backslashreplace").decode("utf-8")  # lone surrogates from odd bytes
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return _MARKUP.sub(r"\\\1", text)
+
+
+def _csv_text(value):
+    # A spreadsheet runs a cell that starts with = + - @ as a formula; a quote in front keeps it text.
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
 
 
 # ----------------------------------------------------------------------------- the board
 
 
-def _parse_groups(specs: list[str], names: list[str]) -> dict[str, list[str]]:
+def _parse_groups(specs: list[str], names: dict[str, str]) -> dict[str, list[str]]:
+    """``{tag: [model, ...]}`` from ``TAG=MODEL,...``; a member is a model name or its shown name (``names``)."""
     groups: dict[str, list[str]] = {}
     for spec in specs:
         tag, sep, members = spec.partition("=")
@@ -451,10 +243,10 @@ def _parse_groups(specs: list[str], names: list[str]) -> dict[str, list[str]]:
         unknown = [m for m in models if m not in names]
         if unknown:
             raise LeaderboardError(
-                f"--group {tag}: {unknown} are not models on the board; the models are {names} "
+                f"--group {tag}: {unknown} are not models on the board; the models are {list(dict.fromkeys(names.values()))} "
                 "(name a run with NAME=PATH)"
             )
-        groups[tag] = models
+        groups[tag] = [names[m] for m in models]
     seen: dict[str, str] = {}
     for tag, models in groups.items():
         for m in models:
@@ -466,14 +258,85 @@ def _parse_groups(specs: list[str], names: list[str]) -> dict[str, list[str]]:
     return groups
 
 
+def check_resamples(resamples: int) -> None:
+    """Refuse a resample count outside 1..:data:`MAX_RESAMPLES` (memory and time grow with it)."""
+    if not isinstance(resamples, int) or isinstance(resamples, bool) or not 1 <= resamples <= MAX_RESAMPLES:
+        raise LeaderboardError(
+            f"--resamples {resamples!r} is outside 1 to {MAX_RESAMPLES:,}: memory and time grow with it, and "
+            f"{DEFAULT_RESAMPLES:,} (the default) already puts a 95% bound within about 0.1 point; give at most "
+            f"{MAX_RESAMPLES}"
+        )
+
+
+def _columns(controls: list[str]) -> list[str]:
+    """The per-model control columns of a board whose runs ran ``controls``, in the order tables show them."""
+    cols = [f"acc_{f}" for f in ITEM_FORMS if f in controls]
+    if "recognition" in controls:
+        cols.append("recognition_rate")
+    needs = {"load": ("both",), "caption_recovery": ("caption",), "reading_recovery": ("rendered",),
+             "recognised_only_gap": ("recognition",), "split_load": ("both",), "split_recognition": ("recognition",),
+             "split_rest": ("both", "recognition")}
+    return cols + [c for c, forms in needs.items() if any(f in controls for f in forms)]
+
+
+_WHERE = {"load": ("load",), "caption_recovery": ("caption_recovery",), "reading_recovery": ("reading_recovery",),
+          "recognition_rate": ("recognition_rate",), "recognised_only_gap": ("recognised_only", "gap"),
+          "split_load": ("components", "load"), "split_recognition": ("components", "recognition"),
+          "split_rest": ("components", "rest")}
+
+
+def _decomposed(run: Run, columns: list[str], resamples: int, seed: int) -> dict:
+    """The row fields decompose() gives a ``tokenswap eval`` run: each control column with its interval."""
+    try:
+        d = decompose(run.records, run.pictures, resamples=resamples, seed=seed, level=LEVEL)
+    except ValueError as err:
+        raise LeaderboardError(f"{run.path / 'gap.json'}: {err}; rerun `tokenswap eval`, which writes it") from None
+    out: dict = {"controls": list(run.controls), "by_images_sent": d["by_images_sent"], "decomposition": d}
+    for col in columns:
+        e = d["acc"].get(col[4:]) if col.startswith("acc_") else d
+        for key in () if col.startswith("acc_") else _WHERE[col]:
+            e = None if e is None else e.get(key)
+        out[col], out[f"{col}_ci"] = (None, None) if e is None else (e["value"], e["ci"])
+    if "recognition_rate" in columns:
+        rate, only = d["recognition_rate"], d["recognised_only"]
+        out["n_pictures"] = None if rate is None else rate["n_pictures"]
+        out["pictures_failed"] = run.pictures_failed
+        out["n_recognised"] = None if only is None else only["n"]
+    return out
+
+
+def _across(rows: list[dict], resamples: int, seed: int) -> dict:
+    """Correlations over models: gap with recognition rate (and controlling for acc_text), gap with load."""
+    rec = [r for r in rows if r.get("recognition_rate") is not None]
+    gap, rate, text = ([r[k] for r in rec] for k in ("gap", "recognition_rate", "acc_text"))
+    load = [r for r in rows if r.get("load") is not None]
+    out = {
+        "gap_vs_recognition": correlation.pearson(gap, rate, resamples, seed, LEVEL, what="recognition"),
+        "gap_vs_recognition_given_text": correlation.partial(gap, rate, text, resamples, seed, LEVEL,
+                                                             what="recognition"),
+        "gap_vs_load": correlation.pearson([r["gap"] for r in load], [r["load"] for r in load], resamples, seed,
+                                           LEVEL, what="the both form"),
+    }
+    for key, models in (("gap_vs_recognition", rec), ("gap_vs_recognition_given_text", rec), ("gap_vs_load", load)):
+        out[key]["models"] = [r["model"] for r in models]
+    out["gap_vs_recognition_given_text"]["control"] = "acc_text"
+    return out
+
+
 def build_leaderboard(
     runs: list[Run], groups: list[str] | None = None, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
 ) -> dict:
     """Rows sorted by gap (largest first) with bootstrap intervals, group summaries and Welch tests.
 
+    ``tokenswap eval`` runs are decomposed (:func:`~tokenswap.eval.decompose.decompose`, the same seeded stream):
+    every row has ``by_images_sent``; when some run has controls, each row has the control columns
+    (:func:`_columns`) and the board the correlations across models (``across_models``).
+
     Raises:
-        LeaderboardError: runs of different benchmarks, one folder twice, one model name twice, or a bad group.
+        LeaderboardError: runs of different benchmarks, one folder twice, one model name twice, a bad group, or
+            ``resamples`` over :data:`MAX_RESAMPLES`.
     """
+    check_resamples(resamples)
     folders: dict[Path, Run] = {}
     for run in runs:
         key = run.path.resolve()
@@ -493,19 +356,29 @@ def build_leaderboard(
     if len(benchmarks) > 1:
         by = {b: [str(r.path) for r in runs if r.benchmark == b] for b in benchmarks}
         raise LeaderboardError(f"runs of different benchmarks cannot share one board: {by}; make one per benchmark")
-    tag_of = {m: tag for tag, models in _parse_groups(groups or [], list(names)).items() for m in models}
+    labels = dict(zip(names, display_names(list(names))))
+    aliases = {label: name for name, label in labels.items()} | {name: name for name in names}
+    tag_of = {m: tag for tag, models in _parse_groups(groups or [], aliases).items() for m in models}
+    controls = [f for f in CONTROLS if any(f in r.controls for r in runs)]
+    columns = _columns(controls)
     rows = []
     for run in runs:
         ci = paired_bootstrap(run.text, run.interleaved, resamples=resamples, seed=seed)
         point = _point(run.text, run.interleaved)
-        rows.append({"model": run.name, "group": tag_of.get(run.name), "path": str(run.path), "n": len(run.item_ids),
-                     "failed": run.failed, "skipped": run.skipped, "unpaired": run.unpaired, **point,
-                     **{f"{k}_ci": None if ci[k] is None else list(ci[k]) for k in METRICS}})
+        row = {"model": run.name, "label": labels[run.name], "group": tag_of.get(run.name), "path": str(run.path),
+               "n": len(run.item_ids), "failed": run.failed, "skipped": run.skipped, "unpaired": run.unpaired,
+               **point, **{f"{k}_ci": None if ci[k] is None else list(ci[k]) for k in METRICS}}
+        if run.records is not None:
+            row |= _decomposed(run, columns, resamples, seed)
+        rows.append(row)
     rows.sort(key=lambda r: (-r["gap"], r["model"]))
     item_sets = {tuple(r.item_ids) for r in runs}
     board = {
         "benchmark": benchmarks[0],
+        "title": TITLES[benchmarks[0]],
         "forms": list(runs[0].forms),
+        "controls": controls,
+        "columns": columns,
         "bootstrap": {"resamples": resamples, "seed": seed, "level": LEVEL, "unit": "item (both forms together)",
                       "interval": "percentile"},
         "same_items": len(item_sets) == 1,
@@ -513,6 +386,7 @@ def build_leaderboard(
         "all_models": _summary([r["gap"] for r in rows]),
         "groups": {},
         "tests": [],
+        "across_models": _across(rows, resamples, seed) if controls else None,
     }
     by_tag: dict[str, list[float]] = {}
     for r in rows:
@@ -529,6 +403,9 @@ def build_leaderboard(
     return board
 
 
+# ----------------------------------------------------------------------------- tables
+
+
 def _f(v: float | None, pct: bool = False) -> str:
     if v is None:
         return "–"
@@ -539,15 +416,104 @@ def _ci(v: list[float] | None) -> str:
     return "–" if v is None else f"[{v[0]:.3f}, {v[1]:.3f}]"
 
 
+def _fci(r: dict, key: str) -> str:
+    v, ci = r.get(key), r.get(f"{key}_ci")
+    if v is None:
+        return "–"
+    return f"{v:.3f}" if ci is None else f"{v:.3f} {_ci(ci)}"
+
+
+_HEADS = {"recognition_rate": "recognition rate (pictures)", "load": "load = text − both",
+          "caption_recovery": "caption recovery = caption − interleaved",
+          "reading_recovery": "reading recovery = rendered − interleaved",
+          "recognised_only_gap": "recognised-only gap (items)", "split_recognition": "split: recognition",
+          "split_rest": "split: rest"}
+
+
+def _correlation_line(name: str, c: dict) -> str:
+    if c["r"] is None:
+        return f"- {name}: n/a ({c['reason']})"
+    if c["ci"] is None:
+        interval = f"95% CI n/a ({c['reason']})"
+    else:
+        dropped = f", {c['undefined_resamples']:,} of them dropped as fixed by arithmetic" \
+            if c["undefined_resamples"] else ""
+        interval = (f"95% CI [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}] (bootstrap over models, {c['resamples']:,} "
+                    f"resamples{dropped})")
+    return f"- {name}: r = {c['r']:+.3f} over {c['n_models']} models, {interval}; p = {c['p']:.3g} (t, {c['dof']} dof)"
+
+
+def _controls_markdown(board: dict) -> list[str]:
+    cols = [c for c in board["columns"] if c != "split_load"]  # split_load is the load column
+    rows = board["rows"]
+    lines = [
+        "",
+        f"## What the gaps are made of (controls run: {', '.join(board['controls'])})",
+        "",
+        "Fractions with 95% paired-bootstrap intervals over items (the resamples above); each model over its own "
+        "items answered in every form it ran. The split adds up to the gap: load + recognition + rest "
+        "(load = text − both; recognition: what the items with an unidentified picture add; rest: the part left "
+        "on items whose every picture was identified). Associations on one item set, not causes.",
+        "",
+        "| # | model | " + " | ".join(_HEADS.get(c, c) for c in cols) + " |",
+        "|---:|---|" + "---|" * len(cols),
+    ]
+    for rank, r in enumerate(rows, start=1):
+        cells = []
+        for c in cols:
+            cell = _fci(r, c)
+            if c == "recognition_rate" and r.get("n_pictures") is not None:
+                cell += f" ({r['n_pictures']})"
+            if c == "recognised_only_gap" and r.get("n_recognised") is not None:
+                cell += f" ({r['n_recognised']})"
+            cells.append(cell)
+        lines.append(f"| {rank} | {md_cell(r['label'])} | " + " | ".join(cells) + " |")
+    a = board["across_models"]
+    lines += [
+        "",
+        "## Across models",
+        "",
+        "Each model is one point; a model without the control is left out of that line.",
+        "",
+        _correlation_line("gap vs recognition rate (Pearson)", a["gap_vs_recognition"]),
+        _correlation_line("gap vs recognition rate controlling for acc_text (partial)",
+                          a["gap_vs_recognition_given_text"]),
+        _correlation_line("gap vs load (Pearson; load is a part of the gap, so some positive r is built in)",
+                          a["gap_vs_load"]),
+    ]
+    return lines
+
+
+def _by_images_markdown(rows: list[dict]) -> list[str]:
+    ks = sorted({int(k) for r in rows for k in r.get("by_images_sent") or {}})
+    lines = ["", "## Gap by images sent", "",
+             "Per model and number of image parts sent, the gap with its 95% interval (each group resampled on its "
+             "own) and the items in the group.", "",
+             "| # | model | " + " | ".join(f"{k} image{'s' * (k != 1)}" for k in ks) + " |",
+             "|---:|---|" + "---|" * len(ks)]
+    for rank, r in enumerate(rows, start=1):
+        groups = r.get("by_images_sent") or {}
+        cells = []
+        for k in ks:
+            g = groups.get(str(k))
+            cells.append("–" if g is None else f"{g['gap']['value']:.3f} {_ci(g['gap']['ci'])} (n {g['n']})")
+        lines.append(f"| {rank} | {md_cell(r['label'])} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def to_markdown(board: dict) -> str:
-    """The board as a markdown table (fractions), with group means and tests (percent, as in the paper)."""
+    """The board as markdown: the gap table (fractions), controls, the gap by images sent, groups and tests.
+
+    Model names and group tags pass through :func:`md_cell`, so no name can end a cell or forge a row.
+    """
     b = board["bootstrap"]
     text_form, other = board["forms"]
     lines = [
         f"# Modality gap leaderboard ({TITLES[board['benchmark']]}, {len(board['rows'])} models, {text_form} vs {other})",
         "",
         f"95% intervals: paired bootstrap over items ({b['resamples']:,} resamples, seed {b['seed']}, percentile). "
-        "Failed requests and skipped items are left out of both forms and counted, never scored as wrong.",
+        "Failed requests and skipped items are left out of both forms and counted, never scored as wrong; n is "
+        "the items scored.",
     ]
     if not board["same_items"]:
         lines.append("Note: the runs cover different item sets (see n); each gap is over its own run's items.")
@@ -559,77 +525,47 @@ def to_markdown(board: dict) -> str:
     ]
     for rank, r in enumerate(board["rows"], start=1):
         lines.append(
-            f"| {rank} | {r['model']} | {r['group'] or ''} | {r['n']} | {r['failed']} | {r['skipped']} | {r['unpaired']} "
+            f"| {rank} | {md_cell(r['label'])} | {md_cell(r['group'] or '')} | {r['n']} | {r['failed']} "
+            f"| {r['skipped']} | {r['unpaired']} "
             f"| {_f(r['acc_text'])} | {_f(r['acc_interleaved'])} | {_f(r['gap'])} | {_ci(r['gap_ci'])} "
             f"| {_f(r['rel_gap'])} | {_ci(r['rel_gap_ci'])} | {_f(r['retention'])} | {_ci(r['retention_ci'])} |"
         )
     s = board["all_models"]
     lines += ["", f"Mean gap over {s['n']} models: {_f(s['mean'], True)}% ± {_f(s['ci_half'], True)}% "
               "(95% t interval over models)."]
+    if board["controls"]:
+        lines += _controls_markdown(board)
+    if any(len(r.get("by_images_sent") or {}) > 1 for r in board["rows"]):
+        lines += _by_images_markdown(board["rows"])
     if board["groups"]:
         lines += ["", "| group | models | mean gap | ± (95% CI) | standard error |", "|---|---:|---:|---:|---:|"]
         for tag, g in board["groups"].items():
-            lines.append(f"| {tag} | {g['n']} | {_f(g['mean'], True)}% | {_f(g['ci_half'], True)}% "
+            lines.append(f"| {md_cell(tag)} | {g['n']} | {_f(g['mean'], True)}% | {_f(g['ci_half'], True)}% "
                          f"| {_f(g['se'], True)}% |")
         lines.append("")
         for t in board["tests"]:
-            lines.append(f"Welch's t-test, {t['a']} vs {t['b']} (per-model gaps): t = {t['t']:.2f}, "
-                         f"dof = {t['dof']:.1f}, p = {t['p']:.3g}")
+            lines.append(f"Welch's t-test, {md_cell(t['a'])} vs {md_cell(t['b'])} (per-model gaps): "
+                         f"t = {t['t']:.2f}, dof = {t['dof']:.1f}, p = {t['p']:.3g}")
     return "\n".join(lines) + "\n"
 
 
 def _write_csv(board: dict, path: Path) -> None:
-    fields = ["rank", "model", "group", "n", "failed", "skipped", "unpaired"]
-    for k in METRICS:
+    extra = list(board["columns"])
+    fields = ["rank", "model", "label", "group", "n", "failed", "skipped", "unpaired"]
+    for k in (*METRICS, *extra):
         fields += [k, f"{k}_lo", f"{k}_hi"]
+    if "recognition_rate" in extra:
+        fields += ["n_pictures", "pictures_failed", "n_recognised"]
     fields.append("path")
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    with open(path, "w", newline="", encoding="utf-8", errors="backslashreplace") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         for rank, r in enumerate(board["rows"], start=1):
-            row = {k: r[k] for k in ("model", "group", "n", "failed", "skipped", "unpaired", "path")} | {"rank": rank}
-            for k in METRICS:
-                lo, hi = r[f"{k}_ci"] or (None, None)
-                row |= {k: r[k], f"{k}_lo": lo, f"{k}_hi": hi}
-            writer.writerow(row)
-
-
-def plot_gaps(board: dict, path: Path) -> list[str]:
-    """Horizontal bars of the gap (%) per model with interval whiskers, largest gap on top.
-
-    Returns:
-        The model names as drawn, top to bottom (read back from the figure's axis).
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = board["rows"]
-    tags = list(board["groups"])
-    colors = dict(zip(tags, plt.get_cmap("tab10").colors))
-    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.32 * len(rows)))
-    ys = np.arange(len(rows))[::-1]  # row 0 (largest gap) at the top
-    gaps = np.array([100 * r["gap"] for r in rows])
-    lo = np.array([100 * r["gap_ci"][0] for r in rows])
-    hi = np.array([100 * r["gap_ci"][1] for r in rows])
-    bar_colors = [colors.get(r["group"], "#4c72b0") for r in rows]
-    ax.barh(ys, gaps, color=bar_colors, height=0.7)
-    ax.errorbar(gaps, ys, xerr=[gaps - lo, hi - gaps], fmt="none", ecolor="black", capsize=2, linewidth=0.8)
-    ax.set_yticks(ys, [r["model"] for r in rows], fontsize=8)
-    ax.axvline(0, color="black", linewidth=0.6)
-    ax.set_xlabel(f"modality gap: acc {board['forms'][0]} − acc {board['forms'][1]} (%), 95% paired-bootstrap CI")
-    ax.set_title(f"{TITLES[board['benchmark']]}: modality gap per model")
-    ax.grid(axis="x", alpha=0.3)
-    if tags:
-        from matplotlib.patches import Patch
-
-        ax.legend(handles=[Patch(color=colors[t], label=t) for t in tags], fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    ticks = sorted(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())), reverse=True)
-    plt.close(fig)
-    return [label for _, label in ticks]
+            row = {k: r.get(k) for k in fields if k in r} | {"rank": rank}
+            for k in (*METRICS, *extra):
+                lo, hi = r.get(f"{k}_ci") or (None, None)
+                row |= {k: r.get(k), f"{k}_lo": lo, f"{k}_hi": hi}
+            writer.writerow({k: _csv_text(v) for k, v in row.items()})
 
 
 # ----------------------------------------------------------------------------- command
@@ -639,33 +575,49 @@ def _parser() -> argparse.ArgumentParser:
     from tokenswap.inputs import non_negative_int, positive_int
 
     p = argparse.ArgumentParser(
-        prog="tokenswap leaderboard", description="many evaluated models: one gap table and figure"
+        prog="tokenswap leaderboard", description="many evaluated models: one gap table and figures"
     )
     p.add_argument("results", nargs="+", metavar="RESULT",
                    help="a tokenswap/crossmath/rest eval --out folder, or NAME=FOLDER to name the model")
-    p.add_argument("--out", default="leaderboard", help="folder for leaderboard.{md,json,csv,png} (default: leaderboard)")
+    p.add_argument("--out", default="leaderboard",
+                   help="folder for leaderboard.{md,json,csv,png} and the other figures (default: leaderboard)")
     # One group per flag: RESULT folders may then follow a --group without being read as groups.
     p.add_argument("--group", action="append", default=[], metavar="TAG=MODEL,MODEL",
                    help="a group of models; repeat the flag for each group (two or more: Welch's t-test of their gaps)")
     p.add_argument("--resamples", type=positive_int, default=DEFAULT_RESAMPLES,
-                   help=f"bootstrap resamples (default: {DEFAULT_RESAMPLES})")
+                   help=f"bootstrap resamples (default: {DEFAULT_RESAMPLES}, at most {MAX_RESAMPLES})")
     p.add_argument("--seed", type=non_negative_int, default=0, help="bootstrap seed (default: 0)")
     return p
+
+
+def _printable(text: str) -> str:
+    return text.encode(sys.stdout.encoding or "utf-8", "backslashreplace").decode(sys.stdout.encoding or "utf-8")
 
 
 def cli_main(argv: list[str]) -> int:
     """Entry point of ``tokenswap leaderboard``; returns the exit status (2 for unreadable input)."""
     args = _parser().parse_args(argv)
+    out = Path(args.out)
+    check_resamples(args.resamples)
     runs = [load_run(spec) for spec in args.results]
     board = build_leaderboard(runs, args.group, args.resamples, args.seed)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     markdown = to_markdown(board)
-    (out / "leaderboard.md").write_text(markdown, encoding="utf-8")
-    (out / "leaderboard.json").write_text(json.dumps(board, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    _write_csv(board, out / "leaderboard.csv")
-    plot_gaps(board, out / "leaderboard.png")
-    print(markdown)
-    print(f"wrote {out}/leaderboard.md, .json, .csv, .png")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "leaderboard.md").write_text(markdown, encoding="utf-8", errors="backslashreplace")
+        (out / "leaderboard.json").write_text(json.dumps(board, indent=2, ensure_ascii=False) + "\n",
+                                              encoding="utf-8", errors="backslashreplace")
+        _write_csv(board, out / "leaderboard.csv")
+        written = ["leaderboard.md", "leaderboard.json", "leaderboard.csv", "leaderboard.png"]
+        plot_gaps(board, out / "leaderboard.png")
+        if plot_by_images(board, out / "leaderboard_by_images.png") is not None:
+            written.append("leaderboard_by_images.png")
+        if plot_components(board, out / "leaderboard_components.png") is not None:
+            written.append("leaderboard_components.png")
+    except OSError as err:
+        raise LeaderboardError(f"--out {out}: cannot write there ({err.strerror or err}); pass a writable "
+                               "folder") from None
+    print(_printable(markdown))
+    print(_printable(f"wrote {', '.join(str(out / w) for w in written)}"))
     return 0
 
