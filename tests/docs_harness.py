@@ -106,6 +106,9 @@ def find_blocks(page: Path) -> list[Block]:
     return blocks
 
 
+REDIRECTS = {">", ">>", "<", ">&", "<&", "&>", "&>>", ">|"}
+
+
 def commands(text: str) -> list[list[str]]:
     """The simple commands of a shell block: continuations joined, comments dropped, split at ; && || | &.
 
@@ -113,15 +116,17 @@ def commands(text: str) -> list[list[str]]:
     """
     out = []
     for cmd in _split_commands(text):
-        words, skip = [], False
+        words: list[str] = []
+        skip = False
         for w in cmd:
             if skip:
                 skip = False
-                continue
-            if re.fullmatch(r"\d*(>|>>|<)(&\d+)?", w):
-                skip = not re.fullmatch(r"\d*>&\d+", w)
-                continue
-            words.append(w)
+            elif w in REDIRECTS:
+                if words and words[-1].isdigit():  # the fd of `2>&1` / `2> log`, lexed as its own word
+                    words.pop()
+                skip = True  # the redirection's target
+            else:
+                words.append(w)
         if words:
             out.append(words)
     return out
@@ -233,7 +238,7 @@ def _parsing_only(run):
 def _tail(text: str) -> str:
     # argparse ends with its one error line, tokenswap's config errors start with theirs: keep both ends.
     text = text.strip()
-    return text if len(text) <= 1500 else f"{text[:700]} [...] {text[-700:]}"
+    return text if len(text) <= 3000 else f"{text[:1500]} [...] {text[-1500:]}"
 
 
 def _check_tokenswap(args: list[str]) -> str:
@@ -256,6 +261,12 @@ def _run_python(args: list[str]) -> str:
         target, rest = args[1], args[2:]
         if target == "tokenswap.cli":
             return _check_tokenswap(rest)
+        if target == "pytest":  # running pytest's parser would start a session: check the test paths exist
+            paths = [a.split("::")[0] for a in rest if not a.startswith("-") and ("/" in a or a.endswith(".py"))]
+            missing = [p for p in paths if not (ROOT / p).exists()]
+            if missing:
+                raise Unparsed(f"pytest: {', '.join(missing)} does not exist")
+            return "python -m pytest (paths)"
 
         def run():
             sys.argv = [target, *rest]
@@ -438,6 +449,10 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
     import ctypes
     import signal
     import traceback
+    import warnings
+
+    # runpy warns that a preloaded module (tokenswap.testing) is run again as __main__: true, and harmless here.
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module="runpy")
 
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the server, never outlive the test
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

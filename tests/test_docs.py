@@ -78,18 +78,37 @@ def test_syntax_block_parses(block):
 # ---------------------------------------------------------------------------------------------------------------
 
 
+class DocsServer:
+    """The fork server the blocks' ``tokenswap`` and ``python`` shims hand their commands to.
+
+    Started as soon as a test asks for it and waited for at the first block, so its imports overlap with the
+    building of the fixtures.
+    """
+
+    def __init__(self, folder: Path):
+        self.sock = str(folder / "s")
+        self.proc = subprocess.Popen([sys.executable, str(Path(harness.__file__)), "serve", self.sock], env=_env(),
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.ready = False
+
+    @property
+    def path(self) -> str:
+        if not self.ready:
+            line = self.proc.stdout.readline()
+            assert line.strip() == "ready", f"the docs fork server did not start: {line}{self.proc.stdout.read()[-3000:]}"
+            self.ready = True
+        return self.sock
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def docs_server(tmp_path_factory):
-    """The fork server the blocks' ``tokenswap`` and ``python`` shims hand their commands to."""
-    folder = tmp_path_factory.mktemp("docs-server")
-    sock = str(folder / "s")
-    proc = subprocess.Popen([sys.executable, str(Path(harness.__file__)), "serve", sock], env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    ready = proc.stdout.readline()
-    assert ready.strip() == "ready", f"the docs fork server did not start: {ready}{proc.stdout.read()[-3000:]}"
-    yield sock
-    proc.terminate()
-    proc.wait(timeout=30)
+    server = DocsServer(tmp_path_factory.mktemp("docs-server"))
+    yield server
+    server.close()
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +134,7 @@ def _scratch(folder: Path) -> Path:
     return folder
 
 
-def run_block(block, folder: Path, server: str, fixtures: dict) -> tuple[int, str, float]:
+def run_block(block, folder: Path, server: DocsServer, fixtures: dict) -> tuple[int, str, float]:
     """Run one block in ``folder`` through bash (stop at the first failing command); (status, output, seconds)."""
     env = {}
     for name in block.fixtures:
@@ -126,7 +145,7 @@ def run_block(block, folder: Path, server: str, fixtures: dict) -> tuple[int, st
         env[var] = str(dest)
     script = folder / f".block-{block.line}.sh"
     script.write_text(block.text + "\n")
-    env = _env(PATH=f"{folder / '.docs-bin'}{os.pathsep}{os.environ['PATH']}", DOCS_SERVER=server,
+    env = _env(PATH=f"{folder / '.docs-bin'}{os.pathsep}{os.environ['PATH']}", DOCS_SERVER=server.path,
                HOME=os.environ.get("HOME", str(folder)), **env)
     start = time.perf_counter()
     try:
@@ -143,6 +162,7 @@ def test_runnable_blocks_run(page, docs_server, fixtures, tmp_path):
     folder = _scratch(tmp_path / "page")
     for block in (b for b in SHELL if b.page == page and b.mark == "run"):
         rc, out, seconds = run_block(block, folder, docs_server, fixtures)
+        print(f"{block.where}: {seconds:.1f} s")  # shown by pytest -rP: where the docs test spends its time
         assert rc == 0, f"{block.where}: the block failed (exit {rc}, {seconds:.0f} s):\n{block.text}\n--- output " \
                         f"(tail) ---\n{out[-4000:]}"
 
@@ -161,11 +181,11 @@ def test_runnable_blocks_run(page, docs_server, fixtures, tmp_path):
     ("accelerate launch --config_file configs/accelerate/moved.yaml recipes/post_train.py --config post_text.yaml",
      "moved.yaml does not exist"),
     ("accelerate launch --num_processess 8 recipes/post_train.py --config post_text.yaml", "num_processess"),
-    ("tokenswap build-store --config store_generate.yaml llm.concurrencyy=4", "llm.concurrencyy"),
+    ("tokenswap build-store --config store_generate.yaml samples_per_shardd=4", "samples_per_shardd"),
     ("make tests", "no target tests"),
     ("bash benchmarks/gpu_check.sh --parts 1", "no `--parts)` case"),
     ("transformers serve path/to/checkpoint --device cpu --hots 127.0.0.1", "--hots"),
-    ("python benchmarks/faults.py --section llm", "--section"),
+    ("python benchmarks/faults.py --sectionz llm", "--sectionz"),
     ("vllm serve Qwen/Qwen2.5-VL-7B-Instruct", "check: none"),
 ])
 def test_syntax_check_refuses(command, says):
