@@ -1,6 +1,6 @@
 """The docs are true: every relative link resolves, every runnable shell block runs, every other shell block parses.
 
-README.md and docs/*.md are read by tests/docs_harness.py (the marks are explained in docs/architecture.md,
+README.md and docs/*.md are read by tests/docs_harness.py (the marks are explained in docs/contributing.md,
 "Writing docs"). A runnable block runs through real bash on the tiny kit, offline, in a scratch folder per page
 that holds the repository's configs/, recipes/, tests/ and benchmarks/ and the fixtures the block names; a renamed
 flag, a moved config or an unknown override key fails here, not in a user's terminal.
@@ -120,7 +120,7 @@ def fixtures(tiny_qwen2vl, tiny_store, tiny_bench):
 def _env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline",
-               TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error", TQDM_DISABLE="1",
+               TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error", TQDM_DISABLE="1", MPLBACKEND="Agg",
                PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     env.update(extra)
     return env
