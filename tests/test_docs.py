@@ -99,6 +99,14 @@ class DocsServer:
             self.ready = True
         return self.sock
 
+    def workers_cpu_s(self) -> float:
+        """CPU seconds of the commands the server has run and reaped so far (Linux; 0 elsewhere)."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime + cstime
+
     def close(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=30)
@@ -161,8 +169,10 @@ def run_block(block, folder: Path, server: DocsServer, fixtures: dict) -> tuple[
 def test_runnable_blocks_run(page, docs_server, fixtures, tmp_path):
     folder = _scratch(tmp_path / "page")
     for block in (b for b in SHELL if b.page == page and b.mark == "run"):
+        cpu = docs_server.workers_cpu_s()
         rc, out, seconds = run_block(block, folder, docs_server, fixtures)
-        print(f"{block.where}: {seconds:.1f} s")  # shown by pytest -rP: where the docs test spends its time
+        # Shown by pytest -rP: where the docs test spends its time (wall time moves with the machine's load).
+        print(f"{block.where}: {seconds:.1f} s wall, {docs_server.workers_cpu_s() - cpu:.1f} s CPU")
         assert rc == 0, f"{block.where}: the block failed (exit {rc}, {seconds:.0f} s):\n{block.text}\n--- output " \
                         f"(tail) ---\n{out[-4000:]}"
 
