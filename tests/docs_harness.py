@@ -229,6 +229,8 @@ def _parsing_only(run):
     except Parsed:
         return
     except SystemExit as e:
+        if e.code in (0, None):  # --help: printed, and nothing else done
+            return
         raise Unparsed(f"the parser refused it (exit {e.code}): {_tail(err.getvalue())}") from None
     finally:
         argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args, config.parse_config = saved

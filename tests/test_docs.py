@@ -205,6 +205,14 @@ def test_syntax_check_refuses(command, says):
     assert says in str(e.value)
 
 
+@pytest.mark.parametrize("command", ["tokenswap eval --help", "python recipes/post_train.py --help",
+                                     "python recipes/post_train.py --config post_text.yaml collator.swap_prob=0.5",
+                                     "accelerate launch --num_processes 8 -m tokenswap.cli eval --model m --out o"])
+def test_syntax_check_accepts(command):
+    [words] = harness.commands(command)
+    assert harness.check_syntax(words)
+
+
 def test_marks_are_read(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("<!-- run: fixtures=tiny_model,tiny_bench -->\n```bash\ntokenswap --help\n```\n\n"
