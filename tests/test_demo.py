@@ -2,7 +2,7 @@
 
 Its figures are compared with a committed record, ``tests/assets/demo_reduced_record.json``, so a change that
 moves what the demo reports is seen in the change that makes it. When a change moves them on purpose, regenerate
-the record in the same commit (and the README's demo table from a fresh ``make demo``)::
+the record in the same commit (and the demo table of docs/demo.md from a fresh ``make demo``)::
 
     TOKENSWAP_UPDATE_DEMO_RECORD=1 python -m pytest tests/test_demo.py
 """
@@ -55,7 +55,7 @@ def check_against_record(figures: dict[str, float], argv: list[str]) -> None:
         f"the reduced demo's figures differ from {RECORD} in {len(moved)} place(s): "
         + "; ".join(f"{k}: recorded {record['figures'].get(k)}, got {figures.get(k)}" for k in moved[:12])
         + f". If your change moved them on purpose, regenerate the record with `{REGENERATE}`, commit it with the "
-        "change, and regenerate the README demo table from a fresh `make demo`; otherwise the change altered what "
+        "change, and regenerate the demo table of docs/demo.md from a fresh `make demo`; otherwise the change altered what "
         "the demo measures."
     )
 
