@@ -33,6 +33,7 @@ slow_test: $(STAMP)
 
 quality: $(STAMP)
 	$(BIN)/ruff check tokenswap recipes tests benchmarks
+	$(BIN)/lint-imports  # the import floors of docs/architecture.md (also run by tests/test_architecture.py)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/collator_throughput.py
