@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
@@ -139,16 +140,21 @@ def caption_item(inter: MCItem, captions: Mapping[int, str]) -> MCItem:
     return _retag(inter, {tag: captions[tag] for tag in image_tags(inter)}, images={}, concepts={})
 
 
+_MARKUP = re.compile(r"<\|[^<>|\s]{1,40}\|>")
+
+
 def clean_caption(reply: str | None) -> tuple[str | None, str | None]:
     """``(caption, None)`` for a usable caption reply, ``(None, why not)`` for an empty or absurdly long one.
 
-    Whitespace runs (newlines included: a caption goes inside one prompt line) become one space, and one trailing
-    period goes (the caption sits inside a sentence).
+    Chat-template control tokens typed out in the reply (``<|vision_end|>``: a server that does not skip special
+    tokens when it decodes returns them) go, since inside the item's prompt they would be read as markup; whitespace
+    runs (newlines included: a caption goes inside one prompt line) become one space, and one trailing period goes
+    (the caption sits inside a sentence).
 
-    >>> clean_caption("  A red\\n apple. "), clean_caption(""), clean_caption("x" * 501)[1]
+    >>> clean_caption("  A red\\n apple<|im_end|>. "), clean_caption(""), clean_caption("x" * 501)[1]
     (('A red apple', None), (None, 'the caption is empty'), 'the caption is 501 characters, more than 500')
     """
-    text = " ".join((reply or "").split())
+    text = " ".join(_MARKUP.sub("", reply or "").split())
     if text.endswith(".") and not text.endswith(".."):
         text = text[:-1].rstrip()
     if not text:

@@ -402,3 +402,83 @@ def test_two_evaluations_on_one_folder_do_not_both_ask(bench, tmp_path, capsys):
         assert "is being evaluated by another process (pid" in err and "another --out" in err
         assert proc.wait(timeout=120) == 0
         assert len(server.requests) == 2 * len(views)  # every item asked once, by the first
+
+
+# ----------------------------------------------------------------------------- resume edges and inputs (issue 32)
+
+
+def test_a_resume_that_would_send_other_pictures_is_refused(bench, tmp_path, capsys):
+    root, views = bench
+    out = tmp_path / "out"
+    with LoadLLMServer(reply=lambda payload: "A") as server:
+        assert tokenswap_main(_eval(server, root, out, "--limit", "2")) == 0
+        for extra, detail in ((["--image-format", "jpeg"], "image_format: 'png' before, 'jpeg' now"),
+                              (["--max-pixels", "900"], "max_pixels: None before, 900 now")):
+            capsys.readouterr()
+            assert tokenswap_main(_eval(server, root, out, "--limit", "2", *extra)) == 2
+            assert detail in capsys.readouterr().err
+        # A run.json written before these were recorded resumes (it did not say what it sent) and records them.
+        old = json.loads((out / "run.json").read_text())
+        (out / "run.json").write_text(json.dumps({k: v for k, v in old.items() if k not in ("image_format",
+                                                                                           "max_pixels")}))
+        asked = len(server.requests)
+        assert tokenswap_main(_eval(server, root, out, "--limit", "3")) == 0
+        assert len(server.requests) - asked == 2 and json.loads((out / "run.json").read_text()) == old
+        assert tokenswap_main(_eval(server, root, out, "--limit", "3", "--image-format", "jpeg")) == 2
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"model": "rule-vlm", "back', "is not valid JSON"),
+    ("[1, 2]", "hold a JSON list, not an object"),
+    ("", "is empty"),
+])
+def test_a_damaged_run_json_is_one_line_naming_the_file_and_the_fix(bench, tmp_path, capsys, content, message):
+    root, _ = bench
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "run.json").write_text(content)
+    with LoadLLMServer(reply=lambda payload: "A") as server:
+        assert tokenswap_main(_eval(server, root, out)) == 2
+        assert not server.requests
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and message in errors[0] and str(out / "run.json") in errors[0]
+    assert "delete it and rerun with the flags of the run that wrote" in errors[0] and "Traceback" not in errors[0]
+
+
+def test_an_unreachable_hub_bench_is_one_line_and_leaves_no_run_json(bench, tmp_path, capsys):
+    root, views = bench
+    out = tmp_path / "out"
+    with LoadLLMServer(reply=lambda payload: "A") as server:
+        args = _eval(server, root, out)
+        args[args.index(str(root))] = "dongx1997/TokenSwap-Bench"  # offline here: the hub cannot be reached
+        assert tokenswap_main(args) == 2
+        errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+        assert len(errors) == 1 and "--bench 'dongx1997/TokenSwap-Bench' is no local folder and the hub cannot be " \
+            "reached" in errors[0] and "huggingface-cli download --repo-type dataset" in errors[0]
+        assert not (out / "run.json").exists() and not server.requests
+        assert tokenswap_main(_eval(server, root, out)) == 0  # the corrected command is not refused
+        assert len(server.requests) == 2 * len(views)
+
+
+def test_the_family_comes_from_any_path_component_or_a_checkpoint_there_and_is_said_when_not(bench, tmp_path,
+                                                                                               capsys):
+    root, _ = bench
+    checkpoint = tmp_path / "ckpt" / "checkpoint-500"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
+    with LoadLLMServer(reply=lambda payload: "A") as server:
+        for k, (name, tokens, source) in enumerate((("/srv/models/qwen25vl-7b/", 128, "served name"),
+                                                    (str(checkpoint), 128, "served path"), ("rule-vlm", 2048, None))):
+            server.requests.clear()
+            capsys.readouterr()
+            out = tmp_path / f"out-{k}"
+            args = _eval(server, root, out, "--limit", "1")
+            args[args.index("rule-vlm")] = name
+            assert tokenswap_main(args) == 0
+            assert {p["max_tokens"] for p in server.requests} == {tokens}  # Qwen2.5-VL's release budget: 128
+            summary = json.loads((out / "gap.json").read_text())
+            assert summary["family_source"] == source
+            err = capsys.readouterr().err
+            noted = "note: no model family recognised in the served name 'rule-vlm'" in err and "--family" in err
+            assert noted == (source is None)
+            assert (summary["model_settings"]["family"] is None) == (source is None)
