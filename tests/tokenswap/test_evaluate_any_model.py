@@ -512,7 +512,10 @@ def test_failed_requests_are_counted_never_scored_and_fail_the_run(tmp_path, cap
         assert tokenswap_main([*args, "--max-error-share", "0.1"]) == 1  # the retried ones fail again: 2 of 10
         assert "stopped after 2 failed requests: more than --max-error-share 10.0%" in capsys.readouterr().err
     summary = json.loads((tmp_path / "out" / "gap.json").read_text())
-    assert summary["n"] == 4 and summary["n_failed"] == 2 and [e["id"] for e in summary["excluded"]] == ["test/2"]
+    # n_failed counts the items left out (issue 31's gap.json contract), n_failed_requests their failed requests.
+    assert summary["n"] == 4 and summary["n_failed"] == 1 and summary["n_failed_requests"] == 2
+    assert [e["id"] for e in summary["excluded"]] == ["test/2"]
+    assert set(summary["excluded"][0]["forms"]) == {"text", "interleaved"}
     # Item p2 (answer C) is out of the scores, not a wrong answer: A is right for p0 and p4 of the remaining four.
     assert summary["acc_text"] == 2 / 4
 
