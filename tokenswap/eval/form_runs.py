@@ -544,9 +544,10 @@ def plot_forms(payload: dict, path) -> None:
     left.set_xticks(range(len(names)), names)
     left.set_ylabel("accuracy (%)")
     left.set_ylim(0, 105)
-    left.set_title(f"{payload.get('model', '')}: {d['n']} items in every form", fontsize=9)
+    name = str(payload.get("model", "")).rstrip("/").rsplit("/", 1)[-1]  # a served path: its last part
+    left.set_title(f"{name}: {d['n']} items in every form (bars: 95% intervals)", fontsize=9)
     for x, v in enumerate(values):
-        left.text(x, min(v, 95) + 2, f"{v:.1f}", ha="center", fontsize=8)
+        left.text(x + 0.08, min(v, 95) + 1.5, f"{v:.1f}", ha="left", fontsize=8)
     groups = d["by_images_sent"]
     ks = [int(k) for k in groups]
     gaps = [100 * (groups[str(k)]["gap"]["value"] or 0.0) for k in ks]

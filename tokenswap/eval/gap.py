@@ -39,7 +39,7 @@ every shard is padded to the same length with dummy repeats (dropped after gathe
 ranks run the same number of forward/generate calls and, call by call, either all or none of
 them run the vision tower, which DeepSpeed ZeRO-3 needs to gather parameters without hanging.
 
-One module at ~620 lines: both scorers, the controls and the report share the item batching and the
+One module at ~780 lines: both scorers, the controls and the report share the item batching and the
 caches they are measured with.
 """
 
