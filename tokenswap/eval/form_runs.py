@@ -199,7 +199,13 @@ class FormPlan:
             return row.get("prompt") == CAPTION_PROMPT and row.get("max_new_tokens") == CAPTION_MAX_NEW_TOKENS
         if unit.form == "recognition":  # the distractors come from the item set: another --limit, other options
             return row.get("choices") == list(self.recognition_items[unit.picture].choices)
+        if unit.form == "caption":  # asked with the captions recorded now (a caption asked again may read otherwise)
+            return row.get("captions") == self.captions_for(log, unit)
         return True
+
+    def captions_for(self, log, unit: Unit) -> dict[str, str | None]:
+        """Picture digest -> the usable caption recorded for it (None: none yet), for a caption-form unit."""
+        return {key.split("|", 1)[1]: caption_of(log.records.get(key))[0] for key in unit.needs}
 
 
 def caption_of(row: dict | None) -> tuple[str | None, str | None]:
@@ -338,7 +344,10 @@ def run_plan(backend, log, plan: FormPlan, scorer: str, max_new_tokens: int, pro
         return backend.generate(convs, max_new_tokens)
 
     def make(unit, fields):
-        return plan.record(unit, fields, scorer)
+        record = plan.record(unit, fields, scorer)
+        if unit.form == "caption":
+            record["captions"] = {key.split("|", 1)[1]: text_of[key.split("|", 1)[1]] for key in unit.needs}
+        return record
 
     captions_done = threading.Event()
     jobs = [

@@ -482,3 +482,22 @@ def test_the_family_comes_from_any_path_component_or_a_checkpoint_there_and_is_s
             noted = "note: no model family recognised in the served name 'rule-vlm'" in err and "--family" in err
             assert noted == (source is None)
             assert (summary["model_settings"]["family"] is None) == (source is None)
+
+
+def test_a_caption_recorded_anew_asks_again_the_items_that_used_the_old_one(bench, tmp_path):
+    root, views = bench
+    model = RuleModel()
+    model.items = {v["marker"]: v for v in views}
+    out = tmp_path / "out"
+    with LoadLLMServer(reply=model.reply) as server:
+        assert tokenswap_main(_eval(server, root, out, "--forms", "caption")) == 0
+        records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+        (dog,) = [r for r in records if r["form"] == "captioning" and r["response"] == "A photo of a dog."]
+        with open(out / "records.jsonl", "a") as f:  # the dog's caption as another (later) answer recorded it
+            f.write(json.dumps({**dog, "response": "A photo of a dog on grass."}) + "\n")
+        server.requests.clear()
+        assert tokenswap_main(_eval(server, root, out, "--forms", "caption")) == 0
+        asked = sorted(re.search(r"\[(q\d+)\]", json.dumps(p)).group(1) for p in server.requests)
+    assert asked == ["q2", "q6"]  # the two items showing the dog, in their caption form, and nothing else
+    summary = json.loads((out / "gap.json").read_text())
+    assert {p["concept"]: p["caption"] for p in summary["pictures"]}["dog"] == "A photo of a dog on grass"
