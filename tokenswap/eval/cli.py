@@ -214,7 +214,7 @@ def _evaluate_in_one_pass(args) -> int:
 
         raise BackendConfigError(
             f"the release's settings for this model ({'; '.join(settings.applied)}) need the per-item path, which "
-            "runs in one process: drop --recognition / accelerate launch, or pass --no-model-settings"
+            "runs in one process: drop accelerate launch, or pass --no-model-settings"
         )
     from tokenswap.eval.forms import CONCEPT_FORMS, missing_concepts
 
