@@ -1,27 +1,36 @@
-"""Items per second of a real ``tokenswap eval --backend openai``, at concurrency 1 and at the default.
+"""Requests per second of a real ``tokenswap eval --backend openai --forms all``, at concurrency 1 and at the default.
 
     python benchmarks/eval_serving.py        # writes benchmarks/results/eval_serving.json
 
 Starts its own OpenAI-compatible server on 127.0.0.1 (:class:`tokenswap.testing.LoadLLMServer`) that answers
 every request after a fixed ``--latency`` and serves at most ``--capacity`` at once (the rest queue, as a
-serving engine's full batch does), so no client can get more than ``capacity / latency`` requests/s. Then runs
-``tokenswap eval --backend openai`` on a TokenSwap-Bench-format set of ``--pairs`` pairs (two requests per pair:
-the text form and the interleaved form, one 56x56 image each) against it, once with ``--concurrency 1`` and
-once at ``--concurrency`` (default 32, the evaluators' default). Throughput = requests / the time from the
-first request's arrival to the last one's answer (arrival + latency), as the server saw it; the command's
-whole wall time (process start, imports and bench loading included) is reported beside it.
+serving engine's full batch does). Then runs ``tokenswap eval --backend openai --forms all`` on a
+TokenSwap-Bench-format set of ``--pairs`` pairs (one 56x56 picture each, every picture shown by two items, ten
+concepts) against it: per item the five item forms (text, interleaved, both, caption, rendered), per distinct
+picture one caption and one recognition item, so ``5 * pairs + 2 * pictures`` requests, each answered once (the
+run asserts it, and that every distinct picture was captioned and identified exactly once). It runs once at
+``--concurrency`` (default 32, the evaluators' default) and once, on ``--pairs-c1`` pairs, at concurrency 1.
 
-The closing line extrapolates to TokenSwap-Bench (1,516 pairs = 3,032 requests) at that latency.
+Throughput = requests / the time from the first request's arrival to the last one's answer (arrival + latency),
+as the server saw it; the command's whole wall time (process start, imports and bench loading included) is
+reported beside it. No client can beat ``min(capacity, concurrency) / latency`` requests/s: with the defaults
+(capacity 64, concurrency 32) the limit is the client's own ``--concurrency``, not the server.
+
+The closing line extrapolates to TokenSwap-Bench with ``--forms all`` at that latency: 1,516 items x 5 item forms
+plus 2 requests per distinct picture, at most 6,946 pictures (one per swap), so at most 21,472 requests.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import math
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,10 +38,14 @@ sys.path.insert(0, str(REPO))
 
 from tokenswap.testing import LoadLLMServer  # noqa: E402
 
-BENCH_REQUESTS = 2 * 1516
+BENCH_REQUESTS = 5 * 1516 + 2 * 6946  # --forms all on TokenSwap-Bench, every swap its own picture (an upper bound)
+CONCEPTS = ["cat", "dog", "apple", "car", "tree", "house", "boat", "bird", "fish", "star"]
+CAPTION = "Describe this image in a few words."
+RECOGNITION = "Which concept does this image show?"
 
 
-def _bench(root: Path, pairs: int) -> None:
+def _bench(root: Path, pairs: int) -> int:
+    """Write the bench; returns its number of distinct pictures."""
     from PIL import Image
 
     from tokenswap.data.tokenswap_bench import write_tokenswap_bench
@@ -40,16 +53,40 @@ def _bench(root: Path, pairs: int) -> None:
 
     rows = []
     for i in range(pairs):
-        text = MCItem(f"b{i}", "miscellaneous", f"Is the cat {i} small?", ["yes", "no", "maybe", "never"], i % 4)
-        inter = MCItem(f"b{i}", "miscellaneous", f"Is the <image 1> {i} small?", ["yes", "no", "maybe", "never"],
-                       i % 4, {1: Image.new("RGB", (56, 56), (i * 37 % 256, 90, 160))})
+        k = i // 2  # picture k is shown by items 2k and 2k + 1
+        concept = CONCEPTS[k % len(CONCEPTS)]
+        choices = ["yes", "no", "maybe", "never"]
+        text = MCItem(f"b{i}", "miscellaneous", f"Is the {concept} {i} small?", choices, i % 4)
+        inter = MCItem(f"b{i}", "miscellaneous", f"Is the <image 1> {i} small?", choices, i % 4,
+                       {1: Image.new("RGB", (56, 56), (k * 37 % 256, k * 11 % 256, 160))})
         rows.append((text, inter))
     write_tokenswap_bench(rows, root)
+    return math.ceil(pairs / 2)
+
+
+def _reply(payload: dict) -> str:
+    text = "".join(p.get("text", "") for p in payload["messages"][0]["content"])
+    return "A small square." if text.strip() == CAPTION else "Answer: B"
+
+
+def _kinds(payloads: list[dict]) -> Counter:
+    """Requests by kind, and the distinct pictures each picture-level kind was asked about."""
+    out: Counter = Counter()
+    for payload in payloads:
+        content = payload["messages"][0]["content"]
+        text = "".join(p.get("text", "") for p in content)
+        kind = "caption" if text.strip() == CAPTION else "recognition" if RECOGNITION in text else "item"
+        out[kind] += 1
+        if kind != "item":
+            (url,) = [p["image_url"]["url"] for p in content if p["type"] == "image_url"]
+            out[kind, base64.b64decode(url.split(",", 1)[1])] += 1
+    return out
 
 
 def _run(bench: Path, out: Path, base_url: str, concurrency: int) -> float:
     cmd = [sys.executable, "-m", "tokenswap.cli", "eval", "--backend", "openai", "--base-url", base_url,
-           "--model", "bench-model", "--bench", str(bench), "--out", str(out), "--concurrency", str(concurrency)]
+           "--model", "bench-model", "--bench", str(bench), "--out", str(out), "--concurrency", str(concurrency),
+           "--forms", "all"]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     wall = time.perf_counter() - start
@@ -61,28 +98,37 @@ def _run(bench: Path, out: Path, base_url: str, concurrency: int) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=int, default=200)
+    p.add_argument("--pairs-c1", type=int, default=20, help="pairs of the concurrency-1 run (its rate needs few)")
     p.add_argument("--latency", type=float, default=0.2, help="seconds the server takes per request")
     p.add_argument("--capacity", type=int, default=64, help="requests the server serves at once")
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "eval_serving.json"))
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp, LoadLLMServer(
-        reply=lambda payload: "Answer: B", latency=args.latency, capacity=args.capacity
+        reply=_reply, latency=args.latency, capacity=args.capacity
     ) as server:
         root = Path(tmp)
-        _bench(root / "bench", args.pairs)
-        walls, spans = {}, {}
-        for c in (1, args.concurrency):
-            seen = len(server.arrivals)
-            walls[c] = _run(root / "bench", root / f"out{c}", server.base_url, c)
+        walls, spans, counts = {}, {}, {}
+        for c, pairs in ((1, min(args.pairs_c1, args.pairs)), (args.concurrency, args.pairs)):
+            pictures = _bench(root / f"bench{c}", pairs)
+            seen, served = len(server.arrivals), len(server.requests)
+            walls[c] = _run(root / f"bench{c}", root / f"out{c}", server.base_url, c)
             times = [t for t, _ in server.arrivals[seen:]]
             spans[c] = max(times) + args.latency - min(times)
-        requests = 2 * args.pairs
-        assert len(server.requests) == 2 * requests, "every request answered once per run"
-    rate = {c: requests / s for c, s in spans.items()}
-    ceiling = min(args.capacity, args.concurrency) / args.latency
+            kinds = _kinds(server.requests[served:])
+            counts[c] = len(server.requests) - served
+            # Each request answered once; each distinct picture captioned once and identified once.
+            assert counts[c] == len(times) == 5 * pairs + 2 * pictures, (counts[c], len(times), pairs, pictures)
+            assert kinds["item"] == 5 * pairs and kinds["caption"] == kinds["recognition"] == pictures, kinds
+            assert all(n == 1 for k, n in kinds.items() if isinstance(k, tuple)), "a picture asked twice"
+    rate = {c: counts[c] / s for c, s in spans.items()}
+    limit = min(args.capacity, args.concurrency)
+    ceiling = limit / args.latency
+    limiter = "the client's --concurrency" if args.concurrency <= args.capacity else "the server's capacity"
     result = {
-        "pairs": args.pairs, "requests_per_run": requests, "latency_s": args.latency, "capacity": args.capacity,
+        "forms": "all", "pairs": args.pairs, "pairs_c1": min(args.pairs_c1, args.pairs),
+        "requests": {str(c): n for c, n in counts.items()}, "latency_s": args.latency, "capacity": args.capacity,
+        "concurrency": args.concurrency, "ceiling_req_per_s": ceiling, "ceiling_set_by": limiter,
         "wall_s": {str(c): round(w, 3) for c, w in walls.items()},
         "request_span_s": {str(c): round(w, 3) for c, w in spans.items()},
         "requests_per_s": {str(c): round(r, 2) for c, r in rate.items()},
@@ -93,8 +139,8 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     print(f"eval serving: {rate[args.concurrency]:.1f} req/s at concurrency {args.concurrency} = "
-          f"{100 * rate[args.concurrency] / ceiling:.0f}% of the server's ceiling; "
-          f"{rate[args.concurrency] / rate[1]:.1f}x concurrency 1; TokenSwap-Bench: "
+          f"{100 * rate[args.concurrency] / ceiling:.0f}% of the ceiling ({limit} in flight / latency, set by "
+          f"{limiter}); {rate[args.concurrency] / rate[1]:.1f}x concurrency 1; TokenSwap-Bench --forms all: "
           f"{BENCH_REQUESTS / rate[args.concurrency] / 60:.1f} min")
 
 

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tokenswap.errors import InputError
+from tokenswap.errors import BusyError, InputError
 
 __all__ = [
     "FolderLock",
@@ -125,7 +125,7 @@ def glob_escape(name: str) -> str:
 # ----------------------------------------------------------------------------- the folder lock
 
 
-class FolderLockedError(RuntimeError):
+class FolderLockedError(BusyError):
     """Another process holds the folder's lock; the message names its PID, host and start time."""
 
 

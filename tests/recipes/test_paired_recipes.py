@@ -227,3 +227,31 @@ def test_two_rank_cpu_runs(launcher, extra, tiny_qwen2vl, tiny_store, tiny_bench
 
     model, _ = load_checkpoint(out)  # ZeRO-3 gathers the full weights at save
     assert sum(p.numel() for p in model.parameters()) > 100_000
+
+
+def test_in_loop_gap_forms_are_logged_and_reach_wandb(post, tiny_qwen2vl, tiny_store, tiny_bench, tmp_path,
+                                                      monkeypatch):
+    """`gap_eval.forms` adds the both and recognition forms to the in-loop evaluator: the load, the recognition rate
+    and the split of the gap go through trainer.log into log_history.json and the offline W&B run."""
+    from tokenswap.compare import load_run
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    out = tmp_path / "run"
+    post.main(load_config(post.PostTrainConfig, "tiny/post_tokenswap.yaml", post_overrides(
+        out, tiny_qwen2vl, tiny_store.root, "train.report_to=[wandb]", "wandb.mode=offline",
+        f"gap_eval.bench={tiny_bench}", "gap_eval.every_steps=2", "gap_eval.forms=[both,recognition]")))
+    logged = [h for h in json.loads((out / "log_history.json").read_text()) if "gap/abs" in h]
+    assert [h["step"] for h in logged] == [2, 4]
+    keys = ("gap/acc_both", "gap/load", "gap/content", "gap/recognition_rate", "gap/recognised_only/n",
+            "gap/components/load", "gap/components/recognition", "gap/components/rest", "gap/recognition_naming")
+    for h in logged:
+        assert all(k in h for k in keys), sorted(h)
+        assert h["gap/load"] == pytest.approx(h["gap/acc_text"] - h["gap/acc_both"])
+        assert h["gap/components/load"] + h["gap/components/recognition"] + h["gap/components/rest"] == \
+            pytest.approx(h["gap/abs"])
+        assert 0.0 <= h["gap/recognition_rate"] <= 1.0
+    (run_dir,) = (out / "wandb").glob("offline-run-*")
+    (run,) = load_run(str(run_dir))
+    for key in ("gap/load", "gap/recognition_rate", "gap/components/rest", "gap/acc_both"):
+        steps, values = run.series(key)
+        assert values == pytest.approx([h[key] for h in logged]), key

@@ -23,8 +23,10 @@ from tokenswap.cli import main
          "`max_samples` must be >= 1"),
         (["eval", "--backend", "openai", "--model", "m", "--bench", "{tmp}/nope", "--out", "{tmp}/r"],
          "--backend openai needs --base-url"),
-        (["eval", "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--recognition",
-          "--bench", "{tmp}/nope", "--out", "{tmp}/r"], "--recognition needs the log-likelihood of whole"),
+        (["eval", "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--forms", "both,nope",
+          "--bench", "{tmp}/nope", "--out", "{tmp}/r"], "argument --forms: expected a comma list of text, interleaved"),
+        (["eval", "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--forms", "both",
+          "--prompt", "k_shot", "--out", "{tmp}/r"], "--prompt k_shot has shots for the text and interleaved forms"),
         (["eval", "--model", "m", "--max-error-share", "5", "--out", "{tmp}/r"], "must be between 0 and 1"),
         (["eval", "--backend", "openai", "--base-url", "ftp://user:pw@host/v1", "--model", "m", "--out", "{tmp}/r"],
          "--base-url must be an http(s) URL"),
@@ -39,7 +41,7 @@ from tokenswap.cli import main
     ],
     ids=["rest-n-negative", "rest-n-zero", "rest-data-missing", "rest-eval-data-missing", "rest-eval-model-missing",
          "rest-eval-batch-negative", "build-store-data-typo", "build-store-negative-limit", "eval-openai-no-url",
-         "eval-openai-recognition", "eval-error-share-range", "eval-url-scheme", "eval-url-credentials", "crossmath-openai-no-url",
+         "eval-unknown-form", "eval-k-shot-forms", "eval-error-share-range", "eval-url-scheme", "eval-url-credentials", "crossmath-openai-no-url",
          "rest-openai-no-url", "rest-unknown-family"],
 )
 def test_missing_inputs_and_bad_counts_exit_2_with_one_clear_line(tmp_path, capsys, argv, message):

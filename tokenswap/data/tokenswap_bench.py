@@ -38,8 +38,11 @@ def load_tokenswap_bench(
 
     Raises:
         KeyError: missing fields, or a tag whose ``image_N`` column is absent or empty in its row.
-        ValueError: a row that is no valid item (an ``answer`` out of range, not 4 choices); names the row.
+        ValueError: a row that is no valid item (an ``answer`` out of range, not 4 choices), or a tagged picture
+            that does not decode; names the row.
     """
+    import datasets
+
     ds = load_split(path, config, split)
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
@@ -49,6 +52,14 @@ def load_tokenswap_bench(
             f"{path} ({config}/{split}) lacks TokenSwap-Bench fields {sorted(missing)}; has {ds.column_names}"
         )
     image_columns = {int(m.group(1)): c for c in ds.column_names if (m := _IMAGE_COLUMN.match(c))}
+    # Rows are read with their images encoded and each tagged picture is decoded here, exactly as `datasets` would
+    # (its own decoder), so a picture that does not decode is named by row and column instead of failing the load.
+    decoder = {}
+    for column in image_columns.values():
+        feature = ds.features[column]
+        if isinstance(feature, datasets.Image) and feature.decode:
+            ds = ds.cast_column(column, datasets.Image(decode=False))
+            decoder[column] = feature
     items = []
     for i, row in enumerate(ds):
         try:
@@ -69,7 +80,16 @@ def load_tokenswap_bench(
                     f"{path} ({config}/{split}) row {i}: tag <image {tag}> needs a non-empty column image_{tag}; "
                     f"image columns present: {sorted(image_columns.values())}"
                 )
-            images[tag] = row[column]
+            value = row[column]
+            if column in decoder:
+                try:
+                    value = decoder[column].decode_example(value)
+                except Exception as e:  # noqa: BLE001 - PIL raises many kinds for a damaged file
+                    raise ValueError(
+                        f"{path} ({config}/{split}) row {i}: the picture in column {column} does not decode "
+                        f"({type(e).__name__}: {e}); replace it or drop that row"
+                    ) from None
+            images[tag] = value
         items.append(replace(item, images=images))
     return items
 

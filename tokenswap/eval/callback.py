@@ -22,7 +22,9 @@ class GapEvalCallback(TrainerCallback):
         trainer: the trainer whose model is evaluated and whose ``log`` receives the metrics
             (``gap/acc_text``, ``gap/acc_interleaved``, ``gap/abs``, ``gap/rel``, ``gap/retention``,
             ``gap/images_K/...``; with the recognition control ``gap/recognition_naming``,
-            ``gap/recognition_mc`` and ``gap/controlled/...``).
+            ``gap/recognition_mc``, ``gap/recognition_rate``, ``gap/recognised_only/abs`` and
+            ``gap/controlled/...``; with the ``both`` form ``gap/acc_both``, ``gap/load`` and ``gap/content``;
+            with ``both`` or recognition the split of the gap ``gap/components/{load,recognition,rest}``).
         evaluator: a :class:`GapEvaluator` on the held-out pairs (inputs are built once and reused).
         eval_steps: evaluate when ``global_step`` is a multiple of this; 0 for train end only.
         at_train_end: also evaluate when training ends (skipped if that step was just evaluated).

@@ -22,24 +22,34 @@ Examples::
         --max-images 8 --out results/qwen3vl
     accelerate launch -m tokenswap.cli eval --model ckpt/ --bench data/bench --scorer loglik --out results/ckpt
 
-Writes ``records.jsonl`` (one line per item and form, appended as each finishes: the same command
-after a kill resumes where it stopped), ``gap.json`` (summary with gap, relative gap and retention,
-per-image-count breakdown, per-item records, token usage) and ``gap.md``. Failed requests are
-recorded and counted, never scored; more than ``--max-error-share`` of them ends with exit status 1.
-Under ``accelerate launch`` with several processes, or with ``--recognition`` (it needs whole-reply
-log-likelihoods), the ``hf`` backend scores with :class:`~tokenswap.eval.gap.GapEvaluator` in one
-pass (no per-item resume).
+``--forms`` adds the controls that say what the gap is made of (:mod:`tokenswap.eval.forms`): ``both`` (every
+concept word kept, its picture after it), ``caption`` (the model's own caption of each picture in its place),
+``rendered`` (the word rendered as a picture) and ``recognition`` (per distinct picture, which of 4 concepts it
+shows), or ``all``; the default ``text,interleaved`` is the gap alone. ``--recognition`` adds ``recognition``
+(and, on ``hf``, the log-likelihood naming control). Each form is one more request per item (captions and
+recognition: per distinct picture), all in flight together (:mod:`tokenswap.eval.form_runs`).
+
+Writes ``records.jsonl`` (one line per request, appended as each finishes: the same command after a
+kill resumes where it stopped, and a rerun with more forms asks only the new ones), ``gap.json``
+(summary with gap, relative gap and retention, per-image-count breakdown, every form's accuracy and
+the decomposition of the gap with bootstrap intervals, per-item and per-picture records, token
+usage), ``gap.md`` and ``gap_forms.png``. Failed requests are recorded and counted, never scored;
+more than ``--max-error-share`` of them ends with exit status 1. One evaluation at a time per
+``--out`` (a folder lock). Under ``accelerate launch`` with several processes the ``hf`` backend
+scores with :class:`~tokenswap.eval.gap.GapEvaluator` in one pass (no per-item resume, no caption form).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 from pathlib import Path
 
 from tokenswap.errors import InputError
+from tokenswap.files import FolderLock, FolderLockedError
 from tokenswap.inputs import positive_int, require_items, require_model, require_output_dir
 
 __all__ = ["cli_main"]
@@ -63,11 +73,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=8, help="hf: conversations per generate/forward call")
     p.add_argument("--max-new-tokens", type=positive_int, default=None,
                    help=f"generate budget (default: the release's, {DEFAULT_MAX_NEW_TOKENS}; 128 for Qwen2.5-VL)")
+    p.add_argument("--forms", type=_forms, default=("text", "interleaved"),
+                   help="forms to ask, a comma list of text, interleaved, both, caption, rendered, recognition, or "
+                        "all (default text,interleaved: the gap alone)")
     p.add_argument("--recognition", action="store_true",
-                   help="add the concept-identification controls (naming form and multiple-choice form; hf only)")
+                   help="add the recognition form (which of 4 concepts each picture shows; and on hf the "
+                        "log-likelihood naming control)")
     p.add_argument("--out", default="gap_eval", help="output folder for records.jsonl, gap.json and gap.md")
     add_backend_arguments(p)
     return p
+
+
+def _forms(text: str) -> tuple[str, ...]:
+    from tokenswap.eval.forms import parse_forms
+
+    return parse_forms(text)
 
 
 def max_new_tokens(args, settings) -> int:
@@ -76,14 +96,18 @@ def max_new_tokens(args, settings) -> int:
 
 
 def _check(args) -> None:
+    from tokenswap.eval.forms import order_forms
     from tokenswap.inference.backends import BackendConfigError, check_backend_arguments
 
     check_backend_arguments(args)
-    if args.backend == "openai" and args.recognition:
-        raise BackendConfigError(
-            "--recognition needs the log-likelihood of whole candidate replies, which chat-completions endpoints "
-            "do not return; run it with --backend hf"
-        )
+    args.forms = order_forms([*args.forms, *(["recognition"] if args.recognition else [])])
+    extra = [f for f in args.forms if f in ("both", "caption", "rendered")]
+    if args.prompt == "k_shot" and extra:
+        raise BackendConfigError(f"--prompt k_shot has shots for the text and interleaved forms only, not for "
+                                 f"{', '.join(extra)}; drop them from --forms or use --prompt zero_shot / cot")
+    if args.backend == "hf" and _world_size() > 1 and "caption" in args.forms:
+        raise BackendConfigError("--forms caption runs in one process (its items wait for the captions); drop it "
+                                 "under accelerate launch, or launch one process")
     if args.prompt == "cot" and args.scorer != "generate":
         raise BackendConfigError("--prompt cot needs --scorer generate (loglik reads one next token)")
     # Every input is checked before a model loads or a request leaves, and the output folder before hours of work.
@@ -97,9 +121,32 @@ def cli_main(argv: list[str] | None = None) -> int:
     ErrorShareExceeded (exit 1), both mapped by :func:`tokenswap.cli.main`."""
     args = _parser().parse_args(argv)
     _check(args)
-    if args.backend == "hf" and (args.recognition or int(os.environ.get("WORLD_SIZE", "1")) > 1):
+    if args.backend == "hf" and _world_size() > 1:
         return _evaluate_in_one_pass(args)
     return _evaluate_records(args)
+
+
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class EvalLockedError(FolderLockedError):
+    """Another ``tokenswap eval`` holds the ``--out`` folder (exit status 1, as for a busy build or training run)."""
+
+
+@contextlib.contextmanager
+def _lock(out: Path, rank: int = 0):
+    """The folder lock of one evaluation (the store build's ``flock``: a killed holder drops it at once)."""
+    lock = FolderLock(out, rank, prefix=".eval-lock", doing="being evaluated", error=EvalLockedError,
+                      what="evaluation")
+    try:
+        lock.acquire()
+    except EvalLockedError as e:
+        raise EvalLockedError(str(e).replace("another output folder", "another --out")) from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _load_pairs(bench: str, split: str, limit: int | None = None) -> list:
@@ -114,6 +161,12 @@ def _load_pairs(bench: str, split: str, limit: int | None = None) -> list:
         raise InputError(f"--bench {bench!r}: {e.args[0] if isinstance(e, KeyError) else e}") from None
     except DatasetGenerationError as e:  # a damaged parquet file; datasets' own message names no file
         raise InputError(f"--bench {bench!r}: cannot be read ({e.__cause__ or e}); restore or rebuild it") from None
+    except ConnectionError as e:  # no local folder of that name, and the hub cannot be reached (offline)
+        raise InputError(
+            f"--bench {bench!r} is no local folder and the hub cannot be reached ({e}); pass a local copy "
+            f"(`huggingface-cli download --repo-type dataset {bench} --local-dir bench`, then --bench bench) or "
+            "check the path"
+        ) from None
     require_items(pairs, f"--bench {bench!r} (split {split!r})", "rows",
                   "pass a bench built by `tokenswap build-bench` or the hub's dongx1997/TokenSwap-Bench, and a split "
                   "it has")
@@ -153,130 +206,163 @@ def _evaluate_in_one_pass(args) -> int:
 
         raise BackendConfigError(
             f"the release's settings for this model ({'; '.join(settings.applied)}) need the per-item path, which "
-            "runs in one process: drop --recognition / accelerate launch, or pass --no-model-settings"
+            "runs in one process: drop accelerate launch, or pass --no-model-settings"
         )
+    from tokenswap.eval.forms import CONCEPT_FORMS, missing_concepts
+
     state = Accelerator()  # sets up the process group from the launcher's env (ACCELERATE_USE_CPU included)
-    pairs = _load_pairs(args.bench, args.split, args.limit)
-    shots = _shots(args)
-    model, processor = load_checkpoint(args.model)
-    model.to(state.device)
-    budget = max_new_tokens(args, settings)
-    evaluator = GapEvaluator(
-        processor, pairs, scorer=args.scorer, prompt=args.prompt, shots=shots, k=args.k,
-        batch_size=args.batch_size, max_new_tokens=budget, recognition=args.recognition,
-    )
-    result = evaluator.evaluate(model)
-    if state.is_main_process:
-        payload = {"model": str(args.model), "bench": str(args.bench), "split": args.split, **result.to_dict()}
-        payload.update(backend="hf", max_new_tokens=budget, model_settings=settings.as_dict())
-        _write(Path(args.out), payload, result.to_markdown())
+    with _lock(Path(args.out), state.process_index):
+        all_pairs = _load_pairs(args.bench, args.split, args.limit)
+        shots = _shots(args)
+        # Items whose tags lack concept names cannot be asked in the forms that need them: left out, counted.
+        need = [f for f in args.forms if f in CONCEPT_FORMS]
+        pairs = [(t, i) for t, i in all_pairs if not (need and missing_concepts(i))]
+        excluded = [{"id": t.id, "skipped": f"tags {missing_concepts(i)} have no concept name",
+                     "forms": {f: f"skipped: tags {missing_concepts(i)} have no concept name" for f in args.forms}}
+                    for t, i in all_pairs if need and missing_concepts(i)]
+        require_items(pairs, f"--bench {args.bench!r}", "items with concept names for every tag",
+                      f"--forms {','.join(need)} need them; run without those forms")
+        model, processor = load_checkpoint(args.model)
+        model.to(state.device)
+        budget = max_new_tokens(args, settings)
+        try:
+            evaluator = GapEvaluator(
+                processor, pairs, scorer=args.scorer, prompt=args.prompt, shots=shots, k=args.k,
+                batch_size=args.batch_size, max_new_tokens=budget, forms=args.forms,
+            )
+        except ValueError as e:  # fewer than 4 distinct concepts for the recognition form
+            raise InputError(f"--bench {args.bench!r}: {e}") from None
+        result = evaluator.evaluate(model)
+        if state.is_main_process:
+            payload = {"model": str(args.model), "bench": str(args.bench), "split": args.split, **result.to_dict()}
+            payload.update(backend="hf", max_new_tokens=budget, model_settings=settings.as_dict(),
+                           n_pairs=len(all_pairs), n_failed=0, n_skipped=len(excluded), excluded=excluded)
+            _write(Path(args.out), payload, result.to_markdown())
+            if result.decomposition is not None:
+                from tokenswap.eval.form_runs import plot_forms
+
+                plot_forms(payload, Path(args.out) / "gap_forms.png")
     return 0
 
 
 def _identity(args, settings, budget: int) -> dict:
-    # What makes two runs' records comparable; --limit, --concurrency and caps may change between resumes.
+    # What makes two runs' records comparable; --limit, --forms, --concurrency and caps may change between resumes.
     return {
         "model": str(args.model), "backend": args.backend, "bench": str(args.bench), "split": args.split,
         "scorer": args.scorer, "prompt": args.prompt, "k": args.k if args.prompt == "k_shot" else None,
         "max_new_tokens": budget if args.scorer == "generate" else None, "model_settings": settings.as_dict(),
+        # The pictures as sent: another format or size would be other questions under the same record keys.
+        "image_format": args.image_format if args.backend == "openai" else None, "max_pixels": args.max_pixels,
     }
+
+
+# Added to the identity after runs were written without them: such a run.json is not checked on them (it did not
+# record what it sent), and the resume records them from then on.
+_LATER_KEYS = ("image_format", "max_pixels")
 
 
 def check_run_identity(out: Path, identity: dict, command: str) -> None:
     """Refuse to mix two runs' records in one folder (exit 2); write ``run.json`` for the first."""
+    from tokenswap.files import atomic_write, read_json
     from tokenswap.inference.backends import BackendConfigError
 
     path = out / "run.json"
+    fix = (f"delete it and rerun with the flags of the run that wrote {out / 'records.jsonl'} (or move the folder "
+           "away and start afresh)")
     if path.exists():
-        before = json.loads(path.read_text())
-        changed = {k: (before.get(k), v) for k, v in identity.items() if before.get(k) != v}
+        before = read_json(path, f"{command}'s run settings", fix)
+        if not isinstance(before, dict):
+            raise InputError(f"{command}'s run settings {str(path)!r} hold a JSON {type(before).__name__}, not an "
+                             f"object; {fix}")
+        changed = {k: (before.get(k), v) for k, v in identity.items()
+                   if before.get(k) != v and not (k in _LATER_KEYS and k not in before)}
         if changed:
             detail = "; ".join(f"{k}: {a!r} before, {b!r} now" for k, (a, b) in changed.items())
             raise BackendConfigError(
                 f"{out} holds a {command} run with other settings ({detail}); rerun with the same flags to resume "
                 "or pick another --out"
             )
-        return
+        if all(k in before for k in identity):
+            return
     out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(identity, indent=2) + "\n")
+    atomic_write(path, (json.dumps(identity, indent=2) + "\n").encode())
 
 
 def _evaluate_records(args) -> int:
+    from tokenswap.eval.decompose import decompose
+    from tokenswap.eval.form_runs import FormPlan, collect, naming_records, plot_forms, run_plan
     from tokenswap.eval.gap import summarize
-    from tokenswap.eval.mc import build_conversation, extract_answer, shots_for
-    from tokenswap.inference.backends import describe_arguments, open_backend, resolve_settings
-    from tokenswap.inference.runs import RecordLog, check_error_share, run_units, tally
+    from tokenswap.eval.mc import shots_for
+    from tokenswap.inference.backends import describe_arguments, model_family_source, open_backend, resolve_settings
+    from tokenswap.inference.runs import RecordLog, check_error_share, tally
 
     settings = resolve_settings(args, "tokenswap", args.scorer)
     budget = max_new_tokens(args, settings)
     out = Path(args.out)
-    check_run_identity(out, _identity(args, settings, budget), "tokenswap eval")
-    pairs = _load_pairs(args.bench, args.split, args.limit)
-    shots = _shots(args)
-    units = []  # (form, item, shots)
-    for text, inter in pairs:
-        chosen = shots_for({text.subject: shots.get(text.subject, [])}, text.subject, args.k) if shots else []
-        units.append(("text", text, tuple(t for t, _ in chosen)))
-        units.append(("interleaved", inter, tuple(i for _, i in chosen)))
-
-    def key(unit) -> str:
-        return f"{unit[0]}|{unit[1].id}"
-
-    def record(unit, fields: dict) -> dict:
-        pred = extract_answer(fields["response"]) if args.scorer == "generate" and fields["response"] is not None \
-            else fields["response"]
-        return {**fields, "id": unit[1].id, "form": unit[0], "pred": pred}
-
-    log = RecordLog(out / "records.jsonl")
-    backend = None
-    if any(not log.answered(key(u)) for u in units):
-        backend = open_backend(args, settings, batch_size=args.batch_size)
-        for line in settings.applied:
-            print(f"tokenswap eval: release setting: {line}", file=sys.stderr)
+    with _lock(out):
+        # Inputs first: a bench that cannot be loaded leaves no run.json that would then refuse the fixed command.
+        pairs = _load_pairs(args.bench, args.split, args.limit)
+        shots = _shots(args)
+        chosen = [shots_for({t.subject: shots.get(t.subject, [])}, t.subject, args.k) if shots else []
+                  for t, _ in pairs]
         try:
-            run_units(backend, log, units, key, lambda u: build_conversation(u[1], args.prompt, u[2]), record,
-                      scorer=args.scorer, max_new_tokens=budget, progress=f"tokenswap eval ({args.backend})",
-                      max_error_share=args.max_error_share)
-        finally:
-            backend.close()
-    rows = [log.records[key(u)] for u in units]
-    counts = tally(rows)
-    items, excluded = [], []
-    for i, (text, inter) in enumerate(pairs):
-        rt, ri = rows[2 * i], rows[2 * i + 1]
-        if any("error" in r or "skipped" in r for r in (rt, ri)):
-            excluded.append({"id": text.id, **{k: r[k] for r in (rt, ri) for k in ("error", "skipped") if k in r}})
-            continue
-        rec = {
-            "id": text.id, "subject": text.subject, "answer": text.letter, "num_images": inter.num_images,
-            "pred_text": rt["pred"], "pred_interleaved": ri["pred"],
-            "correct_text": rt["pred"] == text.letter, "correct_interleaved": ri["pred"] == inter.letter,
-        }
-        for form, r in (("text", rt), ("interleaved", ri)):
-            if args.scorer == "generate":
-                rec[f"response_{form}"] = r["response"]
-            for extra in ("reasoning", "letter_probs", "outside_mass"):
-                if extra in r:
-                    rec[f"{extra}_{form}"] = r[extra]
-        items.append(rec)
-    result = summarize(args.scorer, args.prompt, items)
-    payload = {"model": str(args.model), "bench": str(args.bench), "split": args.split, **result.to_dict()}
-    payload.update(
-        backend=args.backend, max_new_tokens=budget if args.scorer == "generate" else None,
-        model_settings=settings.as_dict(), n_pairs=len(pairs), n_failed=counts["failed"],
-        n_skipped=counts["skipped"], excluded=excluded, usage=counts["usage"],
-    )
-    payload["backend_info"] = describe_arguments(args)
-    outside = [r[k] for r in items for k in ("outside_mass_text", "outside_mass_interleaved") if k in r]
-    if outside:
-        payload["loglik_outside_mass"] = {"mean": sum(outside) / len(outside), "max": max(outside)}
-    check_error_share(counts, args.max_error_share, "requests")
-    markdown = result.to_markdown()
-    if excluded:
-        markdown += f"\n{len(excluded)} of {len(pairs)} items left out: {counts['failed']} failed requests, " \
-                    f"{counts['skipped']} skipped ({counts['first_error'] or counts['first_skip']})\n"
-    usage = counts["usage"]
-    markdown += f"\nTokens: {usage['prompt_tokens']:,} prompt, {usage['completion_tokens']:,} completion " \
-                f"over {usage['requests']:,} requests\n"
-    _write(out, payload, markdown)
+            plan = FormPlan(pairs, args.forms, args.prompt,
+                            [(tuple(t for t, _ in c), tuple(i for _, i in c)) for c in chosen])
+        except ValueError as e:  # fewer than 4 distinct concepts: no 4-way recognition item
+            raise InputError(f"--bench {args.bench!r}: {e}; drop recognition from --forms") from None
+        check_run_identity(out, _identity(args, settings, budget), "tokenswap eval")
+        log = RecordLog(out / "records.jsonl")
+        naming = args.backend == "hf" and plan.recognition
+        units = plan.all_units()
+        missing_naming = naming and any(f"naming|{pid}" not in log.records for pid in plan.recognition_items)
+        if any(not plan.done(log, u) for u in units) or missing_naming:
+            backend = open_backend(args, settings, batch_size=args.batch_size)
+            for line in settings.applied:
+                print(f"tokenswap eval: release setting: {line}", file=sys.stderr)
+            try:
+                run_plan(backend, log, plan, args.scorer, budget, progress=f"tokenswap eval ({args.backend})",
+                         max_error_share=args.max_error_share)
+                if naming:
+                    naming_records(backend, log, plan, progress="tokenswap eval (hf)")
+            finally:
+                backend.close()
+        rows = [log.records[u.key] for u in units if u.key in log.records]
+        counts = tally(rows)
+        items, pictures, excluded, left_out = collect(plan, log, args.scorer)
+        recognition = naming_recs = None
+        if plan.recognition:
+            index = {r["id"]: k for k, r in enumerate(items)}
+            recognition = [{"items": [index[i] for i in p["items"]], "correct": p["correct_recognition"]}
+                           for p in pictures]
+            if naming:
+                naming_recs = [{"items": [index[i] for i in p["items"]], "correct": p["correct_naming"]}
+                               for p in pictures]
+        result = summarize(args.scorer, args.prompt, items, recognition, naming_recs)
+        result.forms, result.pictures = plan.forms, pictures
+        if items:
+            result.decomposition = decompose(items, pictures if plan.recognition else None)
+        payload = {"model": str(args.model), "bench": str(args.bench), "split": args.split, **result.to_dict()}
+        family, source = model_family_source(args)
+        payload.update(
+            backend=args.backend, max_new_tokens=budget if args.scorer == "generate" else None,
+            model_settings=settings.as_dict(), family_source=source if family is not None else None,
+            n_pairs=len(pairs), n_failed=left_out["failed"], n_skipped=left_out["skipped"], excluded=excluded,
+            n_failed_requests=counts["failed"], n_skipped_requests=counts["skipped"], usage=counts["usage"],
+        )
+        payload["backend_info"] = describe_arguments(args)
+        outside = [r[k] for r in items for k in r if k.startswith("outside_mass_")]
+        if outside:
+            payload["loglik_outside_mass"] = {"mean": sum(outside) / len(outside), "max": max(outside)}
+        check_error_share(counts, args.max_error_share, "requests")
+        markdown = result.to_markdown()
+        if excluded:
+            first = next(iter(excluded[0]["forms"].values()))
+            markdown += f"\n{len(excluded)} of {len(pairs)} items left out: {left_out['failed']} with a failed " \
+                        f"request, {left_out['skipped']} skipped (first: {excluded[0]['id']}: {first})\n"
+        usage = counts["usage"]
+        markdown += f"\nTokens: {usage['prompt_tokens']:,} prompt, {usage['completion_tokens']:,} completion " \
+                    f"over {usage['requests']:,} requests\n"
+        _write(out, payload, markdown)
+        if result.decomposition is not None:
+            plot_forms(payload, out / "gap_forms.png")
     return 0

@@ -19,7 +19,14 @@ per swapped image (:func:`tokenswap.eval.recognition.recognition_items`):
   bench. Answering it already needs the skill the gap measures (using a picture inside a
   question), so it is a confounded control; it is kept beside the naming form for comparison.
 
-The recognition-controlled gap is over items whose images were all recognized in naming form.
+An item is ``recognized`` when the multiple-choice form identified every one of its pictures (the recognition form
+of :mod:`tokenswap.eval.forms`, which every backend can ask); the recognition-controlled gap (``controlled``) is over
+items whose images were all recognized in naming form (``recognized_naming``), the cleaner control.
+
+More forms (``forms=``, see :mod:`tokenswap.eval.forms`): ``both`` (every concept word kept, its picture after it)
+and ``rendered`` (the word rendered as a picture) are scored like the two ends; with them or the recognition control
+the result carries :func:`tokenswap.eval.decompose.decompose`'s split of the gap, and :meth:`GapResult.metrics`
+logs it (``gap/acc_both``, ``gap/load``, ``gap/recognition_rate``, ``gap/components/...``).
 
 Gap = acc_text - acc_interleaved; relative gap = gap / acc_text; retention = acc_interleaved /
 acc_text (what the release's ``scripts/compute_gap.py`` prints; = 1 - relative gap); all overall
@@ -32,7 +39,7 @@ every shard is padded to the same length with dummy repeats (dropped after gathe
 ranks run the same number of forward/generate calls and, call by call, either all or none of
 them run the vision tower, which DeepSpeed ZeRO-3 needs to gather parameters without hanging.
 
-One module at ~620 lines: both scorers, the controls and the report share the item batching and the
+One module at ~780 lines: both scorers, the controls and the report share the item batching and the
 caches they are measured with.
 """
 
@@ -68,8 +75,9 @@ from tokenswap.inference.hf import (
     split_reasoning,
 )
 
-__all__ = ["NAMING_ANSWER", "NAMING_PROMPT", "GapEvaluator", "GapResult", "GapStats", "Scorer", "letter_token_ids",
-           "summarize"]  # letter_token_ids lives in tokenswap.inference.hf (the hf backend scores letters too)
+__all__ = ["NAMING_ANSWER", "NAMING_PROMPT", "GapEvaluator", "GapResult", "GapStats", "Scorer", "decomposition_metrics",
+           "form_fields", "letter_token_ids", "naming_inputs", "naming_loglik", "summarize"]
+# letter_token_ids lives in tokenswap.inference.hf (the hf backend scores letters too); named here for its users.
 
 Scorer = Literal["loglik", "generate"]
 # The naming-form recognition control's turn and candidate reply (the demo trains exactly this pair).
@@ -166,6 +174,9 @@ class GapResult:
     recognition_n: int = 0
     controlled: GapStats | None = None
     recognition: list[dict] = field(default_factory=list, repr=False)
+    forms: tuple[str, ...] = ("text", "interleaved")
+    pictures: list[dict] = field(default_factory=list, repr=False)
+    decomposition: dict | None = field(default=None, repr=False)
 
     @property
     def acc_text(self) -> float:
@@ -194,7 +205,19 @@ class GapResult:
             out[f"{prefix}recognition_naming"] = self.recognition_naming
         if self.controlled is not None:
             out.update(self.controlled.metrics(f"{prefix}controlled/"))
+        out.update(decomposition_metrics(self.decomposition, prefix))
         return out
+
+    @property
+    def recognition_rate(self) -> float | None:
+        """Share of distinct pictures the recognition form identified (None when it did not run)."""
+        if "recognition" not in self.forms or not self.pictures:
+            return None
+        return sum(p["correct_recognition"] for p in self.pictures) / len(self.pictures)
+
+    def form_fields(self) -> dict:
+        """The forms' top-level fields of ``gap.json``: ``forms``, ``acc_<form>``, ``recognition_rate``, ..."""
+        return form_fields(self.forms, self.items, self.pictures, self.decomposition)
 
     def to_dict(self) -> dict:
         """JSON-ready (NaN becomes None)."""
@@ -220,6 +243,7 @@ class GapResult:
             "controlled": None if self.controlled is None else asdict(self.controlled),
             "items": self.items,
             "recognition": self.recognition,
+            **self.form_fields(),
         }
         return clean(d)
 
@@ -244,12 +268,58 @@ class GapResult:
                 f"| {fmt(s.retention)} |"
             )
         if self.recognition_mc is not None:
+            naming = "" if self.recognition_naming is None else f"naming form {fmt(self.recognition_naming)}, "
             lines += [
                 "",
-                f"Concept identification over {self.recognition_n} images: naming form "
-                f"{fmt(self.recognition_naming)}, multiple-choice form {fmt(self.recognition_mc)} (chance 0.25)",
+                f"Concept identification over {self.recognition_n} images: {naming}multiple-choice form "
+                f"{fmt(self.recognition_mc)} (chance 0.25)",
             ]
+        if self.decomposition is not None and (len(self.forms) > 2):
+            from tokenswap.eval.decompose import decomposition_markdown
+
+            lines += ["", decomposition_markdown(self.decomposition).rstrip("\n")]
         return "\n".join(lines) + "\n"
+
+
+def form_fields(forms: Sequence[str], items: Sequence[dict], pictures: Sequence[dict], decomposition: dict | None) -> dict:
+    """``forms``, ``acc_<form>`` per item form (over the items answered in every form), ``recognition_rate``,
+    ``n_pictures``, ``pictures`` and ``decomposition``: what ``gap.json`` adds to the gap for the forms run."""
+    from tokenswap.eval.decompose import ITEM_FORMS
+
+    out: dict = {"forms": list(forms)}
+    for form in forms:
+        if form in ITEM_FORMS:
+            out[f"acc_{form}"] = sum(r[f"correct_{form}"] for r in items) / len(items) if items else None
+    rate = None
+    if "recognition" in forms and pictures:
+        rate = sum(p["correct_recognition"] for p in pictures) / len(pictures)
+    out.update(recognition_rate=rate, n_pictures=len(pictures), pictures=list(pictures), decomposition=decomposition)
+    return out
+
+
+def decomposition_metrics(d: dict | None, prefix: str = "gap/") -> dict[str, float]:
+    """Point values of a decomposition as flat scalars for a logger: ``gap/acc_both``, ``gap/load``,
+    ``gap/recognition_rate``, ``gap/recognised_only/abs``, ``gap/components/rest``, ... (only what ran)."""
+    if d is None:
+        return {}
+    out: dict[str, float] = {}
+
+    def put(name: str, estimate: dict | None) -> None:
+        if estimate is not None and estimate.get("value") is not None:
+            out[f"{prefix}{name}"] = float(estimate["value"])
+
+    for form, estimate in d["acc"].items():
+        if form not in ("text", "interleaved"):
+            put(f"acc_{form}", estimate)
+    for name in ("load", "content", "caption_recovery", "reading_recovery", "recognition_rate"):
+        put(name, d.get(name))
+    if d.get("recognised_only") is not None:
+        put("recognised_only/abs", d["recognised_only"]["gap"])
+        out[f"{prefix}recognised_only/n"] = float(d["recognised_only"]["n"])
+    if len(d["forms"]) > 2:  # a split needs a control beside the gap's two ends
+        for name, estimate in (d.get("components") or {}).items():
+            put(f"components/{name}", estimate)
+    return out
 
 
 def summarize(
@@ -267,8 +337,9 @@ def summarize(
         items: records with ``num_images``, ``correct_text``, ``correct_interleaved``.
         recognition: multiple-choice identification records ``{"item": index into items, "correct": bool}``
             (or ``"items": [indices]`` for a picture several items show).
-        naming: naming-form identification records, same shape. An item counts as recognized when
-            all of its naming records (its MC records when ``naming`` is None) are correct.
+        naming: naming-form identification records, same shape. An item is ``recognized`` when all of its MC
+            records are correct (``recognized_naming``: all of its naming records); ``controlled`` is over the
+            items recognized in naming form (in MC form when ``naming`` is None).
     """
     by: dict[int, list[dict]] = {}
     for r in items:
@@ -289,15 +360,25 @@ def summarize(
     if naming is not None:
         result.recognition_n = len(naming)
         result.recognition_naming = share(naming)
-    control = naming if naming is not None else recognition
-    if control is not None:
+
+    def flags(control: Sequence[dict]) -> list[bool]:
         ok = [True] * len(items)
         for r in control:
             for i in r.get("items", [r.get("item")]):
                 ok[i] = ok[i] and bool(r["correct"])
-        for r, flag in zip(items, ok):
+        return ok
+
+    control = None
+    if recognition is not None:
+        control = flags(recognition)
+        for r, flag in zip(items, control):
             r["recognized"] = flag
-        result.controlled = GapStats.of([r for r, flag in zip(items, ok) if flag])
+    if naming is not None:
+        control = flags(naming)
+        for r, flag in zip(items, control):
+            r["recognized_naming"] = flag
+    if control is not None:
+        result.controlled = GapStats.of([r for r, flag in zip(items, control) if flag])
     return result
 
 
@@ -341,11 +422,17 @@ class GapEvaluator:
         batch_size: conversations per forward/generate call (left padded).
         max_new_tokens: generation budget (the release uses 2048; 128 for Qwen2.5-VL).
         recognition: also score the concept-identification controls, naming form and
-            multiple-choice form (needs ``concepts`` on the interleaved items).
+            multiple-choice form (needs ``concepts`` on the interleaved items); the same as
+            ``"recognition"`` in ``forms``.
         recognition_seed: seed of the controls' distractors.
         naming_prompt: the naming-form control's user turn; ``<image 1>`` is the picture.
         naming_answer: the candidate reply scored after it; ``{concept}`` is the candidate name.
         progress: tqdm bar on rank 0.
+        forms: the forms scored (:mod:`tokenswap.eval.forms`): ``text`` and ``interleaved`` always, and any of
+            ``both``, ``rendered`` and ``recognition`` (``caption`` needs a generation pass before its items and
+            runs in ``tokenswap eval`` only). ``both``, ``rendered`` and ``recognition`` need every tag's concept
+            name; ``both`` and ``rendered`` run zero-shot or with ``cot`` (shots exist for the two ends only).
+        resamples: bootstrap resamples of the decomposition (:func:`tokenswap.eval.decompose.decompose`).
 
     Ranks and world size come from ``accelerate.PartialState``: create the ``Accelerator`` (or
     the ``Trainer``) first. On CPU a bare ``PartialState()`` ignores ``ACCELERATE_USE_CPU`` and
@@ -353,7 +440,7 @@ class GapEvaluator:
 
     Example::
 
-        evaluator = GapEvaluator(processor, pairs, scorer="loglik", batch_size=16)
+        evaluator = GapEvaluator(processor, pairs, scorer="loglik", batch_size=16, forms=("both", "recognition"))
         result = evaluator.evaluate(model)        # every rank calls it under accelerate/DeepSpeed
         print(result.to_markdown()); wandb.log(result.metrics())
     """
@@ -373,7 +460,12 @@ class GapEvaluator:
         naming_prompt: str = NAMING_PROMPT,
         naming_answer: str = NAMING_ANSWER,
         progress: bool = True,
+        forms: Sequence[str] = ("text", "interleaved"),
+        resamples: int | None = None,
     ):
+        from tokenswap.eval.decompose import DEFAULT_RESAMPLES
+        from tokenswap.eval.forms import FORMS, both_item, missing_concepts, order_forms, rendered_item
+
         if scorer not in ("loglik", "generate"):
             raise ValueError(f"scorer must be 'loglik' or 'generate', got {scorer!r}")
         if prompt not in ("zero_shot", "cot", "k_shot"):
@@ -386,7 +478,26 @@ class GapEvaluator:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not pairs:
             raise ValueError("GapEvaluator needs at least one (text, interleaved) pair")
+        unknown = [f for f in forms if f not in FORMS]
+        if unknown:
+            raise ValueError(f"forms must be among {', '.join(FORMS)}, got {unknown}")
+        if "caption" in forms:
+            raise ValueError("the caption form asks the model for captions before its items (two passes); run it with "
+                             "`tokenswap eval --forms caption`, not in GapEvaluator")
+        self.forms = order_forms([*forms, *(["recognition"] if recognition else [])])
+        self.item_forms = [f for f in self.forms if f != "recognition"]
+        if prompt == "k_shot" and len(self.item_forms) > 2:
+            raise ValueError(f"prompt='k_shot' has shots for the text and interleaved forms only, not for "
+                             f"{', '.join(self.item_forms[2:])}; use zero_shot or cot")
         pair_ids_match(pairs)
+        if any(f in ("both", "rendered", "recognition") for f in self.forms):
+            lacking = [inter.id for _, inter in pairs if missing_concepts(inter)]
+            if lacking:
+                raise ValueError(
+                    f"forms {[f for f in self.forms if f in ('both', 'rendered', 'recognition')]} need the concept "
+                    f"name of every tag; items {lacking[:5]}{' ...' if len(lacking) > 5 else ''} lack some (their "
+                    "text and img rows do not align there): leave them out of the held-out pairs"
+                )
         if "{concept}" not in naming_answer:
             raise ValueError(f"naming_answer must contain '{{concept}}' (the candidate name), got {naming_answer!r}")
         if "<image 1>" not in naming_prompt:
@@ -400,6 +511,7 @@ class GapEvaluator:
         self.batch_size = batch_size
         self.max_new_tokens = max_new_tokens
         self.progress = progress
+        self.resamples = DEFAULT_RESAMPLES if resamples is None else resamples
         self.letter_ids = letter_token_ids(processor.tokenizer) if scorer == "loglik" else None
         # A template whose generation prompt opens a think block (Qwen3.5): the answer is read after "</think>".
         probe = [{"role": "user", "content": [{"type": "text", "text": "?"}]}]
@@ -413,16 +525,21 @@ class GapEvaluator:
                 chosen = shots_for({subject: list(shots.get(subject, ()))}, subject, k)
                 text_shots[subject] = [t for t, _ in chosen]
                 inter_shots[subject] = [i for _, i in chosen]
+        build = {"text": lambda t, i: t, "interleaved": lambda t, i: i, "both": lambda t, i: both_item(i),
+                 "rendered": lambda t, i: rendered_item(i)}
         self.units: list[_Unit] = []
         for i, (text, inter) in enumerate(self.pairs):
-            self.units.append(_Unit(("text", i), text, tuple(text_shots.get(text.subject, ()))))
-            self.units.append(_Unit(("interleaved", i), inter, tuple(inter_shots.get(inter.subject, ()))))
+            for form in self.item_forms:
+                form_shots = {"text": text_shots, "interleaved": inter_shots}.get(form, {})
+                self.units.append(_Unit((form, i), build[form](text, inter), tuple(form_shots.get(text.subject, ()))))
+        recognition = "recognition" in self.forms
         self.recognition = (
             recognition_items([i for _, i in self.pairs], seed=recognition_seed) if recognition else None
         )
         # Each distinct picture is scored once (a bench asks many questions about one picture).
         self.pictures: list[MCItem] = []
         self.items_of_picture: list[list[int]] = []
+        self._item_pictures: list[list[str]] = [[] for _ in self.pairs]
         index: dict[str, int] = {}
         for item_index, _, item in self.recognition or ():
             if item.id not in index:
@@ -431,6 +548,8 @@ class GapEvaluator:
                 self.items_of_picture.append([])
             if item_index not in self.items_of_picture[index[item.id]]:
                 self.items_of_picture[index[item.id]].append(item_index)
+            if item.id not in self._item_pictures[item_index]:
+                self._item_pictures[item_index].append(item.id)
         for j, item in enumerate(self.pictures):
             self.units.append(_Unit(("recognition", j), item))
         for j, item in enumerate(self.pictures):
@@ -468,58 +587,20 @@ class GapEvaluator:
         for slots in self._shard(rank, world):
             idx = [u if real else None for u, real in slots]
             if self.units[slots[0][0]].naming:
-                self._batches.append((idx, self._naming_inputs([self.units[u] for u, _ in slots])))
+                rows = [(self.units[u].item.images[1], self.units[u].item.choices[self.units[u].candidate])
+                        for u, _ in slots]
+                self._batches.append((idx, naming_inputs(self.processor, rows, self.naming_prompt, self.naming_answer)))
                 continue
             convs = [build_conversation(self.units[u].item, self.prompt, self.units[u].shots) for u, _ in slots]
             # loglik reads the answer's first token: after a closed think block where the template opens one.
             self._batches.append((idx, build_inputs(self.processor, convs, close_think=self.scorer == "loglik")))
         self._built_for = (rank, world)
 
-    def _naming_inputs(self, units: Sequence[_Unit]):
-        """Left-padded naming prompt + candidate reply per unit; ``reply_len`` counts each reply's tokens."""
-        tokenizer = self.processor.tokenizer
-        prompts, fulls, images = [], [], []
-        for unit in units:
-            image = _as_rgb(unit.item.images[1])
-            conv = [{"role": "user", "content": _naming_content(self.naming_prompt, image)}]
-            # The reply is scored where training puts an answer: after a closed think block (Qwen3.5).
-            prompt = close_open_think(self.processor.apply_chat_template(conv, tokenize=False, add_generation_prompt=True))
-            prompts.append(prompt)
-            fulls.append(prompt + self.naming_answer.format(concept=unit.item.choices[unit.candidate]))
-            images.append(image)
-        reply_len = []
-        for prompt, full in zip(prompts, fulls):
-            p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            f_ids = tokenizer(full, add_special_tokens=False)["input_ids"]
-            if f_ids[: len(p_ids)] != p_ids or len(f_ids) == len(p_ids):
-                raise ValueError(
-                    f"the naming reply {full[len(prompt):]!r} does not tokenize as its own tokens after the prompt; "
-                    "pick a naming_answer that starts a new token (e.g. 'A {concept}.')"
-                )
-            reply_len.append(len(f_ids) - len(p_ids))
-        side = tokenizer.padding_side
-        tokenizer.padding_side = "left"  # replies end every row, so the last positions hold them
-        try:
-            batch = self.processor(text=fulls, images=images, padding=True, return_tensors="pt")
-        finally:
-            tokenizer.padding_side = side
-        return batch, reply_len
-
     # -- scoring -----------------------------------------------------------------
 
     def _loglik(self, model, batch) -> list[str]:
         scores = letter_logprobs(model, batch, self.letter_ids)  # (B, 4)
         return [LETTERS[i] for i in scores.argmax(dim=-1).tolist()]
-
-    @torch.no_grad()
-    def _naming_loglik(self, model, built) -> list[float]:
-        batch, reply_len = built
-        keep = max(reply_len) + 1
-        out = model(**batch.to(model.device), use_cache=False, logits_to_keep=keep)
-        logprobs = torch.log_softmax(out.logits[:, :-1, :].float(), dim=-1)  # position k predicts token k+1
-        targets = batch["input_ids"][:, -keep + 1 :]
-        token_lp = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, keep-1)
-        return [float(token_lp[row, token_lp.shape[1] - n :].sum()) for row, n in enumerate(reply_len)]
 
     def evaluate(self, model) -> GapResult:
         """Score every pair (and recognition item) with ``model``; all ranks must call this.
@@ -546,7 +627,7 @@ class GapEvaluator:
             )
             for idx, batch in bar:
                 if isinstance(batch, tuple):  # naming units: a score per candidate
-                    preds, responses = self._naming_loglik(model, batch), [None] * len(idx)
+                    preds, responses = naming_loglik(model, batch), [None] * len(idx)
                 elif self.scorer == "loglik":
                     preds, responses = self._loglik(model, batch), [None] * len(idx)
                 else:
@@ -559,42 +640,109 @@ class GapEvaluator:
         return self._summarize({u: (p, r) for u, p, r in gathered})
 
     def _summarize(self, outputs: dict[int, tuple[str | float | None, str | None]]) -> GapResult:
+        from tokenswap.eval.decompose import decompose
+        from tokenswap.eval.forms import images_sent
+
         if len(outputs) != len(self.units):
             raise RuntimeError(
                 f"gap eval gathered {len(outputs)} results for {len(self.units)} units; a rank is missing"
             )
+        k = len(self.item_forms)
         records = []
         for i, (text, inter) in enumerate(self.pairs):
-            pt, rt = outputs[2 * i]
-            pi, ri = outputs[2 * i + 1]
             rec = {
                 "id": text.id,
                 "subject": text.subject,
                 "answer": text.letter,
                 "num_images": inter.num_images,
-                "pred_text": pt,
-                "pred_interleaved": pi,
-                "correct_text": pt == text.letter,
-                "correct_interleaved": pi == inter.letter,
+                "images_sent": images_sent(format_prompt(inter, self.prompt, self.units[k * i + 1].shots)),
+                "pictures": self._item_pictures[i],
             }
+            for j, form in enumerate(self.item_forms):
+                pred, _ = outputs[k * i + j]
+                rec[f"pred_{form}"] = pred
+                rec[f"correct_{form}"] = pred == text.letter
             if self.scorer == "generate":
-                rec["response_text"], rec["response_interleaved"] = rt, ri
+                for j, form in enumerate(self.item_forms):
+                    rec[f"response_{form}"] = outputs[k * i + j][1]
             records.append(rec)
         recognition = naming = None
         if self.recognition is not None:
             recognition, naming = [], []
-            base = 2 * len(self.pairs)
+            base = k * len(self.pairs)
             n_rec = len(self.pictures)
             for j, item in enumerate(self.pictures):
                 pred = outputs[base + j][0]
                 common = {"items": self.items_of_picture[j], "picture": item.id, "concept": item.concepts[1]}
-                recognition.append({**common, "pred": pred, "correct": pred == item.letter})
+                recognition.append({**common, "pred": pred, "correct": pred == item.letter,
+                                    "response": outputs[base + j][1]})
                 scores = [outputs[base + n_rec + 4 * j + c][0] for c in range(len(item.choices))]
                 best = max(range(len(scores)), key=lambda c: scores[c])
                 naming.append({**common, "pred": item.choices[best], "loglik": scores, "correct": best == item.answer})
         result = summarize(self.scorer, self.prompt, records, recognition, naming)
+        result.forms = self.forms
         for mc, nm in zip(recognition or (), naming or ()):
             result.recognition.append({**{k: mc[k] for k in ("items", "picture", "concept")}, "pred_mc": mc["pred"],
                                        "correct_mc": mc["correct"], "pred_naming": nm["pred"],
                                        "loglik_naming": nm["loglik"], "correct_naming": nm["correct"]})
+            picture = {"picture": mc["picture"], "concept": mc["concept"],
+                       "items": [self.pairs[i][0].id for i in mc["items"]], "pred_recognition": mc["pred"],
+                       "correct_recognition": mc["correct"]}
+            if self.scorer == "generate":
+                picture["response_recognition"] = mc["response"]
+            picture.update(pred_naming=nm["pred"], correct_naming=nm["correct"], loglik_naming=nm["loglik"])
+            result.pictures.append(picture)
+        result.decomposition = decompose(records, result.pictures if self.recognition is not None else None,
+                                         resamples=self.resamples)
         return result
+
+
+# ----------------------------------------------------------------------------- naming control
+
+
+def naming_inputs(processor, rows: Sequence[tuple], naming_prompt: str = NAMING_PROMPT,
+                  naming_answer: str = NAMING_ANSWER):
+    """Left-padded naming prompt + candidate reply per ``(picture, candidate name)`` row, for :func:`naming_loglik`.
+
+    Returns:
+        ``(batch, reply_len)``: the processor's batch and the number of reply tokens of each row.
+    """
+    tokenizer = processor.tokenizer
+    prompts, fulls, images = [], [], []
+    for picture, name in rows:
+        image = _as_rgb(picture)
+        conv = [{"role": "user", "content": _naming_content(naming_prompt, image)}]
+        # The reply is scored where training puts an answer: after a closed think block (Qwen3.5).
+        prompt = close_open_think(processor.apply_chat_template(conv, tokenize=False, add_generation_prompt=True))
+        prompts.append(prompt)
+        fulls.append(prompt + naming_answer.format(concept=name))
+        images.append(image)
+    reply_len = []
+    for prompt, full in zip(prompts, fulls):
+        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        f_ids = tokenizer(full, add_special_tokens=False)["input_ids"]
+        if f_ids[: len(p_ids)] != p_ids or len(f_ids) == len(p_ids):
+            raise ValueError(
+                f"the naming reply {full[len(prompt):]!r} does not tokenize as its own tokens after the prompt; "
+                "pick a naming_answer that starts a new token (e.g. 'A {concept}.')"
+            )
+        reply_len.append(len(f_ids) - len(p_ids))
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"  # replies end every row, so the last positions hold them
+    try:
+        batch = processor(text=fulls, images=images, padding=True, return_tensors="pt")
+    finally:
+        tokenizer.padding_side = side
+    return batch, reply_len
+
+
+@torch.no_grad()
+def naming_loglik(model, built) -> list[float]:
+    """Total log-likelihood of each row's reply (:func:`naming_inputs`) under ``model``."""
+    batch, reply_len = built
+    keep = max(reply_len) + 1
+    out = model(**batch.to(model.device), use_cache=False, logits_to_keep=keep)
+    logprobs = torch.log_softmax(out.logits[:, :-1, :].float(), dim=-1)  # position k predicts token k+1
+    targets = batch["input_ids"][:, -keep + 1 :]
+    token_lp = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, keep-1)
+    return [float(token_lp[row, token_lp.shape[1] - n :].sum()) for row, n in enumerate(reply_len)]

@@ -55,6 +55,7 @@ __all__ = [
     "describe_arguments",
     "letter_probs_from_top_logprobs",
     "model_family",
+    "model_family_source",
     "open_backend",
     "public_url",
     "resolve_settings",
@@ -178,17 +179,24 @@ class Backend:
             parts = []
             for part in message["content"]:
                 if part["type"] == "image":
-                    image = part["image"]
-                    if self.settings.image_pixels:
-                        image = resize_to_pixels(image, self.settings.image_pixels, self.settings.image_factor)
-                    if self.max_pixels is not None:
-                        capped = _scaled_to(image, self.max_pixels)
-                        resized += capped is not image
-                        image = capped
+                    image, capped = self._image(part["image"])
+                    resized += capped
                     part = {"type": "image", "image": image}
                 parts.append(part)
             out.append({**message, "content": parts})
         return out, resized, None
+
+    def _image(self, image: Image.Image) -> tuple[Image.Image, bool]:
+        if self.settings.image_pixels:
+            image = resize_to_pixels(image, self.settings.image_pixels, self.settings.image_factor)
+        if self.max_pixels is not None:
+            capped = _scaled_to(image, self.max_pixels)
+            return capped, capped is not image
+        return image, False
+
+    def prepare_image(self, image: Image.Image) -> Image.Image:
+        """One picture as a request sends it: the release's per-model resize, then ``max_pixels``."""
+        return self._image(image)[0]
 
     def generate(
         self, conversations: Iterable[Sequence[dict]], max_new_tokens: int, chat_template_kwargs: dict | None = None
@@ -573,20 +581,43 @@ def check_backend_arguments(args) -> None:
 
 def model_family(args) -> str | None:
     """The family for per-model settings: ``--family``, else the checkpoint's ``model_type`` or the served name."""
+    return model_family_source(args)[0]
+
+
+def _family_of_checkpoint(path) -> str | None:
+    from transformers import AutoConfig
+
+    from tokenswap.families import family_of
+
+    return family_of(AutoConfig.from_pretrained(path).model_type).name
+
+
+def model_family_source(args) -> tuple[str | None, str | None]:
+    """``(family, where it came from)``: ``--family``, ``checkpoint`` (its config.json), ``served name`` (a
+    component of the name), ``served path`` (a local checkpoint folder at the served name or above it); ``(None,
+    None)`` when nothing names one."""
+    from pathlib import Path
+
     from tokenswap.inference.model_settings import family_from_name
 
     if args.family:
-        return args.family
+        return args.family, "--family"
     if args.backend == "openai":
-        return family_from_name(args.model)
+        family = family_from_name(args.model)
+        if family is not None:
+            return family, "served name"
+        # `transformers serve /ckpt/run3/checkpoint-500` serves the model under its path: read the checkpoint there.
+        for folder in (Path(args.model), *Path(args.model).parents):
+            if (folder / "config.json").is_file():
+                try:
+                    return _family_of_checkpoint(folder), "served path"
+                except Exception:  # noqa: BLE001 - a config of another model: no family, said below
+                    break
+        return None, None
     try:
-        from transformers import AutoConfig
-
-        from tokenswap.families import family_of
-
-        return family_of(AutoConfig.from_pretrained(args.model).model_type).name
+        return _family_of_checkpoint(args.model), "checkpoint"
     except Exception:  # noqa: BLE001 - the loader raises the real error with its fix a moment later
-        return None
+        return None, None
 
 
 def resolve_settings(args, benchmark: str, scorer: str = "generate") -> ModelSettings:
@@ -595,7 +626,17 @@ def resolve_settings(args, benchmark: str, scorer: str = "generate") -> ModelSet
 
     from tokenswap.inference.model_settings import release_settings
 
-    settings = release_settings(benchmark, model_family(args), scorer=scorer, thinking=args.thinking,
+    family, _ = model_family_source(args)
+    if family is None and args.backend == "openai" and not args.no_model_settings:
+        import sys
+
+        from tokenswap.families import FAMILIES
+
+        # Silence here would mean another protocol: a Qwen2.5-VL under an unrecognised name gets 2,048 new tokens.
+        print(f"note: no model family recognised in the served name {args.model!r} (no path component names one, "
+              "and no checkpoint config.json is at that path): the release's per-model settings are not applied; "
+              f"pass --family ({', '.join(FAMILIES)}) if the model is one of them", file=sys.stderr)
+    settings = release_settings(benchmark, family, scorer=scorer, thinking=args.thinking,
                                 enabled=not args.no_model_settings)
     if args.image_pixels is not None:
         settings = replace(settings, image_pixels=args.image_pixels, image_factor=32,

@@ -50,11 +50,12 @@ SOURCES = {
 }
 
 # Served names seen for each family (hub ids, vLLM --served-model-name defaults, API aliases).
+# "2.5" may be written 2.5, 2_5, 2p5 or 25 in a folder name (qwen25vl-7b).
 _NAME_PATTERNS = [
-    ("qwen2_5_vl", re.compile(r"qwen[-_ ]?2[._]5[-_ ]?vl", re.I)),
+    ("qwen2_5_vl", re.compile(r"qwen[-_ ]?2[._p]?5[-_ ]?vl", re.I)),
     ("qwen2_vl", re.compile(r"qwen[-_ ]?2[-_ ]?vl", re.I)),
     ("qwen3_vl", re.compile(r"qwen[-_ ]?3[-_ ]?vl", re.I)),
-    ("qwen3_5", re.compile(r"qwen[-_ ]?3[._]5", re.I)),
+    ("qwen3_5", re.compile(r"qwen[-_ ]?3[._p]5", re.I)),
 ]
 
 
@@ -63,12 +64,15 @@ def family_from_name(name: str) -> str | None:
 
     >>> family_from_name("Qwen/Qwen2.5-VL-7B-Instruct"), family_from_name("qwen3-vl-30b-a3b-thinking")
     ('qwen2_5_vl', 'qwen3_vl')
-    >>> family_from_name("gpt-4o") is None
-    True
+    >>> family_from_name("/srv/models/qwen25vl-7b/"), family_from_name("gpt-4o") is None
+    ('qwen2_5_vl', True)
     """
-    for family, pattern in _NAME_PATTERNS:
-        if pattern.search(name):
-            return family
+    # Any path component may carry the family (a model served under /models/<name>/snapshots/<sha>); the last one
+    # that does wins (the most specific).
+    for component in reversed([c for c in re.split(r"[/\\]", name) if c] or [name]):
+        for family, pattern in _NAME_PATTERNS:
+            if pattern.search(component):
+                return family
     return None
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tokenswap.files import FolderLock
+from tokenswap.files import FolderLock, FolderLockedError
 
 
 class OtherRankFailed(RuntimeError):
@@ -47,7 +47,7 @@ def _wait_for(
         time.sleep(0.2)
 
 
-class BuildLockedError(RuntimeError):
+class BuildLockedError(FolderLockedError):
     """Another build is running on the same output folder."""
 
 

@@ -210,10 +210,26 @@ class GapEvalConfig:
     split: str = "test"
     """Bench split to evaluate on."""
     recognition: bool = False
-    """Also score the concept-identification control (which concept does each image show?)."""
+    """Also score the concept-identification control (which concept does each image show?); the same as adding
+    `recognition` to `forms`."""
+    forms: list[str] = field(default_factory=lambda: ["text", "interleaved"])
+    """Forms scored at each evaluation (tokenswap.eval.forms): text and interleaved always; `both` (every concept
+    word kept, its picture right after it), `rendered` (the word rendered as a picture) and `recognition` (which of
+    4 concepts each picture shows: multiple-choice and naming forms) add gap/acc_both, gap/load,
+    gap/recognition_rate, gap/recognised_only/abs and the split gap/components/{load,recognition,rest} to the log.
+    `caption` needs a generation pass before its items: it runs in `tokenswap eval` only."""
+
+    IN_LOOP_FORMS: ClassVar[tuple[str, ...]] = ("text", "interleaved", "both", "rendered", "recognition")
 
     def __post_init__(self) -> None:
-        _raise(_ranges(self, positive=("every_steps", "limit", "batch_size")))
+        problems = _ranges(self, positive=("every_steps", "limit", "batch_size"))
+        if "caption" in self.forms:
+            problems.append("`forms` cannot hold caption in the training loop (its items wait for the model's "
+                            "captions); run `tokenswap eval --forms caption` on a checkpoint")
+        unknown = [f for f in self.forms if f not in (*self.IN_LOOP_FORMS, "caption")]
+        if unknown:
+            problems.append(f"`forms` must be among {', '.join(self.IN_LOOP_FORMS)}, got {unknown}")
+        _raise(problems)
 
 
 @dataclass(kw_only=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tokenswap.config import flatten_dict
 from tokenswap.errors import InputError
-from tokenswap.files import FolderLock, atomic_write, remove_dead_temporaries
+from tokenswap.files import FolderLock, FolderLockedError, atomic_write, remove_dead_temporaries
 from tokenswap.training.distributed import max_over_ranks
 
 RUN_CONFIG = "tokenswap_config.json"
@@ -29,7 +29,7 @@ LOCK_PREFIX = ".train-lock"
 """``<output_dir>/.train-lock-r000``: the lock file of :func:`hold_output_dir` (it names its last holder)."""
 
 
-class RunLockedError(RuntimeError):
+class RunLockedError(FolderLockedError):
     """Another training run holds the output folder."""
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from datasets import Dataset, Features, Image, Sequence, Value
 from PIL import Image as PILImage
 
@@ -91,3 +92,34 @@ def test_eval_cli_per_item_path_equals_the_in_loop_evaluator(tiny_qwen2vl, tmp_p
         assert result["backend"] == "hf" and result["usage"]["requests"] == 2 * len(pairs)
         assert cli_main(argv) == 0  # resumed: nothing left to ask, the same summary
         assert json.loads((out / "gap.json").read_text()) == result
+
+
+def test_eval_cli_forms_on_hf_equal_the_in_loop_evaluator(tiny_qwen2vl, tmp_path):
+    """both, rendered and recognition (with hf's naming control) through the per-item records path score as
+    GapEvaluator's forms do."""
+    from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs
+    from tokenswap.eval.gap import GapEvaluator
+    from tokenswap.families import load_checkpoint
+
+    _write_bench(tmp_path / "bench")
+    pairs = load_tokenswap_bench_pairs(tmp_path / "bench")
+    model, processor = load_checkpoint(tiny_qwen2vl)
+    out = tmp_path / "out"
+    argv = ["--model", str(tiny_qwen2vl), "--bench", str(tmp_path / "bench"), "--scorer", "loglik", "--batch-size",
+            "3", "--forms", "both,rendered", "--recognition", "--out", str(out)]
+    assert cli_main(argv) == 0
+    result = json.loads((out / "gap.json").read_text())
+    forms = ("both", "rendered", "recognition")
+    expected = GapEvaluator(processor, pairs, scorer="loglik", forms=forms, progress=False).evaluate(model)
+    assert result["forms"] == list(expected.forms) == ["text", "interleaved", *forms]
+    for got, want in zip(result["items"], expected.items):
+        assert {k: got[k] for k in want if k.startswith(("pred_", "correct_", "recognized"))} == {
+            k: want[k] for k in want if k.startswith(("pred_", "correct_", "recognized"))}
+    assert len(result["pictures"]) == len(expected.pictures) == 4
+    for got, want in zip(result["pictures"], expected.pictures):
+        assert got["loglik_naming"] == pytest.approx(want.pop("loglik_naming"), abs=1e-4)
+        assert {k: got[k] for k in want} == want
+    assert result["decomposition"] == expected.decomposition
+    records = [json.loads(line)["key"].split("|")[0] for line in (out / "records.jsonl").read_text().splitlines()]
+    assert sorted(set(records)) == ["both", "interleaved", "naming", "recognition", "rendered", "text"]
+    assert records.count("naming") == records.count("recognition") == 4

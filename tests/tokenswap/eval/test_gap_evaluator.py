@@ -78,7 +78,10 @@ def test_recognition_control_on_always_b(b_model, make_pairs):
     named = {r["picture"]: r["correct_naming"] for r in result.recognition}
     assert result.recognition_naming == sum(named.values()) / len(named)
     recognized = [all(named[r.id] for i, _, r in rec if i == j) for j in range(len(pairs))]
-    assert [r["recognized"] for r in result.items] == recognized
+    assert [r["recognized_naming"] for r in result.items] == recognized
+    # `recognized` follows the multiple-choice form (the recognition form every backend asks).
+    assert [r["recognized"] for r in result.items] == [all(answer[r.id] == 1 for i, _, r in rec if i == j)
+                                                       for j in range(len(pairs))]
     assert result.controlled.n == sum(recognized)
     metrics = result.metrics()
     for key in ("gap/recognition_mc", "gap/recognition_naming", "gap/controlled/abs"):
@@ -129,7 +132,9 @@ def test_naming_recognition_finds_the_name_a_model_was_taught(tiny_qwen2vl, make
     ev = GapEvaluator(processor, pairs, recognition=True, batch_size=8, progress=False)
     # Train on the evaluator's own candidate rows: the right name of every picture, via its labels.
     units = [u for u in ev.units if u.naming and u.candidate == u.item.answer]
-    batch, reply_len = ev._naming_inputs(units)
+    from tokenswap.eval.gap import naming_inputs
+
+    batch, reply_len = naming_inputs(processor, [(u.item.images[1], u.item.choices[u.candidate]) for u in units])
     labels = torch.full_like(batch["input_ids"], -100)
     for row, n in enumerate(reply_len):
         labels[row, -n:] = batch["input_ids"][row, -n:]
@@ -260,7 +265,8 @@ def test_two_process_cpu_equals_single_process(tiny_qwen2vl, tmp_path, make_pair
     single = json.loads(json.dumps(single))
     for scorer in ("loglik", "generate"):
         # Naming log-likelihoods are sums of floats over differently padded batches: equal to rounding.
-        for a, b in zip(dist[scorer]["recognition"], single[scorer]["recognition"]):
+        for a, b in [*zip(dist[scorer]["recognition"], single[scorer]["recognition"]),
+                     *zip(dist[scorer]["pictures"], single[scorer]["pictures"])]:
             assert a.pop("loglik_naming") == pytest.approx(b.pop("loglik_naming"), abs=1e-4)
     assert dist == single
 

@@ -1,0 +1,576 @@
+"""Every form of a bench through one backend: the requests, their schedule, the records, and what they add up to.
+
+``tokenswap eval --forms ...`` asks, per bench item, each item form (:mod:`tokenswap.eval.forms`), and per
+distinct picture its caption (``--forms caption``) and its recognition item (``--forms recognition``). Every
+request is one record of ``records.jsonl`` (:class:`tokenswap.inference.runs.RecordLog`), keyed
+``{form}|{item id}`` for item forms, ``captioning|{picture digest}`` and ``recognition|{picture id}`` per picture
+(``naming|{picture id}`` for hf's log-likelihood naming control): a rerun asks only what has no answer yet, a
+failed request is asked again and never scored.
+
+The schedule keeps a server full: captions, the item forms that need no caption and the recognition items are
+independent and go out at once (three streams with an OpenAI-compatible endpoint, sharing the client's
+``--concurrency`` slots), and each caption-form item follows as soon as the captions of its pictures are in. A local
+checkpoint (``hf``) runs the streams one after another, captions first. Each distinct picture is captioned once per
+run (by its bytes) and identified once (by its concept and bytes), whichever items show it.
+
+What cannot be scored is left out and said: an item whose tags lack concept names (the bench's text and img rows do
+not align there) is not asked at all when a form needs the names (``skipped``); a caption that is empty or absurdly
+long (:data:`tokenswap.eval.forms.CAPTION_MAX_CHARS`) skips the items that need it; a failed caption or recognition
+request excludes the items that show its picture (``error``), until a rerun answers it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from tokenswap.concepts import normalize_concept
+from tokenswap.eval.forms import (
+    CAPTION_MAX_NEW_TOKENS,
+    CAPTION_PROMPT,
+    CONCEPT_FORMS,
+    ITEM_FORMS,
+    both_item,
+    caption_conversation,
+    caption_item,
+    clean_caption,
+    images_sent,
+    missing_concepts,
+    rendered_item,
+)
+from tokenswap.eval.mc import MCItem, build_conversation, extract_answer, format_prompt, image_tags
+from tokenswap.eval.recognition import picture_digest, recognition_items
+
+__all__ = ["FormPlan", "Unit", "collect", "naming_records", "plot_forms", "run_plan"]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One request: ``form`` is an item form, ``captioning`` or ``recognition``; ``needs`` the caption keys it waits
+    for (caption-form items)."""
+
+    key: str
+    form: str
+    index: int = -1  # the item (item forms)
+    picture: str = ""  # the picture digest (captioning) or id (recognition)
+    needs: tuple[str, ...] = ()
+
+
+@dataclass
+class _Picture:
+    id: str
+    digest: str
+    concept: str | None
+    image: object
+    items: list[int] = field(default_factory=list)
+
+
+class FormPlan:
+    """What one run asks: the items, their pictures and every unit, built from the bench pairs and the forms.
+
+    Args:
+        pairs: ``(text item, interleaved item)`` pairs.
+        forms: the forms to run (:func:`tokenswap.eval.forms.parse_forms` order).
+        prompt: the prompt mode of the item forms (the recognition items run zero-shot under ``k_shot``).
+        shots: per item, its ``(text shots, interleaved shots)`` (``k_shot``; the other item forms have none).
+        recognition_seed: seed of the recognition items' distractors.
+
+    Raises:
+        ValueError: the recognition form on a set with fewer than 4 distinct concepts (no 4-way item exists).
+    """
+
+    def __init__(self, pairs: Sequence[tuple[MCItem, MCItem]], forms: Sequence[str], prompt: str = "zero_shot",
+                 shots: Sequence[tuple[tuple, tuple]] | None = None, recognition_seed: int = 0):
+        self.pairs = list(pairs)
+        self.forms = tuple(forms)
+        self.item_forms = [f for f in self.forms if f in ITEM_FORMS]
+        self.recognition = "recognition" in self.forms
+        self.prompt = prompt
+        self.shots = list(shots) if shots is not None else [((), ())] * len(self.pairs)
+        need = [f for f in self.forms if f in CONCEPT_FORMS]
+        self.skipped: dict[int, str] = {}
+        for i, (_, inter) in enumerate(self.pairs):
+            missing = missing_concepts(inter)
+            if need and missing:
+                tags = ", ".join(f"<image {t}>" for t in missing)
+                self.skipped[i] = (f"not asked: {tags} {'has' if len(missing) == 1 else 'have'} no concept name (the "
+                                   f"bench's text and img rows do not align there), which --forms {','.join(need)} "
+                                   "need")
+        # Per item: tag -> picture id; pictures by id (those of the items that are asked), in order of appearance.
+        self.item_pictures: list[dict[int, str]] = []
+        self.pictures: dict[str, _Picture] = {}
+        for i, (_, inter) in enumerate(self.pairs):
+            ids = {}
+            for tag in image_tags(inter):
+                digest = picture_digest(inter.images[tag])
+                name = inter.concepts.get(tag)
+                ids[tag] = f"{normalize_concept(name) if name else ''}#{digest}"
+                if i not in self.skipped:
+                    picture = self.pictures.setdefault(ids[tag], _Picture(ids[tag], digest, name and normalize_concept(
+                        name), inter.images[tag]))
+                    if i not in picture.items:
+                        picture.items.append(i)
+            self.item_pictures.append(ids)
+        self.recognition_items: dict[str, MCItem] = {}
+        if self.recognition:
+            asked = [inter for i, (_, inter) in enumerate(self.pairs) if i not in self.skipped]
+            for _, _, item in recognition_items(asked, seed=recognition_seed):
+                self.recognition_items.setdefault(item.id, item)
+        self.images = {}  # digest -> the picture (a caption is asked once per distinct image, whatever its concept)
+        for picture in self.pictures.values():
+            self.images.setdefault(picture.digest, picture.image)
+        self.digests = list(self.images)
+
+    # -- units ---------------------------------------------------------------------
+
+    def caption_units(self) -> list[Unit]:
+        if "caption" not in self.forms:
+            return []
+        return [Unit(f"captioning|{d}", "captioning", picture=d) for d in self.digests]
+
+    def independent_units(self) -> list[Unit]:
+        """The item forms that need no caption, item by item, then the recognition items."""
+        units = [Unit(f"{form}|{text.id}", form, i) for i, (text, _) in enumerate(self.pairs) if i not in self.skipped
+                 for form in self.item_forms if form != "caption"]
+        units += [Unit(f"recognition|{pid}", "recognition", picture=pid) for pid in self.recognition_items]
+        return units
+
+    def caption_form_units(self) -> list[Unit]:
+        if "caption" not in self.forms:
+            return []
+        return [
+            Unit(f"caption|{text.id}", "caption", i,
+                 needs=tuple(dict.fromkeys(f"captioning|{self.pictures[p].digest}" for p in self.item_pictures[i]
+                                           .values())))
+            for i, (text, _) in enumerate(self.pairs) if i not in self.skipped
+        ]
+
+    def all_units(self) -> list[Unit]:
+        return [*self.caption_units(), *self.independent_units(), *self.caption_form_units()]
+
+    # -- conversations -------------------------------------------------------------
+
+    def item(self, unit: Unit, captions: dict[str, str] | None = None) -> MCItem:
+        text, inter = self.pairs[unit.index]
+        if unit.form == "text":
+            return text
+        if unit.form == "interleaved":
+            return inter
+        if unit.form == "both":
+            return both_item(inter)
+        if unit.form == "rendered":
+            return rendered_item(inter)
+        by_tag = {tag: captions[self.pictures[pid].digest] for tag, pid in self.item_pictures[unit.index].items()}
+        return caption_item(inter, by_tag)
+
+    def conversation(self, unit: Unit, captions: dict[str, str] | None = None) -> list[dict]:
+        if unit.form == "captioning":
+            return caption_conversation(self.images[unit.picture])
+        if unit.form == "recognition":
+            mode = "zero_shot" if self.prompt == "k_shot" else self.prompt
+            return build_conversation(self.recognition_items[unit.picture], mode)
+        text_shots, inter_shots = self.shots[unit.index]
+        shots = {"text": text_shots, "interleaved": inter_shots}.get(unit.form, ())
+        return build_conversation(self.item(unit, captions), self.prompt, shots)
+
+    # -- records ---------------------------------------------------------------------
+
+    def record(self, unit: Unit, fields: dict, scorer: str) -> dict:
+        """The record of ``unit`` from the backend's fields (``pred`` is the strict-match letter under generate)."""
+        out = {**fields, "form": unit.form}
+        if unit.form == "captioning":
+            return {**out, "picture": unit.picture, "prompt": CAPTION_PROMPT, "max_new_tokens": CAPTION_MAX_NEW_TOKENS}
+        response = fields.get("response")
+        out["pred"] = extract_answer(response) if scorer == "generate" and response is not None else response
+        if unit.form == "recognition":
+            item = self.recognition_items[unit.picture]
+            return {**out, "picture": unit.picture, "choices": list(item.choices), "answer": item.letter}
+        return {**out, "id": self.pairs[unit.index][0].id}
+
+    def done(self, log, unit: Unit) -> bool:
+        """Whether ``unit`` has an answer that needs no new request: answered, and for the same question."""
+        if not log.answered(unit.key):
+            return False
+        row = log.records[unit.key]
+        if unit.form == "captioning":
+            return row.get("prompt") == CAPTION_PROMPT and row.get("max_new_tokens") == CAPTION_MAX_NEW_TOKENS
+        if unit.form == "recognition":  # the distractors come from the item set: another --limit, other options
+            return row.get("choices") == list(self.recognition_items[unit.picture].choices)
+        if unit.form == "caption":  # asked with the captions recorded now (a caption asked again may read otherwise)
+            return row.get("captions") == self.captions_for(log, unit)
+        return True
+
+    def captions_for(self, log, unit: Unit) -> dict[str, str | None]:
+        """Picture digest -> the usable caption recorded for it (None: none yet), for a caption-form unit."""
+        return {key.split("|", 1)[1]: caption_of(log.records.get(key))[0] for key in unit.needs}
+
+
+def caption_of(row: dict | None) -> tuple[str | None, str | None]:
+    """``(caption, None)``, or ``(None, "error: ..." | "skipped: ...")`` from a captioning record."""
+    if row is None:
+        return None, "error: the caption was not asked"
+    if "error" in row:
+        return None, f"error: {row['error']}"
+    if "skipped" in row:
+        return None, f"skipped: {row['skipped']}"
+    caption, problem = clean_caption(row.get("response"))
+    return caption, None if problem is None else f"skipped: {problem}"
+
+
+# ----------------------------------------------------------------------------- the schedule
+
+
+class _Streams:
+    """Units of several streams asked through one backend, records appended as they finish (thread-safe)."""
+
+    def __init__(self, backend, log, total: int, progress: str | None, max_error_share: float | None):
+        from tqdm.auto import tqdm
+
+        self.backend, self.log, self.total, self.max_error_share = backend, log, total, max_error_share
+        self.cond = threading.Condition()
+        self.settled: set[str] = set()
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.failed, self.first_error, self.asked = 0, None, 0
+        self.bar = tqdm(total=0, desc=progress, disable=progress is None, unit="request", file=sys.stderr)
+
+    def commit(self, record: dict, answer) -> None:
+        from tokenswap.inference.runs import ErrorShareExceeded
+
+        with self.cond:
+            self.log.append(record)
+            self.settled.add(record[self.log.key_field])
+            self.asked += 1
+            self.bar.update()
+            if answer.error is not None:
+                self.failed += 1
+                self.first_error = self.first_error or answer.error
+                share = self.max_error_share
+                if share is not None and self.failed > share * self.total and self.error is None:
+                    self.error = ErrorShareExceeded(
+                        f"stopped after {self.failed} failed requests: more than --max-error-share {share:.1%} of the "
+                        f"{self.total} requests have failed; first error: {self.first_error}. What was answered is "
+                        "recorded; the same command resumes"
+                    )
+                    self.stop.set()
+            self.cond.notify_all()
+
+    def fail(self, err: BaseException) -> None:
+        with self.cond:
+            if self.error is None:
+                self.error = err
+            self.stop.set()
+            self.cond.notify_all()
+
+    def stream(self, units: Iterable[Unit], ask: Callable, conversation: Callable, make_record: Callable) -> None:
+        """Ask every unit of ``units`` (read lazily) with ``ask(conversations)``; commit each answer in order."""
+        sent: deque[Unit] = deque()
+
+        def conversations():
+            for unit in units:
+                if self.stop.is_set():
+                    return
+                sent.append(unit)
+                yield conversation(unit)
+
+        answers = ask(conversations())
+        try:
+            for answer in answers:
+                unit = sent.popleft()
+                self.commit(make_record(unit, {self.log.key_field: unit.key, **answer.record()}), answer)
+                if self.stop.is_set():
+                    break
+        finally:
+            close = getattr(answers, "close", None)
+            if close is not None:
+                close()  # stop the requests still in flight (an early stop)
+
+    def released(self, units: Sequence[Unit], captions_done: threading.Event, ready: Callable[[Unit], bool]):
+        """``units`` as the captions they need settle (in order among those settled together); those whose
+        captions failed or cannot be used are left out (``ready`` False)."""
+        waiting = list(units)
+        while waiting:
+            with self.cond:
+                while True:
+                    settled = [u for u in waiting if all(k in self.settled for k in u.needs)]
+                    if settled or self.stop.is_set() or captions_done.is_set():
+                        break
+                    self.cond.wait(0.5)
+            if self.stop.is_set() or not settled:
+                return
+            taken = {u.key for u in settled}
+            waiting = [u for u in waiting if u.key not in taken]
+            for unit in settled:
+                if ready(unit):
+                    yield unit
+
+
+def run_plan(backend, log, plan: FormPlan, scorer: str, max_new_tokens: int, progress: str | None = None,
+             max_error_share: float | None = None) -> int:
+    """Ask ``backend`` every unit of ``plan`` without an answer in ``log``; append each record as it finishes.
+
+    Returns:
+        The number of requests made.
+
+    Raises:
+        ErrorShareExceeded: more than ``max_error_share`` of the run's requests failed (what was answered is kept).
+        NoLogprobsError: ``loglik`` through an endpoint that returns no logprobs (from the backend).
+    """
+    units = plan.all_units()
+    captions = [u for u in plan.caption_units() if not plan.done(log, u)]
+    independent = [u for u in plan.independent_units() if not plan.done(log, u)]
+    dependent = [u for u in plan.caption_form_units() if not plan.done(log, u)]
+    if not (captions or independent or dependent):
+        return 0
+    runs = _Streams(backend, log, len(units), progress, max_error_share)
+    runs.bar.total = len(captions) + len(independent) + len(dependent)
+    runs.settled.update(u.key for u in plan.caption_units() if plan.done(log, u))
+    text_of: dict[str, str] = {}
+
+    def caption_ready(unit: Unit) -> bool:
+        for key in unit.needs:
+            caption, _ = caption_of(log.records.get(key))
+            if caption is None:
+                return False
+            text_of[key.split("|", 1)[1]] = caption
+        return True
+
+    def ask_items(convs):
+        if scorer == "loglik":
+            return backend.score_letters(convs)
+        return backend.generate(convs, max_new_tokens)
+
+    def make(unit, fields):
+        record = plan.record(unit, fields, scorer)
+        if unit.form == "caption":
+            record["captions"] = {key.split("|", 1)[1]: text_of[key.split("|", 1)[1]] for key in unit.needs}
+        return record
+
+    captions_done = threading.Event()
+    jobs = [
+        (lambda: runs.stream(captions, lambda c: backend.generate(c, CAPTION_MAX_NEW_TOKENS), plan.conversation, make),
+         captions_done),
+        (lambda: runs.stream(independent, ask_items, plan.conversation, make), None),
+        (lambda: runs.stream(runs.released(dependent, captions_done, caption_ready), ask_items,
+                             lambda u: plan.conversation(u, text_of), make), None),
+    ]
+
+    def run(job, done: threading.Event | None) -> None:
+        try:
+            job()
+        except BaseException as err:  # noqa: BLE001 - re-raised in the calling thread
+            runs.fail(err)
+        finally:
+            if done is not None:
+                done.set()
+            with runs.cond:
+                runs.cond.notify_all()
+
+    try:
+        if backend.kind == "hf":  # one model, one batch at a time: the streams in turn, captions first
+            for job, done in jobs:
+                run(job, done)
+        else:
+            threads = [threading.Thread(target=run, args=job, daemon=True, name=f"tokenswap-forms-{i}")
+                       for i, job in enumerate(jobs)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)
+    except BaseException:  # Ctrl-C: the streams stop taking units and close what is in flight
+        runs.stop.set()
+        raise
+    finally:
+        runs.bar.close()
+    if runs.error is not None:
+        raise runs.error
+    stats = backend.stats()
+    if stats and progress is not None:
+        print(f"{progress}: " + ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                                          for k, v in stats.items()), file=sys.stderr)
+    return runs.asked
+
+
+def naming_records(backend, log, plan: FormPlan, progress: str | None = None) -> int:
+    """hf's log-likelihood naming control per distinct picture: ``naming|{picture id}`` records (resumable).
+
+    Each of the picture's four candidate names is scored after the naming prompt
+    (:data:`tokenswap.eval.gap.NAMING_PROMPT`), on the picture as the backend prepares it for generation.
+    """
+    from tqdm.auto import tqdm
+
+    from tokenswap.eval.gap import naming_inputs, naming_loglik
+    from tokenswap.eval.mc import _as_rgb
+
+    todo = [(pid, item) for pid, item in plan.recognition_items.items()
+            if log.records.get(f"naming|{pid}", {}).get("choices") != list(item.choices)]
+    rows_per_batch = max(1, backend.batch_size // 4) if hasattr(backend, "batch_size") else 2
+    was_training = backend.model.training
+    backend.model.eval()
+    try:
+        for start in tqdm(range(0, len(todo), rows_per_batch), desc=progress and f"{progress} naming",
+                          disable=progress is None, file=sys.stderr):
+            chunk = todo[start : start + rows_per_batch]
+            rows = [(backend.prepare_image(_as_rgb(item.images[1])), name) for _, item in chunk for name in item.choices]
+            scores = naming_loglik(backend.model, naming_inputs(backend.processor, rows))
+            for j, (pid, item) in enumerate(chunk):
+                mine = scores[4 * j : 4 * j + 4]
+                best = max(range(4), key=mine.__getitem__)
+                log.append({log.key_field: f"naming|{pid}", "form": "naming", "picture": pid,
+                            "choices": list(item.choices), "loglik": mine, "pred": item.choices[best],
+                            "correct": best == item.answer})
+    finally:
+        backend.model.train(was_training)
+    return len(todo)
+
+
+# ----------------------------------------------------------------------------- results
+
+
+def collect(plan: FormPlan, log, scorer: str) -> tuple[list[dict], list[dict], list[dict], dict]:
+    """The records of a finished run as ``(items, pictures, excluded, counts)`` (see ``gap.json`` in the docs).
+
+    ``items``: one record per item answered in every form run; ``pictures``: one per distinct picture those items
+    show; ``excluded``: one per item left out, with the reason per form; ``counts``: ``failed`` and ``skipped``
+    items (an item both failed and skipped in different forms counts as failed).
+    """
+    records = log.records
+    items, excluded = [], []
+    for i, (text, inter) in enumerate(plan.pairs):
+        reasons: dict[str, str] = {}
+        rows: dict[str, dict] = {}
+        if i in plan.skipped:
+            reasons = {f: f"skipped: {plan.skipped[i]}" for f in plan.forms}
+        else:
+            for form in plan.item_forms:
+                row = records.get(f"{form}|{text.id}")
+                if form == "caption" and row is None:
+                    for tag, pid in plan.item_pictures[i].items():
+                        _, why = caption_of(records.get(f"captioning|{plan.pictures[pid].digest}"))
+                        if why is not None:
+                            kind, _, detail = why.partition(": ")
+                            reasons[form] = f"{kind}: caption of picture {pid} (<image {tag}>): {detail}"
+                            break
+                    else:
+                        reasons[form] = "error: not asked"
+                elif row is None:
+                    reasons[form] = "error: not asked"
+                elif "error" in row or "skipped" in row:
+                    reasons[form] = f"error: {row['error']}" if "error" in row else f"skipped: {row['skipped']}"
+                else:
+                    rows[form] = row
+            if plan.recognition:
+                for pid in dict.fromkeys(plan.item_pictures[i].values()):
+                    row = records.get(f"recognition|{pid}")
+                    if row is None or "error" in row or "skipped" in row:
+                        detail = "not asked" if row is None else row.get("error") or row.get("skipped")
+                        kind = "skipped" if row is not None and "skipped" in row else "error"
+                        reasons["recognition"] = f"{kind}: recognition of picture {pid}: {detail}"
+                        break
+        if reasons:
+            entry = {"id": text.id, "forms": reasons}
+            for kind in ("error", "skipped"):  # today's fields: the first reason of each kind
+                first = next((r.partition(": ")[2] for r in reasons.values() if r.startswith(kind)), None)
+                if first is not None:
+                    entry[kind] = first
+            excluded.append(entry)
+            continue
+        inter_shots = plan.shots[i][1]
+        rec = {
+            "id": text.id, "subject": text.subject, "answer": text.letter, "num_images": inter.num_images,
+            "images_sent": images_sent(format_prompt(inter, plan.prompt, inter_shots)),
+            "pictures": list(dict.fromkeys(plan.item_pictures[i].values())),
+        }
+        for form in plan.item_forms:
+            rec[f"pred_{form}"] = rows[form]["pred"]
+        for form in plan.item_forms:
+            rec[f"correct_{form}"] = rows[form]["pred"] == text.letter
+        for form in plan.item_forms:
+            r = rows[form]
+            if scorer == "generate":
+                rec[f"response_{form}"] = r["response"]
+            for extra in ("reasoning", "letter_probs", "outside_mass"):
+                if extra in r:
+                    rec[f"{extra}_{form}"] = r[extra]
+        items.append(rec)
+
+    shown: dict[str, list[str]] = {}
+    for rec in items:
+        for pid in rec["pictures"]:
+            shown.setdefault(pid, []).append(rec["id"])
+    pictures = []
+    for pid, ids in shown.items():
+        picture = plan.pictures[pid]
+        out = {"picture": pid, "concept": picture.concept, "items": ids}
+        if plan.recognition:
+            row = records[f"recognition|{pid}"]
+            out.update(pred_recognition=row["pred"], correct_recognition=row["pred"] == row["answer"])
+            if scorer == "generate":
+                out["response_recognition"] = row["response"]
+            if "letter_probs" in row:
+                out["letter_probs_recognition"] = row["letter_probs"]
+        if "caption" in plan.forms:
+            out["caption"] = caption_of(records.get(f"captioning|{picture.digest}"))[0]
+        naming = records.get(f"naming|{pid}")
+        if naming is not None:
+            out.update(pred_naming=naming["pred"], correct_naming=naming["correct"], loglik_naming=naming["loglik"])
+        pictures.append(out)
+    if plan.recognition:
+        correct = {p["picture"]: p["correct_recognition"] for p in pictures}
+        for rec in items:
+            rec["recognized"] = all(correct[pid] for pid in rec["pictures"])
+    failed = sum(any(r.startswith("error") for r in e["forms"].values()) for e in excluded)
+    return items, pictures, excluded, {"failed": failed, "skipped": len(excluded) - failed}
+
+
+def plot_forms(payload: dict, path) -> None:
+    """``gap_forms.png``: every form's accuracy with its 95% interval (and the recognition rate), and the gap by
+    images sent with its intervals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d = payload["decomposition"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    names, values, lows, highs = [], [], [], []
+    entries = list(d["acc"].items())
+    if d.get("recognition_rate") is not None:
+        entries.append((f"recognition\n({d['recognition_rate']['n_pictures']} pictures)", d["recognition_rate"]))
+    for name, e in entries:
+        v = e["value"] if e["value"] is not None else float("nan")
+        lo, hi = e["ci"] if e.get("ci") else (v, v)
+        names.append(name)
+        values.append(100 * v)
+        lows.append(100 * (v - lo))
+        highs.append(100 * (hi - v))
+    colors = ["#4c72b0", "#dd8452", "#55a868", "#8172b3", "#c44e52", "#937860"][: len(names)]
+    left.bar(range(len(names)), values, yerr=[lows, highs], capsize=4, color=colors)
+    left.set_xticks(range(len(names)), names)
+    left.set_ylabel("accuracy (%)")
+    left.set_ylim(0, 105)
+    name = str(payload.get("model", "")).rstrip("/").rsplit("/", 1)[-1]  # a served path: its last part
+    left.set_title(f"{name}: {d['n']} items in every form (bars: 95% intervals)", fontsize=9)
+    for x, v in enumerate(values):
+        left.text(x + 0.08, min(v, 95) + 1.5, f"{v:.1f}", ha="left", fontsize=8)
+    groups = d["by_images_sent"]
+    ks = [int(k) for k in groups]
+    gaps = [100 * (groups[str(k)]["gap"]["value"] or 0.0) for k in ks]
+    err = [[100 * ((g["gap"]["value"] or 0) - g["gap"]["ci"][0]) if g["gap"]["ci"] else 0 for g in groups.values()],
+           [100 * (g["gap"]["ci"][1] - (g["gap"]["value"] or 0)) if g["gap"]["ci"] else 0 for g in groups.values()]]
+    right.errorbar(ks, gaps, yerr=err, fmt="o-", capsize=4, color="#4c72b0")
+    right.axhline(0, color="grey", lw=0.8)
+    for k, g in zip(ks, groups.values()):
+        right.annotate(f"n {g['n']}", (k, 100 * (g["gap"]["value"] or 0)), textcoords="offset points",
+                       xytext=(4, 6), fontsize=7)
+    right.set_xticks(ks)
+    right.set_xlabel("images sent (image parts of the interleaved request)")
+    right.set_ylabel("gap = text − interleaved (points)")
+    right.set_title("gap by images sent (95% intervals)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
