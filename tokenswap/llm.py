@@ -14,6 +14,7 @@ importable where they always were and holds :func:`parse_json_response`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 
@@ -37,6 +38,9 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- parsing
 
+MAX_STARTS = 64
+"""How many fenced blocks and ``{`` positions :func:`parse_json_response` tries before giving up."""
+
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
 
 
@@ -46,26 +50,28 @@ def parse_json_response(text: str) -> dict:
     Tries, in order: the whole reply, each fenced block, then the first ``{...}`` that decodes.
 
     Raises:
-        ValueError: no JSON object in the reply; the message quotes its start.
+        ValueError: no JSON object in the reply (also when it holds only JSON Python cannot take: nesting
+            deeper than the recursion limit, integers of more than 4,300 digits); the message quotes its start.
 
     >>> parse_json_response('Sure! ```json\\n{"a": 1}\\n``` Hope that helps.')
     {'a': 1}
     >>> parse_json_response('The answer is {"a": [1, 2]} as requested.')
     {'a': [1, 2]}
     """
-    candidates = [text.strip()] + [m.group(1).strip() for m in _FENCE.finditer(text)]
+    candidates = [text.strip()] + [m.group(1).strip() for m in itertools.islice(_FENCE.finditer(text), MAX_STARTS)]
     for candidate in candidates:
         try:
             value = json.loads(candidate)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, 100,000-deep nesting, a 4,300-digit integer
             continue
         if isinstance(value, dict):
             return value
     decoder = json.JSONDecoder()
-    for m in re.finditer(r"\{", text):
+    # Bounded: a reply of 100,000 "{" would otherwise be decoded from each of them, each as deep as it goes.
+    for m in itertools.islice(re.finditer(r"\{", text), MAX_STARTS):
         try:
             value, _ = decoder.raw_decode(text, m.start())
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(value, dict):
             return value
