@@ -1496,7 +1496,8 @@ def _fault_bench(root: Path) -> Path:
         image = MCItem(f"f{i}", "colours", question.replace(word, "<image 1>"), choices, i,
                        {1: Image.new("RGB", (40, 40), color)})
         pairs.append((text, image))
-    write_tokenswap_bench(pairs, root)
+    with contextlib_quiet():
+        write_tokenswap_bench(pairs, root)
     return root
 
 

@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 import yaml
 
 # Masking by field name lives in the one redaction every sink uses; kept importable here.
-from tokenswap.redaction import mask_secrets
+from tokenswap.redaction import mask_secrets, redact, redact_argv
 
 __all__ = ["ConfigError", "config_to_dict", "field_docs", "flatten_dict", "load_config", "parse_config", "resolve_config_path"]
 
@@ -464,7 +464,8 @@ def parse_config(cls: type[T], argv: list[str] | None = None) -> T:
         path, overrides = _split_argv(argv)
         return load_config(cls, path, overrides)
     except (ConfigError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        redact_argv(argv)  # remembers a secret-named override's value: a problem may quote it
+        print(f"error: {redact(str(e))}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -66,7 +66,7 @@ _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:(?:\\?/){2})[^/\
 _URL_USERINFO_ENCODED = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*%3A%2F%2F)(?:(?!%2F|%40)[^/@\s\"'<>])+%40",
                                    re.IGNORECASE)
 
-_MASK = re.compile(r"<[A-Z0-9_]+>|\[[^\]]*\]|\*+")
+_MASK = re.compile(r"<[A-Z0-9_]+>|\[[A-Za-z&][A-Za-z& ]*\]|\*+")  # what this module and transformers mask with
 _lock = threading.Lock()
 _values: dict[str, str] = {}  # secret -> label of its mask
 _envs: dict[str, str] = {"HF_TOKEN": "hub token", "HUGGING_FACE_HUB_TOKEN": "hub token", "WANDB_API_KEY": "W&B key"}
@@ -251,7 +251,8 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
             key, value = arg.split("=", 1)
             name = _option_name(key)
             if SECRET_NAME.search(name) and value:
-                remember(value, name.replace("_", " "))
+                for form in {value, value.strip("[]'\" ")}:  # also the scalar of a YAML list or quoted value
+                    remember(form, name.replace("_", " "))
                 out.append(f"{key}=<{name.upper()}>")
                 continue
             _remember_url_credentials(value)

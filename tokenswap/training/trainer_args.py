@@ -269,7 +269,7 @@ def build_training_arguments(train, run: RunConfig, **recipe: Any):
             with open(given) as f:
                 given = json.load(f)
         kwargs["accelerator_config"] = {**given, "use_configured_state": True}
-    from tokenswap.redaction import mask_secrets
+    from tokenswap.redaction import mask_secrets, redact
 
     mask_secrets(kwargs)  # remembers hub_token and URL credentials: masked wherever they would be printed
     try:
@@ -283,5 +283,5 @@ def build_training_arguments(train, run: RunConfig, **recipe: Any):
         )
     except (ValueError, TypeError) as e:
         err = ConfigError([f"train: {e}"], f"train ({train.ARGS_CLASS.__name__})")
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {redact(str(err))}", file=sys.stderr)  # TrainingArguments' message may quote a value
         raise SystemExit(2) from None
