@@ -1743,7 +1743,7 @@ def _bench_builder_null_trials(t: Tally, work: Path) -> None:
     from tokenswap.concepts import LexiconExtractor
     from tokenswap.eval.bench_builder import BenchBuilder, BenchRequestsFailed
     from tokenswap.eval.mc import MCItem
-    from tokenswap.llm import OpenAIChatModel
+    from tokenswap.inference import OpenAIChatModel
     from tokenswap.store.image_store import ImageStore, StoreWriter
     from tokenswap.testing import LoadLLMServer
 
