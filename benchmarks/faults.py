@@ -55,6 +55,22 @@ uninterrupted run); otherwise it is *lost*, and the reason is printed. Sections:
 - ``resume_settings``: resumes with changed ``run.arm``, ``collator.swap_prob``, ``data.seed``,
   ``collator.max_length``, ``collator.pack_budget``, batch size, learning rate: exit 2 naming each difference, the
   folder untouched; a longer ``max_steps`` with 2 workers resumes exactly.
+- ``secrets``: a loopback server whose 500 quotes the ``Authorization`` header (raw, JSON-escaped, percent-encoded,
+  plus form, cut by the client, cut by the build) or whose reply repeats the key, through ``build-store`` and
+  ``tokenswap eval --backend openai``: no form of the key in any file of the folder nor in stdout/stderr;
+  ``user:password@`` in ``extractor.llm`` / ``judge.llm`` / the bench builder's base URLs: exit 2 naming the key and
+  the fix, the password nowhere; a tiny offline W&B training run launched with ``train.hub_token=...`` and a
+  ``user:pass@`` URL in ``train.hub_model_id``: neither in the ``.wandb`` file, ``debug.log``, any
+  ``training_args.bin`` nor any other file, and the run resumes from its checkpoint.
+- ``null_replies``: a 200 with ``content: null`` (or none) for some requests: ``build-store`` (extract and judge
+  stages) exits 1 with ``complete: false`` counting failed requests, the rerun asks them again and equals an
+  uninterrupted build; ``tokenswap eval`` records them as failed, never as the answer ``""``, never scored, the rerun
+  asks exactly those and equals an uninterrupted run; the bench builder records no such item, the rerun equals an
+  uninterrupted run.
+- ``bad_replies``: bodies of 100,000-deep nesting, a 4,400-digit integer, lone surrogates, logprobs of +1000 or NaN:
+  retried by the client then failed requests (never a crash), in ``tokenswap eval`` (generate and loglik: nothing
+  non-finite written, the rerun fills in) and ``build-store``; each kind of poisoned response-cache entry skipped with
+  one warning naming the file and asked again; lines no run writes in ``records.jsonl`` skipped on resume.
 
 The script checks the checkout it sits in (it puts that first on ``sys.path`` and on the subprocesses'
 ``PYTHONPATH``), not whatever ``tokenswap`` is installed.
@@ -158,7 +174,7 @@ OUTCOMES = {
     "malformed": "skip_malformed: every malformed row (lone surrogates, wrong field types, unknown role, null, "
     "truncated, non-UTF-8) skipped and counted, every good row kept; otherwise exit 2 naming file and line",
     "llm": "refused (redirect, oversize) or retried with backoff/Retry-After and recovered; deadline per attempt holds; "
-    "errors name the URL; null reply not cached",
+    "errors name the URL; null reply retried, never returned or cached",
     "concurrency": "kill at concurrency 16: resumes byte-identical to concurrency 1; 429s: slowed, same bytes; dropped/"
     "stalled requests: exit 1 naming them, report complete: false, the rerun fills them in byte-identical",
     "training": "resume from the newest complete checkpoint; losses, sample_ids and swap_stats equal an uninterrupted run",
@@ -172,6 +188,12 @@ OUTCOMES = {
     "uninterrupted run",
     "resume_settings": "changed run.arm / swap_prob / data.seed / max_length / pack_budget / batch size / lr: exit 2 naming "
     "each (was/now), folder untouched; max_steps and workers may change",
+    "secrets": "the API key (raw, JSON-escaped, URL-encoded, plus form, cut, in a reply) in no report, marker, cache, record, "
+    "summary or stderr; user:password@ base URLs: exit 2; hub token + URL credentials in no W&B file or training_args.bin",
+    "null_replies": "content null/missing: a failed request (build-store complete: false, eval not scored, bench item not "
+    "recorded), asked again by the rerun, which equals an uninterrupted run",
+    "bad_replies": "100,000-deep nesting, 4,400-digit integers, lone surrogates, +1000/NaN logprobs: failed requests, "
+    "nothing non-finite written, the rerun fills in; poisoned cache/record lines skipped (one warning) and asked again",
 }
 
 
@@ -697,11 +719,12 @@ def section_llm(t: Tally, work: Path) -> None:
     def null_not_cached() -> tuple[bool, str]:
         cache = work / "llm-cache.jsonl"
         model = client(cache_path=cache)
-        first = model.chat(msg)
+        first = model.chat(msg)  # the null reply is a failed attempt: retried, never returned as ""
         second = model.chat(msg)
         # Not the attempt count: a pooled connection the server closed is retried, and that is no cache hit.
         served = model.stats.as_dict()
-        return (first, second, served["cached"], served["replies"]) == ("", "real", 0, 2), f"{first!r}, {second!r}, {served}"
+        return (first, second, served["cached"], served["replies"]) == ("real", "real", 1, 1), \
+            f"{first!r}, {second!r}, {served}"
 
     check("null reply", [llm_reply(llm_answer(None)), llm_reply(llm_answer("real"))], null_not_cached)
     check("no server listening", [], lambda: raises(
@@ -1403,11 +1426,521 @@ def section_malformed(t: Tally, work: Path) -> None:
           named and not false_claim, f"rc={strict.returncode} {strict.stderr[-300:]}")
 
 
+# ============================================================================ secrets, null replies, bad replies
+
+FAULT_KEY = 'sk-faults/Te+st"key\\0a1b2c3d4e5f6g7h8'  # its JSON, percent and plus forms all differ from the raw one
+FAULT_KEY_ENV = "TS_FAULTS_SINK_KEY"
+SECRET_FORMS = ("raw", "JSON-escaped", "percent-encoded", "plus form", "cut by the client", "cut by the build",
+                "repeated in the model's reply")
+
+
+def _key_forms(secret: str) -> dict[str, str]:
+    """What of a secret must be in no file or output: each encoded form, and cuts of 12 characters of each."""
+    import urllib.parse
+
+    full = {"raw": secret, "json": json.dumps(secret)[1:-1], "percent": urllib.parse.quote(secret, safe=""),
+            "plus": urllib.parse.quote_plus(secret)}
+    return full | {f"{k} prefix": v[:12] for k, v in full.items()} | {f"{k} suffix": v[-12:] for k, v in full.items()}
+
+
+def _leaks(secret: str, root: Path, *texts: str) -> list[str]:
+    forms = _key_forms(secret)
+    found = [f"{p.relative_to(root)} ({n})" for p in sorted(root.rglob("*")) if p.is_file()
+             for n, f in forms.items() if f.encode() in p.read_bytes()]
+    return found + [f"output ({n})" for text in texts for n, f in forms.items() if f in text]
+
+
+def _echo_body(form: str, auth: str) -> bytes:
+    """An error body quoting the Authorization header, as servers and proxies do."""
+    import urllib.parse
+
+    if form == "raw":
+        return f"invalid header Authorization: {auth}".encode()
+    if form == "JSON-escaped":
+        return json.dumps({"error": {"message": f"bad Authorization {auth}"}}).encode()
+    if form == "percent-encoded":
+        return f"rejected /v1/chat/completions?authorization={urllib.parse.quote(auth, safe='')}".encode()
+    if form == "plus form":
+        return f"rejected /v1/chat/completions?authorization={urllib.parse.quote_plus(auth)}".encode()
+    if form == "cut by the client":  # the client keeps an error body's first 500 bytes
+        return ("x" * (500 - len("Bearer ") - 17) + auth).encode()
+    return ("x" * 390 + auth + "x" * 100).encode()  # the build keeps the first 500 characters of the message
+
+
+def _sink_server(form: str, reply):
+    """A loopback server answering every third request with a 500 that quotes the header in ``form``."""
+    from tokenswap.testing import LoadLLMServer
+
+    count = {"n": 0}
+
+    def respond(payload, headers):
+        count["n"] += 1
+        if form == "repeated in the model's reply" or count["n"] % 3:
+            return None
+        return 500, _echo_body(form, headers["authorization"])
+
+    return LoadLLMServer(reply, respond=respond)
+
+
+def _fault_bench(root: Path) -> Path:
+    """Four multiple-choice pairs, each interleaved item with one picture: a bench for `tokenswap eval`."""
+    from PIL import Image
+
+    from tokenswap.data.tokenswap_bench import write_tokenswap_bench
+    from tokenswap.eval.mc import MCItem
+
+    pairs = []
+    for i, (word, color) in enumerate([("apple", "red"), ("banana", "yellow"), ("circle", "blue"), ("leaf", "green")]):
+        question = f"Which colour is the {word}?"
+        choices = ["red", "yellow", "blue", "green"]
+        text = MCItem(f"f{i}", "colours", question, choices, i)
+        image = MCItem(f"f{i}", "colours", question.replace(word, "<image 1>"), choices, i,
+                       {1: Image.new("RGB", (40, 40), color)})
+        pairs.append((text, image))
+    with contextlib_quiet():
+        write_tokenswap_bench(pairs, root)
+    return root
+
+
+def _eval_cmd(base_url: str, bench: Path, out: Path, *extra: str) -> list[str]:
+    return [PY, "-m", "tokenswap.cli", "eval", "--backend", "openai", "--base-url", base_url, "--model", "some-vlm",
+            "--bench", str(bench), "--out", str(out), "--max-retries", "1", "--max-error-share", "1",
+            "--concurrency", "4", *extra]
+
+
+def _small_build_cmd(out: Path, base_url: str, *extra: str) -> list[str]:
+    return [PY, "-m", "tokenswap.cli", "build-store", "--config", "store_generate.yaml", f"output_dir={out}",
+            "data.path=fixture", "data.max_samples=24", "sources=[rendered_text]", "extractor.kind=llm",
+            "extractor.llm.model=m", f"extractor.llm.base_url={base_url}", "judge.llm.model=v",
+            f"judge.llm.base_url={base_url}", "extractor.llm.concurrency=4", "judge.llm.concurrency=4",
+            "samples_per_shard=4", "concept_batch_size=4", "progress=false", *extra]
+
+
+def _small_build_state(out: Path) -> dict:
+    """Candidate chunks, dataset shards and the plan byte for byte, the store row by row (store shards are numbered
+    in commit order, so a judge batch the rerun commits gets the next number)."""
+    from tokenswap.store import ImageStore
+
+    files = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*"))
+             if p.is_file() and p.relative_to(out).as_posix().startswith(("dataset/", "state/candidates/part-"))}
+    store = ImageStore(out / "store")
+    files["store rows"] = sorted((k, im.image_id, im.source, json.dumps(im.meta, sort_keys=True))
+                                 for k in store.keys() for im in store.get(k))
+    return files
+
+
+def section_secrets(t: Tally, work: Path, model: Path | None, store: Path | None) -> None:
+    """The API key (every encoded and cut form) in no sink; credentials refused in base URLs; W&B and pickles."""
+    from tokenswap.testing import concept_reply
+
+    env = {**ENV, FAULT_KEY_ENV: FAULT_KEY}
+    bench = _fault_bench(work / "secrets-bench")
+    for form in SECRET_FORMS:
+        echoed = form == "repeated in the model's reply"
+
+        def reply(payload, echoed=echoed):
+            return concept_reply(payload) + (f"\n(you sent {FAULT_KEY})" if echoed else "")
+
+        out = work / f"secrets-build-{SECRET_FORMS.index(form)}"
+        with _sink_server(form, reply) as server:
+            cmd = _small_build_cmd(out, server.base_url, f"extractor.llm.api_key_env={FAULT_KEY_ENV}",
+                                   "extractor.llm.max_retries=0", "judge=null")
+            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
+        leaks = _leaks(FAULT_KEY, out, proc.stdout, proc.stderr)
+        want = (0, True) if echoed else (1, False)
+        ok = (proc.returncode, report.get("complete")) == want and not leaks
+        t.add("secrets", f"build-store, key {form}: not in report.json, failed markers, cache, stderr", ok,
+              f"rc={proc.returncode} complete={report.get('complete')} leaks={leaks[:4]} {proc.stderr[-200:]}")
+
+        out = work / f"secrets-eval-{SECRET_FORMS.index(form)}"
+        with _sink_server(form, lambda payload: f"The answer is A. Your key: {FAULT_KEY}") as server:
+            proc = subprocess.run(_eval_cmd(server.base_url, bench, out, "--api-key-env", FAULT_KEY_ENV,
+                                            "--max-retries", "0"),
+                                  cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        leaks = _leaks(FAULT_KEY, out, proc.stdout, proc.stderr)
+        t.add("secrets", f"tokenswap eval, key {form}: not in records.jsonl, gap.json, gap.md, stderr",
+              proc.returncode == 0 and (out / "gap.json").exists() and not leaks,
+              f"rc={proc.returncode} leaks={leaks[:4]} {proc.stderr[-200:]}")
+
+    # user:password@ in a base URL: a config error naming the key and the fix, the password nowhere, nothing written.
+    password = "hunter2-Pa55word"
+    refused = [("build-store", "extractor.llm.base_url"), ("build-store", "judge.llm.base_url"),
+               ("build-bench", "judge.base_url"), ("build-bench", "proxy.base_url"),
+               ("build-bench", "captioner.base_url")]
+    for command, key in refused:
+        out = work / f"secrets-url-{command}-{key.split('.')[0]}"
+        section = key.rsplit(".", 1)[0]
+        if command == "build-store":
+            cmd = _small_build_cmd(out, "http://127.0.0.1:9/v1", f"{key}=https://alice:{password}@h.example/v1")
+        else:
+            cmd = [PY, "-m", "tokenswap.cli", "build-bench", f"out_dir={out}", "store=/nonexistent",
+                   f"{section}.model=m", f"{key}=https://alice:{password}@h.example/v1"]
+        proc = run(cmd, 120)
+        ok = (proc.returncode == 2 and f"{section}: `base_url` must carry no user, password or query" in proc.stderr
+              and "environment variable" in proc.stderr and password not in proc.stderr + proc.stdout
+              and not out.exists())
+        t.add("secrets", f"{command} {key}=https://user:password@...: exit 2 naming the key and the fix", ok,
+              f"rc={proc.returncode} {proc.stderr[-300:]}")
+
+    # A real offline W&B run of a tiny recipe, launched with a hub token and a user:pass@ URL in a Trainer field.
+    if model is None:
+        from tokenswap.testing import build_tiny_qwen2vl, build_tiny_store
+
+        with contextlib_quiet():
+            model = build_tiny_qwen2vl(work / "tiny-qwen2vl")
+            store = build_tiny_store(work / "tiny-store").root
+    token, url_password = "hf_FaultsHubToken0123456789", "Url-Pa55word-4242"
+    out = work / "secrets-train"
+    secrets = ("train.report_to=[wandb]", "wandb.mode=offline", f"train.hub_token={token}",
+               f"train.hub_model_id=https://alice:{url_password}@hub.example.com/org/m")
+    first = run(train_cmd(out, model, store, *secrets, steps=2), 600)
+    resumed = run(train_cmd(out, model, store, *secrets, "train.resume_from_checkpoint=latest", steps=4), 600)
+    said = first.stdout + first.stderr + resumed.stdout + resumed.stderr
+    files = {"the .wandb run file": list(out.glob("wandb/offline-run-*/run-*.wandb")),
+             "W&B's debug.log": list(out.glob("wandb/offline-run-*/logs/debug*.log")),
+             "checkpoint-*/training_args.bin and the final one": list(out.glob("**/training_args.bin")),
+             "every other file of the run": [p for p in out.rglob("*") if p.is_file()]}
+    for what, paths in files.items():
+        found = [f"{p.relative_to(out)}" for p in paths for s in (token, url_password, token[:12], url_password[:10])
+                 if s.encode() in p.read_bytes()]
+        t.add("secrets", f"train.hub_token and user:pass@ URL on the command line: not in {what}",
+              first.returncode == 0 and bool(paths) and not found, f"rc={first.returncode} files={len(paths)} "
+              f"found={found[:3]} {first.stderr[-200:]}")
+    t.add("secrets", "the run resumes from its checkpoint (nothing reads training_args.bin back), its output clean",
+          resumed.returncode == 0 and (out / "checkpoint-4").is_dir() and token not in said and url_password not in said,
+          f"rc={resumed.returncode} {resumed.stderr[-300:]}")
+
+
+def _null_body() -> bytes:
+    return json.dumps({"choices": [{"message": {"role": "assistant", "content": None}, "finish_reason": "stop"}]}).encode()
+
+
+def _switchable(respond_bad, hit) -> tuple[dict, Callable]:
+    """A ``respond`` hook answering ``respond_bad()`` to requests ``hit`` picks while ``state["on"]``."""
+    state = {"on": True}
+
+    def respond(payload, headers):
+        return (200, respond_bad()) if state["on"] and hit(payload) else None
+
+    return state, respond
+
+
+def _store_rerun_trials(t: Tally, section: str, what: str, work: Path, bad: Callable[[], bytes], ref: Path,
+                        stage: str) -> None:
+    """build-store with bad replies to the requests about "garden" in one stage, then the same command again."""
+    from tokenswap.testing import LoadLLMServer, concept_reply
+
+    def hit(payload) -> bool:
+        system = payload["messages"][0]["role"] == "system"
+        return (system if stage == "extract" else not system) and "garden" in json.dumps(payload).lower()
+
+    state, respond = _switchable(bad, hit)
+    out = work / f"{section}-build-{stage}-{what.split()[0]}"
+    with LoadLLMServer(concept_reply, respond=respond) as server:
+        first = run(_small_build_cmd(out, server.base_url, "extractor.llm.max_retries=1", "judge.llm.max_retries=1"),
+                    600)
+        report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
+        failed_texts = sum(m.get("llm_extraction", {}).get("failed_texts", 0) for m in report.get("ranks", {}).get(
+            "extract", []))
+        ok = (first.returncode == 1 and report.get("complete") is False and report.get("failed_requests", 0) > 0
+              and failed_texts == 0 and "Traceback" not in first.stderr)
+        t.add(section, f"build-store {stage} stage, {what}: not complete (exit 1, complete: false, counted as failed "
+              "requests, not as texts without concepts)", ok,
+              f"rc={first.returncode} complete={report.get('complete')} failed={report.get('failed_requests')} "
+              f"failed_texts={failed_texts} {first.stderr[-300:]}")
+        state["on"] = False
+        before = len(server.requests)
+        second = run(_small_build_cmd(out, server.base_url), 600)
+        asked = sum(hit(p) for p in server.requests[before:])
+    t.add(section, f"build-store {stage} stage, {what}: the rerun asks them again", second.returncode == 0 and asked > 0,
+          f"rc={second.returncode} asked again={asked} {second.stderr[-200:]}")
+    same = second.returncode == 0 and _small_build_state(out) == _small_build_state(ref)
+    t.add(section, f"build-store {stage} stage, {what}: the rerun equals an uninterrupted build", same,
+          "store rows, candidate chunks or dataset shards differ")
+
+
+def _eval_rerun_trials(t: Tally, section: str, what: str, work: Path, bad: Callable[[], bytes], bench: Path,
+                       ref: dict, answer: Callable, *extra: str) -> None:
+    """`tokenswap eval` with bad replies about "circle", then the same command against the recovered server."""
+    from tokenswap.testing import LoadLLMServer
+
+    def hit(payload) -> bool:
+        return "circle" in json.dumps(payload)
+
+    state, respond = _switchable(bad, hit)
+    out = work / f"{section}-eval-{'-'.join(''.join(c for c in what if c.isalnum() or c == ' ').split())}"
+    with LoadLLMServer(answer, respond=respond) as server:
+        first = run(_eval_cmd(server.base_url, bench, out, *extra), 600)
+        records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()] \
+            if (out / "records.jsonl").exists() else []
+        gap = json.loads((out / "gap.json").read_text()) if (out / "gap.json").exists() else {}
+        failed = [r for r in records if "error" in r]
+        text = (out / "records.jsonl").read_text() if records else ""
+        scored = {i["id"] for i in gap.get("items", [])}
+        ok = (first.returncode == 0 and failed and all(r.get("pred") is None and r.get("response") is None
+                                                         for r in failed)
+              and gap.get("n_failed") == len(failed) and not {r["id"] for r in failed} & scored
+              and "NaN" not in text and "Infinity" not in text and "Traceback" not in first.stderr)
+        t.add(section, f"tokenswap eval, {what}: a failed request, never scored (no answer \"\", no NaN written)", ok,
+              f"rc={first.returncode} failed={len(failed)} n_failed={gap.get('n_failed')} {first.stderr[-300:]}")
+        state["on"] = False
+        before = len(server.requests)
+        second = run(_eval_cmd(server.base_url, bench, out, *extra), 600)
+        asked = server.requests[before:]
+    t.add(section, f"tokenswap eval, {what}: the rerun asks exactly those again",
+          second.returncode == 0 and len(asked) == len(failed) and all(hit(p) for p in asked),
+          f"rc={second.returncode} asked {len(asked)} for {len(failed)} failed")
+    gap = json.loads((out / "gap.json").read_text()) if (out / "gap.json").exists() else {}
+    keys = ("items", "acc_text", "acc_interleaved", "gap")
+    t.add(section, f"tokenswap eval, {what}: the rerun equals an uninterrupted run",
+          gap.get("n_failed") == 0 and {k: gap.get(k) for k in keys} == {k: ref.get(k) for k in keys},
+          f"n_failed={gap.get('n_failed')}")
+
+
+def _eval_answer(payload) -> str:
+    return "The answer is B." if "banana" in json.dumps(payload) else "The answer is A."
+
+
+def _eval_reference(work: Path, bench: Path, answer: Callable, name: str, *extra: str) -> dict:
+    from tokenswap.testing import LoadLLMServer
+
+    out = work / name
+    with LoadLLMServer(answer) as server:
+        proc = run(_eval_cmd(server.base_url, bench, out, *extra), 600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"reference eval failed: {proc.stderr[-1000:]}")
+    return json.loads((out / "gap.json").read_text())
+
+
+def _build_reference(work: Path, name: str) -> Path:
+    from tokenswap.testing import LoadLLMServer, concept_reply
+
+    out = work / name
+    with LoadLLMServer(concept_reply) as server:
+        proc = run(_small_build_cmd(out, server.base_url), 600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"reference build failed: {proc.stderr[-1000:]}")
+    return out
+
+
+def section_null_replies(t: Tally, work: Path) -> None:
+    """A 200 with content null: a failed request in build-store (both stages), eval and the bench builder."""
+    ref = _build_reference(work, "null-build-ref")
+    for stage in ("extract", "judge"):
+        _store_rerun_trials(t, "null_replies", "content null", work, _null_body, ref, stage)
+    bench = _fault_bench(work / "null-bench")
+    ref_eval = _eval_reference(work, bench, _eval_answer, "null-eval-ref")
+    _eval_rerun_trials(t, "null_replies", "content null", work, _null_body, bench, ref_eval, _eval_answer)
+    _eval_rerun_trials(t, "null_replies", "content missing", work,
+                       lambda: b'{"choices": [{"message": {"role": "assistant"}, "finish_reason": "stop"}]}', bench,
+                       ref_eval, _eval_answer)
+    _bench_builder_null_trials(t, work)
+
+
+def _bench_builder_null_trials(t: Tally, work: Path) -> None:
+    from PIL import Image
+
+    from tokenswap.concepts import LexiconExtractor
+    from tokenswap.eval.bench_builder import BenchBuilder, BenchRequestsFailed
+    from tokenswap.eval.mc import MCItem
+    from tokenswap.inference import OpenAIChatModel
+    from tokenswap.store.image_store import ImageStore, StoreWriter
+    from tokenswap.testing import LoadLLMServer
+
+    root = work / "null-bench-store"
+    if not (root / "store.json").exists():
+        with StoreWriter(root) as w:
+            for concept, color in {"horse": "red", "moon": "white", "sun": "yellow"}.items():
+                w.add(concept, Image.new("RGB", (32, 32), color), source="test")
+    store = ImageStore(root)
+    items = [MCItem(k, "astronomy", q, ["w", "x", "y", "z"], 1) for k, q in
+             {"k0": "[k0] Does a horse run?", "k1": "[k1] Is the moon bright?", "k2": "[k2] Is the sun hot?"}.items()]
+    broken = {"on": False}
+
+    def reply(payload):
+        text = json.dumps(payload)
+        if broken["on"] and "sun" in text:
+            return None
+        return json.dumps({"valid": "moon" not in text}) if payload["model"] == "judge" else "The answer is B."
+
+    def builder(out: Path, base_url: str) -> BenchBuilder:
+        def chat(name: str) -> OpenAIChatModel:
+            return OpenAIChatModel(base_url, name, max_retries=1, max_backoff=0.05, concurrency=2,
+                                   cache_path=out / "cache" / f"{name}.jsonl")
+
+        return BenchBuilder(extractor=LexiconExtractor(store.keys()), store=store, judge=chat("judge"),
+                            proxy=chat("proxy"), captioner=None, out_dir=out, filters=("validity",), concurrency=2)
+
+    def files(out: Path) -> dict[str, bytes]:
+        return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*"))
+                if p.is_file() and p.name != "requests.json" and "cache" not in p.relative_to(out).parts}
+
+    out, ref = work / "null-bench-built", work / "null-bench-built-ref"
+    with LoadLLMServer(reply) as server:
+        builder(ref, server.base_url).run(items)
+        broken["on"] = True
+        try:
+            builder(out, server.base_url).run(items)
+            problem = "the run raised no BenchRequestsFailed"
+        except BenchRequestsFailed:
+            problem = ""
+        recorded = {json.loads(line)["id"] for line in (out / "results.jsonl").read_text().splitlines()}
+        problem = problem or ("" if recorded == {"k0", "k1"} else f"recorded {sorted(recorded)}")
+        t.add("null_replies", "bench builder, the judge's content null: the item is not recorded (neither kept nor "
+              "dropped), the run says it failed", not problem, problem)
+        broken["on"] = False
+        before = len(server.requests)
+        builder(out, server.base_url).run(items)
+        asked = server.requests[before:]
+    t.add("null_replies", "bench builder, the judge's content null: the rerun asks it again",
+          bool(asked) and all("sun" in json.dumps(p) for p in asked), f"asked {len(asked)}")
+    t.add("null_replies", "bench builder, the judge's content null: the rerun equals an uninterrupted run",
+          files(out) == files(ref), "results, dropped.jsonl or the written bench differ")
+
+
+DEEP_JSON = b"[" * 100_000 + b"]" * 100_000
+HUGE_INT_BODY = (b'{"choices": [{"message": {"content": "A"}}], "usage": {"prompt_tokens": ' + b"9" * 4400 + b"}}")
+
+
+def _logprob_body(logprob: bytes) -> bytes:
+    return (b'{"choices": [{"message": {"content": "A"}, "logprobs": {"content": [{"token": "A", "logprob": -0.1, '
+            b'"top_logprobs": [{"token": "A", "logprob": ' + logprob + b'}, {"token": "B", "logprob": -2.0}]}]}}]}')
+
+
+def _cache_poison(keys: list[str], good: dict) -> dict[str, str]:
+    """One line per kind of poisoned response-cache entry, each for its own question's key."""
+    return {
+        "valid JSON that is no entry (a list)": json.dumps([keys[0], "answer"]),
+        "a null answer": json.dumps({"key": keys[1], "response": None}),
+        "an answer of the wrong type": json.dumps({"key": keys[2], "response": 42}),
+        "a key that does not match its content (copied)": json.dumps({**good, "key": keys[3]}),
+        "an edited answer": json.dumps({**good, "key": keys[4], "response": "edited"}),
+        "a NaN logprob": '{"key": "' + keys[5] + '", "response": "A", "top_logprobs": [["A", NaN]]}',
+        "a 4,400-digit integer": '{"key": "' + keys[6] + '", "response": "A", "n": ' + "9" * 4400 + "}",
+        "100,000-deep nesting": '{"key": "' + keys[7] + '", "response": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        "an absurd size (1,000 logprob pairs)": json.dumps({"key": keys[8], "response": "A",
+                                                             "top_logprobs": [["t", -1.0]] * 1000}),
+    }
+
+
+def section_bad_replies(t: Tally, work: Path) -> None:
+    """Bodies Python's JSON parser cannot take, logprobs that overflow or are NaN, poisoned cache and record lines."""
+    import warnings as _warnings
+
+    from tokenswap.inference import LLMRequestError, OpenAIChatModel, ResponseCache, cache_key
+    from tokenswap.testing import LoadLLMServer
+
+    msg = [{"role": "user", "content": "hi"}]
+    good_top = b'{"choices": [{"message": {"content": "A"}, "logprobs": {"content": [{"token": "A", "logprob": -0.1, ' \
+               b'"top_logprobs": [{"token": "A", "logprob": -0.1}]}]}}]}'
+    bodies = {"100,000-deep nesting": (DEEP_JSON, None), "a 4,400-digit integer": (HUGE_INT_BODY, None),
+              "lone surrogates in the content": (b'{"choices": [{"message": {"content": "\\udcff A"}}]}', None),
+              "logprob +1000": (_logprob_body(b"1000.0"), 5), "logprob NaN": (_logprob_body(b"NaN"), 5)}
+    for what, (bad, top) in bodies.items():
+        server = ScriptedLLMServer()
+        try:
+            model = OpenAIChatModel(server.base_url, "m", max_retries=1, max_backoff=0.05)
+            fine = llm_reply(good_top if top else llm_answer("fine"))
+            server.script = [llm_reply(bad), fine]
+            got = model.request(msg, top_logprobs=top)
+            recovered = got.text in ("fine", "A") and model.num_requests == 2
+            server.script = [llm_reply(bad)] * 2
+            try:
+                model.request([{"role": "user", "content": "again"}], top_logprobs=top)
+                detail = "no error"
+            except LLMRequestError as e:
+                detail = "" if "failed after 2 attempts" in str(e) else str(e)[:200]
+            except Exception as e:  # noqa: BLE001 - what the trial is about: anything else kills a run
+                detail = f"{type(e).__name__}: {str(e)[:200]}"
+        finally:
+            server.close()
+        t.add("bad_replies", f"client, {what}: retried, then a failed request (LLMRequestError, no crash)",
+              recovered and not detail, f"recovered={recovered} {detail}")
+
+    bench = _fault_bench(work / "bad-bench")
+    ref_eval = _eval_reference(work, bench, _eval_answer, "bad-eval-ref")
+    for what, bad in (("100,000-deep nesting", DEEP_JSON), ("a 4,400-digit integer", HUGE_INT_BODY)):
+        _eval_rerun_trials(t, "bad_replies", what, work, lambda bad=bad: bad, bench, ref_eval, _eval_answer)
+
+    def loglik_answer(payload):  # not used: every loglik answer comes from `respond`
+        return "A"
+
+    good_lp = _logprob_body(b"-0.1")
+    for what, value in (("logprob +1000 (loglik)", b"1000.0"), ("logprob NaN (loglik)", b"NaN")):
+        out = work / f"bad-loglik-{value.decode()}"
+        broken = {"on": True}
+
+        def respond(payload, headers, value=value, broken=broken):
+            return 200, _logprob_body(value) if broken["on"] and "circle" in json.dumps(payload) else good_lp
+
+        with LoadLLMServer(loglik_answer, respond=respond) as server:
+            first = run(_eval_cmd(server.base_url, bench, out, "--scorer", "loglik"), 600)
+            text = (out / "records.jsonl").read_text() if (out / "records.jsonl").exists() else ""
+            gap_text = (out / "gap.json").read_text() if (out / "gap.json").exists() else ""
+            failed = [r for r in map(json.loads, text.splitlines()) if "error" in r]
+            ok = (first.returncode == 0 and failed and "NaN" not in text + gap_text and "Infinity" not in text + gap_text
+                  and all("letter_probs" not in r for r in failed))
+            t.add("bad_replies", f"tokenswap eval, {what}: a failed request, nothing non-finite written", ok,
+                  f"rc={first.returncode} failed={len(failed)} {first.stderr[-300:]}")
+            broken["on"] = False
+            second = run(_eval_cmd(server.base_url, bench, out, "--scorer", "loglik"), 600)
+        gap = json.loads((out / "gap.json").read_text()) if (out / "gap.json").exists() else {}
+        t.add("bad_replies", f"tokenswap eval, {what}: the rerun fills it in", second.returncode == 0
+              and gap.get("n_failed") == 0, f"rc={second.returncode} n_failed={gap.get('n_failed')}")
+
+    ref = _build_reference(work, "bad-build-ref")
+    _store_rerun_trials(t, "bad_replies", "100,000-deep nesting", work, lambda: DEEP_JSON, ref, "extract")
+
+    # Poisoned response-cache entries: skipped with one warning naming the file, asked again, never an answer.
+    questions = [f"q{i}" for i in range(10)]
+    keys = [cache_key("m", [{"role": "user", "content": q}], temperature=0.0, max_tokens=512) for q in questions]
+    for n, (what, line) in enumerate(_cache_poison(keys[1:], {}).items()):
+        path = work / f"bad-cache-{n}.jsonl"
+        path.unlink(missing_ok=True)
+        seed = ResponseCache(path)
+        seed.put(keys[0], "cached answer")
+        seed.close()
+        good = json.loads(path.read_text())
+        line = _cache_poison(keys[1:], good)[what]
+        with open(path, "a") as f:
+            f.write(line + "\n")
+        with LoadLLMServer(lambda payload: "fresh answer") as server:
+            with _warnings.catch_warnings(record=True) as caught:
+                _warnings.simplefilter("always")
+                model = OpenAIChatModel(server.base_url, "m", cache_path=path, max_retries=0)
+            asked = questions[: n + 2]
+            answers = [model.chat([{"role": "user", "content": q}]) for q in asked]
+            model.close()
+            requests = len(server.requests)
+        said = [str(w.message) for w in caught]
+        poisoned_q = n + 1
+        ok = (len(said) == 1 and str(path) in said[0] and answers[0] == "cached answer"
+              and answers[poisoned_q] == "fresh answer" and requests == len(asked) - 1)
+        t.add("bad_replies", f"response cache, {what}: skipped with one warning naming the file, asked again", ok,
+              f"warnings={said[:1]} answers={answers} requests={requests}")
+
+    # Lines no run writes in records.jsonl: the reader skips them, the eval resumes to the same result.
+    out = work / "bad-records"
+    with LoadLLMServer(_eval_answer) as server:
+        first = run(_eval_cmd(server.base_url, bench, out), 600)
+        with open(out / "records.jsonl", "a") as f:
+            f.write("[" * 100_000 + "]" * 100_000 + "\n" + '{"key": "text|f0", "n": ' + "9" * 4400 + "}\n"
+                    + '{"key": ["a list"]}\n' + '"a string"\n')
+        second = run(_eval_cmd(server.base_url, bench, out), 600)
+    gap = json.loads((out / "gap.json").read_text()) if (out / "gap.json").exists() else {}
+    t.add("bad_replies", "records.jsonl with 100,000-deep nesting, a 4,400-digit integer, a list key: the eval "
+          "resumes to the same result", first.returncode == 0 and second.returncode == 0
+          and gap.get("items") == ref_eval.get("items"), f"rc={first.returncode},{second.returncode} "
+          f"{second.stderr[-300:]}")
+
+
 # ============================================================================ main
 
 
 SECTIONS = ("store", "store_images", "native_images", "shard_rewrite", "data", "malformed", "llm", "concurrency",
-            "training", "workers", "same_folder", "state_window", "sigterm", "resume_settings")
+            "training", "workers", "same_folder", "state_window", "sigterm", "resume_settings",
+            "secrets", "null_replies", "bad_replies")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1453,6 +1986,9 @@ def main(argv: list[str] | None = None) -> int:
         "state_window": lambda: section_state_window(tally, work, model, store),
         "sigterm": lambda: section_sigterm(tally, work, rng, model, store),
         "resume_settings": lambda: section_resume_settings(tally, work, model, store),
+        "secrets": lambda: section_secrets(tally, work, model, store),
+        "null_replies": lambda: section_null_replies(tally, work),
+        "bad_replies": lambda: section_bad_replies(tally, work),
     }
     timings = {}
     for name in sections:

@@ -50,6 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"tokenswap: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    from tokenswap.redaction import redacting_std_streams
+
+    # Every line a command prints (its messages, progress, warnings) goes out with known secrets masked.
+    with redacting_std_streams():
+        return _run(name, rest)
+
+
+def _run(name: str, rest: list[str]) -> int:
     module = importlib.import_module(COMMANDS[name][0])
     try:
         return int(module.cli_main(rest) or 0)

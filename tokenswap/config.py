@@ -16,7 +16,6 @@ import enum
 import inspect
 import math
 import os
-import re
 import sys
 import textwrap
 import types
@@ -25,6 +24,9 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
+
+# Masking by field name lives in the one redaction every sink uses; kept importable here.
+from tokenswap.redaction import mask_secrets, redact, redact_argv
 
 __all__ = ["ConfigError", "config_to_dict", "field_docs", "flatten_dict", "load_config", "parse_config", "resolve_config_path"]
 
@@ -384,28 +386,6 @@ def _read_yaml(path: Path) -> dict:
     return loaded
 
 
-_SECRET_NAME = re.compile(r"(^|_)(token|api_?key|secret|password|passwd|credentials?|auth)$", re.IGNORECASE)
-"""Field names whose values are credentials (``hub_token``, ``api_key``, ``*_secret``, ...), judged by name alone
-so that a secret field a new transformers/TRL release adds is masked the day it appears."""
-
-_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
-
-
-def mask_secrets(value: Any, name: str = "") -> Any:
-    """``value`` with every credential masked, recursively: a field named like a secret (:data:`_SECRET_NAME`)
-    becomes ``<NAME>`` as transformers prints ``hub_token`` (``<HUB_TOKEN>``), and ``user:password@`` in a URL
-    becomes ``<CREDENTIALS>@``. Unset secrets (None, "") stay as they are: they say nothing."""
-    if isinstance(value, dict):
-        return {k: mask_secrets(v, str(k)) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(mask_secrets(v, name) for v in value)
-    if _SECRET_NAME.search(name) and value not in (None, ""):
-        return f"<{name.upper()}>"
-    if isinstance(value, str):
-        return _URL_USERINFO.sub(r"\g<scheme><CREDENTIALS>@", value)
-    return value
-
-
 def flatten_dict(d: dict, prefix: str = "") -> dict:
     """Nested dicts as one level of dotted keys, the way settings are named in overrides and messages.
 
@@ -484,7 +464,8 @@ def parse_config(cls: type[T], argv: list[str] | None = None) -> T:
         path, overrides = _split_argv(argv)
         return load_config(cls, path, overrides)
     except (ConfigError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        redact_argv(argv)  # remembers a secret-named override's value: a problem may quote it
+        print(f"error: {redact(str(e))}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

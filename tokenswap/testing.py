@@ -655,8 +655,11 @@ class LoadLLMServer:
     At most ``capacity`` requests are served at once; the rest queue (as a serving engine's batch is
     full), so throughput is at most ``capacity / latency``. With ``rate_limit=K``, a request arriving
     while K are already in flight is answered ``reject_status`` (429) with ``Retry-After: retry_after``
-    (none when it is None): a rate-limited API. Keep-alive HTTP/1.1 on one ``asyncio`` loop (a thread per
-    connection costs more CPU than the client it measures), with a deep listen backlog.
+    (none when it is None): a rate-limited API. ``respond(payload, headers)``, when given, sees each request first
+    (``headers`` with lower-case names) and may answer it itself with ``(status, body bytes)`` (a body no
+    ``reply`` can make: an error quoting the ``Authorization`` header, JSON nested 100,000 deep); ``None`` leaves
+    the request to ``reply``. Keep-alive HTTP/1.1 on one ``asyncio`` loop (a thread per connection costs more CPU
+    than the client it measures), with a deep listen backlog.
 
     Attributes:
         base_url: ``http://127.0.0.1:PORT/v1``.
@@ -668,11 +671,12 @@ class LoadLLMServer:
     """
 
     def __init__(self, reply=None, latency=0.0, capacity: int | None = None, rate_limit: int | None = None,
-                 retry_after: float | None = 1.0, reject_status: int = 429) -> None:
+                 retry_after: float | None = 1.0, reject_status: int = 429, respond=None) -> None:
         import asyncio
         import threading
 
         self.reply = reply or (lambda payload: "fine")
+        self.respond = respond
         self.latency = latency
         self.capacity = capacity
         self.rate_limit = rate_limit
@@ -726,7 +730,8 @@ class LoadLLMServer:
                         delay = self.latency(payload) if callable(self.latency) else self.latency
                         await asyncio.sleep(delay)
                         try:
-                            text = self.reply(payload)
+                            own = self.respond(payload, headers) if self.respond is not None else None
+                            text = self.reply(payload) if own is None else None
                         except Exception:  # noqa: BLE001 - a reply function that raises drops the connection
                             return
                     finally:
@@ -735,11 +740,11 @@ class LoadLLMServer:
                     self.requests.append(payload)
                 finally:
                     self.in_flight -= 1
-                body = json.dumps({
+                status, body = own if own is not None else (200, json.dumps({
                     "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
                     "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-                }).encode()
-                await self._send(writer, 200, body)
+                }).encode())
+                await self._send(writer, status, body)
                 if headers.get("connection", "").lower() == "close":
                     return
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError):

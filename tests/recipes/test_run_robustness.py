@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -194,10 +195,43 @@ def test_secret_fields_are_masked_in_every_file_and_log_tokenswap_writes(post, t
     while b"<HUB_TOKEN>" not in run_file.read_bytes() and time.monotonic() < deadline:
         time.sleep(0.5)  # W&B's service process writes the run file behind the run
     assert b"<HUB_TOKEN>" in run_file.read_bytes()
-    # training_args.bin is the Trainer's pickle of its own arguments (hub pushes need the token): not ours to mask
-    leaks = [str(p.relative_to(out)) for p in out.rglob("*")
-             if p.is_file() and p.name != "training_args.bin" and secret.encode() in p.read_bytes()]
+    # training_args.bin too: the Trainer keeps the real token in memory (hub pushes need it), its pickles are masked
+    leaks = [str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
     assert not leaks
+
+
+def test_no_secret_of_the_command_line_reaches_wandb_or_the_pickled_arguments(tiny_qwen2vl, tiny_store, tmp_path):
+    """A real offline W&B run launched with ``train.hub_token=...`` and a ``user:pass@`` URL in a Trainer field:
+    W&B records the command line and the Trainer's callback its arguments; neither may hold them, nor any
+    ``training_args.bin``, and the run resumes from its checkpoint as before."""
+    token, password = "hf_CommandLineToken0123456789", "Url-Pa55word-4242"
+    url = f"https://alice:{password}@hub.example.com/org/model"
+    out = tmp_path / "run"
+    env = {"WANDB_MODE": "offline"}
+    secrets = ("train.report_to=[wandb]", "wandb.mode=offline", f"train.hub_token={token}", f"train.hub_model_id={url}")
+    proc = launch(out, tiny_qwen2vl, tiny_store.root, "train.max_steps=2", *secrets, env=env)
+    said, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, said[-3000:]
+    (run_file,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
+    raw = run_file.read_bytes()
+    assert b"train.hub_token=<HUB_TOKEN>" in raw  # W&B did record the command line: masked
+    assert b"https://<CREDENTIALS>@hub.example.com/org/model" in raw  # and the Trainer's arguments: masked
+    assert (run_file.parent / "logs" / "debug.log").is_file()
+    # Resume from the checkpoint (nothing reads training_args.bin back) to the end of a longer run.
+    proc = launch(out, tiny_qwen2vl, tiny_store.root, "train.max_steps=4", "train.resume_from_checkpoint=latest",
+                  *secrets, env=env)
+    said2, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, said2[-3000:]
+    assert (out / "checkpoint-4" / COMPLETE_MARKER).is_file()
+    pickles = sorted(out.glob("**/training_args.bin"))
+    assert len(pickles) == 3  # checkpoint-2, checkpoint-4 and the final model's
+    for path in pickles:
+        args = torch.load(path, weights_only=False)
+        assert (args.hub_token, args.hub_model_id) == ("<HUB_TOKEN>", "https://<CREDENTIALS>@hub.example.com/org/model")
+    forms = [token, password, urllib.parse.quote(password), token[:12], password[:10]]
+    leaks = [f"{p.relative_to(out)}: {f}" for p in out.rglob("*") if p.is_file() for f in forms
+             if f.encode() in p.read_bytes()]
+    assert not leaks and not [f for f in forms if f in said + said2]
 
 
 # ---------------------------------------------------------------------------- weights-only checkpoints

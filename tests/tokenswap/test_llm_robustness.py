@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
@@ -108,13 +109,31 @@ def test_retry_after_is_honoured(server):
     assert 1.0 <= time.monotonic() - t0 < 3.0
 
 
-def test_a_null_reply_is_returned_empty_but_not_cached(server, tmp_path):
+def test_a_null_reply_is_a_failed_request_retried_and_never_cached(server, tmp_path):
     server.script = [llm_reply(llm_answer(None)), llm_reply(llm_answer("real answer"))]
-    model = OpenAIChatModel(server.base_url, "m", cache_path=tmp_path / "c.jsonl")
-    assert model.chat(MSG) == ""
-    assert not (tmp_path / "c.jsonl").exists() or (tmp_path / "c.jsonl").read_text() == ""
-    assert model.chat(MSG) == "real answer" and model.num_requests == 2
+    model = OpenAIChatModel(server.base_url, "m", cache_path=tmp_path / "c.jsonl", max_backoff=0.05)
+    assert model.chat(MSG) == "real answer" and model.num_requests == 2  # the null one was retried, not returned
     assert model.chat(MSG) == "real answer" and model.num_requests == 2  # now cached
+    missing = json.dumps({"choices": [{"message": {"role": "assistant"}, "finish_reason": "stop"}]}).encode()
+    server.script = [llm_reply(llm_answer(None)), llm_reply(missing)]
+    once_more = OpenAIChatModel(server.base_url, "m", cache_path=tmp_path / "c.jsonl", max_retries=1, max_backoff=0.05)
+    with pytest.raises(LLMRequestError, match="failed after 2 attempts.*no choices"):
+        once_more.chat([{"role": "user", "content": "other"}])  # null, then no content at all: no answer
+    once_more.close()
+    cached = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert [row["response"] for row in cached] == ["real answer"]  # nothing for the question that got no answer
+
+
+def test_a_null_content_after_the_whole_budget_went_to_reasoning_is_the_empty_answer(server):
+    body = {"choices": [{"message": {"role": "assistant", "content": None, "reasoning_content": "Let me think"},
+                         "finish_reason": "length"}]}
+    server.script = [llm_reply(json.dumps(body).encode())]
+    reply = OpenAIChatModel(server.base_url, "m", max_retries=0).request(MSG)
+    assert (reply.text, reply.reasoning, reply.finish_reason) == ("", "Let me think", "length")
+    body["choices"][0]["finish_reason"] = "stop"  # stopped, yet nothing to say: no answer
+    server.script = [llm_reply(json.dumps(body).encode())]
+    with pytest.raises(LLMRequestError, match="null message content"):
+        OpenAIChatModel(server.base_url, "m", max_retries=0).request(MSG)
 
 
 def test_unreachable_server_fails_fast_with_the_url():

@@ -36,14 +36,16 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from tokenswap.concepts import Concept, ConceptExtractor, validate_concepts
+from tokenswap.config import config_to_dict
 from tokenswap.eval.mc import MCItem, build_conversation, evaluate, format_prompt, substitute_spans
 from tokenswap.inference import ChatModel, LLMRequestError, map_ordered
 from tokenswap.inference.parsing import parse_json_response
+from tokenswap.redaction import redact_data
 from tokenswap.store.build_config import ExtractorConfig, LLMConfig
 from tokenswap.store.builders import build_chat_model, request_concurrency
 from tokenswap.store.image_store import ImageStore
@@ -208,12 +210,13 @@ class BenchBuilder:
         """Records already in ``results.jsonl`` by item id (a torn last line is ignored)."""
         out = {}
         if self.results_path.exists():
-            for line in self.results_path.read_text(encoding="utf-8").splitlines():
+            for line in self.results_path.read_text(encoding="utf-8", errors="replace").splitlines():
                 try:
                     row = json.loads(line)
-                except json.JSONDecodeError:
+                except (ValueError, RecursionError):  # torn, or JSON no run of ours writes: asked again
                     continue
-                out[row["id"]] = row
+                if isinstance(row, dict) and isinstance(row.get("id"), str):
+                    out[row["id"]] = row
         return out
 
     def run(self, items: Sequence[MCItem], progress: bool = False) -> dict:
@@ -243,7 +246,7 @@ class BenchBuilder:
                         raise outcome.error
                     failed.append((outcome.item.id, str(outcome.error)[:300]))
                     continue
-                record = outcome.value
+                record = redact_data(outcome.value)  # captions and details quote the models' replies
                 done[outcome.item.id] = record
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
                 f.flush()
@@ -252,7 +255,7 @@ class BenchBuilder:
         names = ("judge", "proxy", "captioner", "extractor")
         requests = {n: m.stats.as_dict() for n, m in zip(names, models) if hasattr(getattr(m, "stats", None), "as_dict")}
         requests["failed_items"] = [{"id": i, "error": e} for i, e in failed[:100]]
-        (self.out_dir / "requests.json").write_text(json.dumps(requests, indent=2))
+        (self.out_dir / "requests.json").write_text(json.dumps(redact_data(requests), indent=2))
         if failed:
             raise BenchRequestsFailed(
                 f"{len(failed)} item(s) had a request that failed for good (first: {failed[0][0]}: {failed[0][1]}); "
@@ -378,7 +381,7 @@ def build_bench(cfg: BenchBuildConfig) -> dict:
     )
     items = load_mmlu(cfg.source, cfg.subject, cfg.split, cfg.limit)
     summary = builder.run(items, progress=cfg.progress)
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    (out / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
     return summary
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import base64
 import io
 import math
-import os
 import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from tokenswap.errors import InputError
 from tokenswap.inference.model_settings import ModelSettings, resize_to_pixels
 from tokenswap.inference.ordered import map_ordered
 from tokenswap.inference.types import LLMRequestError
+from tokenswap.redaction import public_url
 
 __all__ = [
     "LETTERS",
@@ -115,19 +115,6 @@ class Generation:
         if self.resized:
             out["images_resized"] = self.resized
         return out
-
-
-def public_url(url: str) -> str:
-    """``url`` without user info, query or fragment: what a result file may name (a key never rides along).
-
-    >>> public_url("https://user:secret@api.example.com/v1?key=abc")
-    'https://api.example.com/v1'
-    """
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host += f":{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def _scaled_to(image: Image.Image, max_pixels: int) -> Image.Image:
@@ -419,19 +406,13 @@ class OpenAIBackend(Backend):
                 return Generation(skipped=skipped)
             try:
                 result = ask(self._messages(conv))
-            except LLMRequestError as err:
-                result = Generation(error=self._redacted(str(err)))
+            except LLMRequestError as err:  # its message is redacted (tokenswap.redaction): no key in the records
+                result = Generation(error=str(err))
             result.resized = resized
             return result
 
         for outcome in map_ordered(call, prepared, concurrency=self.concurrency):
             yield outcome.result()
-
-    def _redacted(self, message: str) -> str:
-        # The error quotes the server's reply; a server (or proxy) that echoes the Authorization header back
-        # would otherwise put the key into the records.
-        key = os.environ.get(getattr(self.client, "api_key_env", "") or "")
-        return message.replace(key, "[API key]") if key else message
 
     def _extra(self, kwargs: dict) -> dict | None:
         return {"chat_template_kwargs": kwargs} if kwargs else None

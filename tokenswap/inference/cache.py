@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
 
-__all__ = ["ResponseCache", "cache_key"]
+__all__ = ["ResponseCache", "cache_key", "entry_check"]
 
 
 def _image_digest(image: Image.Image) -> str:
@@ -60,13 +62,67 @@ def cache_key(model: str, messages: list[dict], **settings: Any) -> str:
     return hashlib.sha256(json.dumps(canon, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
+MAX_TEXT_CHARS = 16 << 20
+"""The longest reply text a cache entry may hold (the client refuses bodies over 16 MiB by default)."""
+
+MAX_LINE_BYTES = 64 << 20
+"""A cache line longer than this is not parsed: no entry the client writes comes near it."""
+
+_FIELDS = {"key", "response", "reasoning", "top_logprobs", "finish_reason", "check"}
+
+
+def entry_check(row: dict) -> str:
+    """The checksum binding an entry's key to its content: a line edited, or copied under another key, fails it."""
+    body = {k: v for k, v in row.items() if k != "check"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
+
+
+def _entry_problem(row: Any) -> str | None:
+    """Why a parsed cache line is no entry tokenswap wrote (None when it is one)."""
+    if not isinstance(row, dict):
+        return f"a JSON {type(row).__name__}, not an entry"
+    if set(row) - _FIELDS:
+        return f"unknown fields {sorted(set(row) - _FIELDS)[:3]}"
+    key, response = row.get("key"), row.get("response")
+    if not isinstance(key, str) or not 0 < len(key) <= 256:
+        return "a key that is no request hash"
+    if not isinstance(response, str) or not response:
+        return "a null, empty or non-string answer"
+    if len(response) > MAX_TEXT_CHARS:
+        return f"an answer of {len(response):,} characters"
+    reasoning = row.get("reasoning")
+    if reasoning is not None and not (isinstance(reasoning, str) and len(reasoning) <= MAX_TEXT_CHARS):
+        return "a reasoning that is no string (or too long)"
+    finish = row.get("finish_reason")
+    if finish is not None and not (isinstance(finish, str) and len(finish) <= 64):
+        return "a finish_reason that is no short string"
+    top = row.get("top_logprobs")
+    if top is not None:
+        if not isinstance(top, list) or not 0 < len(top) <= 100:
+            return "top_logprobs that are no list of 1-100 pairs"
+        for pair in top:
+            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)
+                    and isinstance(pair[1], (int, float)) and not isinstance(pair[1], bool)
+                    and math.isfinite(pair[1]) and pair[1] <= 0):
+                return "top_logprobs that are no (token, log-probability <= 0) pairs"
+    if row.get("check") != entry_check(row):
+        return "a checksum that does not match its key and content (edited, or from an older tokenswap)"
+    return None
+
+
 class ResponseCache:
-    """Append-only JSONL file of ``{"key", "response", ...}`` lines, loaded once into memory.
+    """Append-only JSONL file of ``{"key", "response", ..., "check"}`` lines, loaded once into memory.
 
     Safe for many threads of one process (a lock serialises appends; a key already present is never
     written again, so concurrent misses of one question leave one line). Separate processes must use
     separate files (the store build keeps one per rank). A line torn by a kill mid-write is cut off
     when the file is opened, so the next append starts on a line of its own.
+
+    Only entries this class wrote are answers: a line that is valid JSON but no entry (wrong fields or types, a
+    null or empty answer, non-finite or positive logprobs, absurd sizes, JSON Python cannot parse) or whose
+    ``check`` does not match its key and content is skipped, with one warning naming the file and the count;
+    its question is asked again. (The checksum finds damage and copied lines; whoever can write the file can
+    also forge an entry, so the cache is no security boundary.)
 
     Args:
         path: the JSONL file (created with its parent folder on first write).
@@ -81,17 +137,36 @@ class ResponseCache:
         self._fd: int | None = None
         self._pid = os.getpid()
         self._synced = 0.0
+        self.skipped = 0
+        """Lines of the file that were not taken as answers (torn, poisoned, from an older tokenswap)."""
         if self.path.exists():
             raw = self.path.read_bytes()
-            for line in raw.splitlines():
-                try:
-                    row = json.loads(line.decode("utf-8"))
-                    key, response = row["key"], row["response"]
-                except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
-                    continue  # a torn write of a killed process (only ever the last line)
-                if isinstance(key, str) and isinstance(response, str) and response:
-                    self._data[key] = row
-            if raw and not raw.endswith(b"\n"):
+            lines = raw.splitlines()
+            torn = bool(raw) and not raw.endswith(b"\n")
+            first_problem = None
+            for n, line in enumerate(lines, start=1):
+                if not line.strip() or (torn and n == len(lines)):
+                    continue  # a torn write of a killed process (only ever the last line): cut below
+                problem = "a line longer than the limit" if len(line) > MAX_LINE_BYTES else None
+                if problem is None:
+                    try:
+                        row = json.loads(line.decode("utf-8"))
+                    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+                        problem = f"not JSON Python can read ({type(e).__name__})"
+                    else:
+                        problem = _entry_problem(row)
+                if problem is None and row["key"] in self._data:
+                    problem = "a second entry for a key (the first is kept)"
+                if problem is not None:
+                    self.skipped += 1
+                    first_problem = first_problem or f"line {n}: {problem}"
+                    continue
+                self._data[row["key"]] = row
+            if self.skipped:
+                warnings.warn(
+                    f"response cache {self.path}: {self.skipped} line(s) skipped, not answers tokenswap wrote "
+                    f"(first: {first_problem}); their questions are asked again", stacklevel=2)
+            if torn:
                 # Cut the torn tail: appended after it, the next whole entry would be lost with it.
                 with open(self.path, "r+b") as f:
                     f.truncate(raw.rfind(b"\n") + 1)
@@ -115,7 +190,11 @@ class ResponseCache:
     def put(self, key: str, response: str, **extra: Any) -> bool:
         """Store ``response`` (and JSON-able ``extra`` fields) under ``key``; False if the key was already there."""
         row = {"key": key, "response": response, **{k: v for k, v in extra.items() if v is not None}}
-        line = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+        if isinstance(row.get("top_logprobs"), (list, tuple)):
+            row["top_logprobs"] = [list(pair) for pair in row["top_logprobs"]]  # as JSON reads it back
+        row["check"] = entry_check(row)
+        # allow_nan=False: a NaN written here would come back as an answer; the client never hands one over.
+        line = (json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
         with self._lock:
             if key in self._data:
                 return False

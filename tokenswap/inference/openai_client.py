@@ -22,7 +22,6 @@ import random
 import ssl
 import threading
 import time
-import urllib.parse
 from concurrent.futures import Future
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -33,6 +32,7 @@ from PIL import Image
 
 from tokenswap.inference.cache import ResponseCache, cache_key
 from tokenswap.inference.types import LLMRequestError, Reply
+from tokenswap.redaction import base_url_problem, redact, remember_env
 
 __all__ = ["OpenAIChatModel", "RequestStats"]
 
@@ -291,9 +291,18 @@ class OpenAIChatModel:
       or non-JSON bodies and HTTP 408/409/429/5xx are retried with exponential backoff and full
       jitter, honouring ``Retry-After``; every error names the URL, never the key. Other HTTP errors
       (4xx, 3xx) and oversized replies raise at once.
-    - **Only real answers are cached**: a ``null`` or empty reply is returned as ``""`` but not
-      cached, so a rerun asks again. Concurrent calls with the same question share one request when
-      the cache is on.
+    - **A reply is an answer or a failed request, decided here once** (every consumer follows it): a ``null``
+      or missing ``content``, a body Python's JSON parser cannot take (100,000-deep nesting, a 4,300-digit
+      integer), text that is not valid Unicode, and, when ``top_logprobs`` were asked for, logprobs that are
+      not finite numbers <= 0 are invalid replies: retried like a 5xx, then :class:`LLMRequestError`, never
+      cached, so no stage commits them as done and no evaluator scores them; the rerun asks again. The one
+      ``null`` that is an answer: ``finish_reason: "length"`` with reasoning (a thinking model spent its whole
+      budget thinking) is the empty answer ``""`` with its reasoning, as the release scores it.
+    - **Only real answers are cached**: an empty reply is returned as ``""`` but not cached, so a rerun asks
+      again. Concurrent calls with the same question share one request when the cache is on.
+    - **No key in a reply or an error**: the reply's text and reasoning and every error message are redacted
+      (:mod:`tokenswap.redaction`: the key in ``api_key_env``, JSON-escaped, URL-encoded or cut), so a server
+      echoing the ``Authorization`` header, or a model repeating the key, puts it in no cache, record or log.
 
     The ``openai`` package was not used: its retries and timeouts are its own (per phase, no deadline for a
     whole attempt), it follows no size limit, and the build needs the key-stays-home, cache and
@@ -329,9 +338,9 @@ class OpenAIChatModel:
         concurrency: int = 32,
     ):
         self.base_url = base_url.rstrip("/")
-        parts = urllib.parse.urlsplit(self.base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"base_url must be an http(s) URL such as http://localhost:8000/v1, got {base_url!r}")
+        problem = base_url_problem(self.base_url, "base_url", api_key_env)
+        if problem:
+            raise ValueError(problem)
         if not (math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout}")
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
@@ -340,6 +349,7 @@ class OpenAIChatModel:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         self.model = model
         self.api_key_env = api_key_env
+        remember_env(api_key_env)  # every message, record and log line masks this key from now on
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.timeout = timeout
@@ -484,12 +494,12 @@ class OpenAIChatModel:
             payload = {k: v for k, v in payload.items() if v is not None}
         body = json.dumps(payload).encode()
         try:
-            return self._call(body)
+            return self._call(body, top_logprobs is not None)
         except LLMRequestError:
             self.stats.add(errors=1)
             raise
 
-    def _call(self, body: bytes) -> Reply:
+    def _call(self, body: bytes, want_logprobs: bool = False) -> Reply:
         headers = {"Content-Type": "application/json", "Accept": "application/json", "Accept-Encoding": "identity"}
         api_key = os.environ.get(self.api_key_env)  # read per request: a rotated key is picked up
         if api_key:
@@ -510,7 +520,7 @@ class OpenAIChatModel:
             outcome = "error"
             _attempt_deadline.at = time.monotonic() + self.timeout
             try:
-                reply = self._attempt(client, body, headers)
+                reply = self._attempt(client, body, headers, want_logprobs)
                 outcome = "ok"
                 return reply
             except _Retryable as e:
@@ -524,7 +534,7 @@ class OpenAIChatModel:
                 limit.release(epoch, outcome, retry_after if outcome == "throttled" else None)
         raise LLMRequestError(f"{self.url} failed after {self.max_retries + 1} attempts; last error: {last_error}")
 
-    def _attempt(self, client: httpx.Client, body: bytes, headers: dict[str, str]) -> Reply:
+    def _attempt(self, client: httpx.Client, body: bytes, headers: dict[str, str], want_logprobs: bool) -> Reply:
         url = self.url
         try:
             with client.stream("POST", url, content=body, headers=headers) as response:
@@ -555,28 +565,7 @@ class OpenAIChatModel:
                     throttled=status in (429, 503),
                 )
             raise LLMRequestError(f"{url} answered HTTP {status}: {detail}")
-        try:
-            data = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise _Retryable(f"{url} returned a body that is not UTF-8 ({e})") from None
-        except json.JSONDecodeError as e:
-            raise _Retryable(f"{url} returned a body that is not JSON ({e}); starts {raw[:80]!r}") from None
-        try:
-            choice = data["choices"][0]
-            message = choice["message"]
-            content = message["content"]
-        except (KeyError, IndexError, TypeError):
-            shape = sorted(data) if isinstance(data, dict) else type(data).__name__
-            raise _Retryable(f"{url} returned no choices[0].message.content; got {shape}") from None
-        if content is not None and not isinstance(content, str):
-            raise _Retryable(f"{url} returned a {type(content).__name__} as message content, not a string")
-        reply = Reply(
-            text=content or "",
-            reasoning=_reasoning(message),
-            usage=_usage(data),
-            top_logprobs=_top_logprobs(choice),
-            finish_reason=choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None,
-        )
+        reply = _parse_reply(raw, url, want_logprobs)
         self.stats.add(
             replies=1,
             prompt_tokens=reply.usage.get("prompt_tokens", 0),
@@ -602,6 +591,55 @@ class OpenAIChatModel:
         return b"".join(chunks)
 
 
+MAX_USAGE = 1 << 53
+"""Token counts above this (or below 0) are no counts: left out of ``usage`` rather than summed into reports."""
+
+
+def _parse_reply(raw: bytes, url: str, want_logprobs: bool) -> Reply:
+    """A 200 body as a :class:`Reply`, or :class:`_Retryable` naming why it is no answer (see the class docstring)."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise _Retryable(f"{url} returned a body that is not UTF-8 ({e})") from None
+    except RecursionError:
+        raise _Retryable(f"{url} returned JSON nested too deeply to parse; starts {raw[:40]!r}") from None
+    except json.JSONDecodeError as e:
+        raise _Retryable(f"{url} returned a body that is not JSON ({e}); starts {raw[:80]!r}") from None
+    except ValueError as e:  # a number Python will not convert (a 4,300-digit integer)
+        raise _Retryable(f"{url} returned JSON Python cannot take ({str(e)[:200]}); starts {raw[:80]!r}") from None
+    try:
+        choice = data["choices"][0]
+        message = choice["message"]
+        content = message["content"]
+    except (KeyError, IndexError, TypeError):
+        shape = sorted(data)[:20] if isinstance(data, dict) else type(data).__name__
+        raise _Retryable(f"{url} returned no choices[0].message.content; got {shape}") from None
+    if not isinstance(message, dict):
+        raise _Retryable(f"{url} returned a {type(message).__name__} as choices[0].message, not an object")
+    finish = choice.get("finish_reason") if isinstance(choice, dict) else None
+    finish = finish if isinstance(finish, str) and len(finish) <= 64 else None
+    reasoning = _reasoning(message)
+    if content is None:
+        if not (finish == "length" and reasoning):
+            raise _Retryable(f"{url} returned a null message content (finish_reason {finish!r}): no answer")
+        content = ""  # the budget ran out while thinking: an answer, the empty one
+    if not isinstance(content, str):
+        raise _Retryable(f"{url} returned a {type(content).__name__} as message content, not a string")
+    for text in (content, reasoning or ""):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _Retryable(f"{url} returned text with lone surrogates (\\ud800-style escapes): not text") from None
+    top = _top_logprobs(choice, url) if want_logprobs else None
+    return Reply(
+        text=redact(content),
+        reasoning=redact(reasoning) if reasoning else None,
+        usage=_usage(data),
+        top_logprobs=top,
+        finish_reason=finish,
+    )
+
+
 def _reasoning(message: dict) -> str | None:
     for name in ("reasoning_content", "reasoning"):
         value = message.get(name)
@@ -611,18 +649,46 @@ def _reasoning(message: dict) -> str | None:
 
 
 def _usage(data: dict) -> dict[str, int]:
-    usage = data.get("usage")
+    usage = data.get("usage") if isinstance(data, dict) else None
     if not isinstance(usage, dict):
         return {}
-    return {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
+    return {k: v for k, v in usage.items()
+            if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_USAGE}
 
 
-def _top_logprobs(choice: dict) -> list[tuple[str, float]] | None:
-    try:
-        first = choice["logprobs"]["content"][0]["top_logprobs"]
-        pairs = [(str(t["token"]), float(t["logprob"])) for t in first]
-    except (KeyError, IndexError, TypeError, ValueError):
+MAX_TOP_LOGPROBS = 100
+"""More alternatives than this in one token's ``top_logprobs`` is no vLLM/OpenAI reply (both allow at most 20)."""
+
+
+def _top_logprobs(choice: dict, url: str) -> list[tuple[str, float]] | None:
+    """The first token's ``(token, logprob)`` alternatives, best first; None when the server sent none.
+
+    Raises:
+        _Retryable: logprobs were sent but are no log-probabilities (not finite, above 0, wrong types): +1000
+            would overflow ``math.exp`` and NaN would be written into results, so the reply is invalid.
+    """
+    logprobs = choice.get("logprobs")
+    if logprobs is None:
         return None
+    try:
+        tokens = logprobs["content"]
+        if not tokens:
+            return None
+        first = tokens[0]["top_logprobs"]
+        if not isinstance(first, list) or len(first) > MAX_TOP_LOGPROBS:
+            raise TypeError(f"{type(first).__name__} of {len(first) if isinstance(first, list) else '?'} entries")
+        pairs = []
+        for t in first:
+            token, logprob = t["token"], t["logprob"]
+            if not isinstance(token, str) or isinstance(logprob, bool) or not isinstance(logprob, (int, float)):
+                raise TypeError(f"token {type(token).__name__}, logprob {type(logprob).__name__}")
+            logprob = float(logprob)
+            # Float rounding may leave a certain token a hair above 0; more is no log-probability.
+            if not (math.isfinite(logprob) and logprob <= 1e-4):
+                raise ValueError(f"logprob {logprob!r} of {token!r}")
+            pairs.append((token, min(logprob, 0.0)))
+    except (KeyError, IndexError, TypeError, ValueError, OverflowError) as e:
+        raise _Retryable(f"{url} returned top_logprobs that are no log-probabilities ({str(e)[:120]})") from None
     return sorted(pairs, key=lambda p: -p[1]) or None
 
 

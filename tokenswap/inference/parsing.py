@@ -7,11 +7,15 @@ without an object.
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from tokenswap.files import json_loads
 
-__all__ = ["parse_json_response"]
+__all__ = ["MAX_STARTS", "parse_json_response"]
+
+MAX_STARTS = 64
+"""How many fenced blocks and ``{`` positions :func:`parse_json_response` tries before giving up."""
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
 
@@ -29,7 +33,7 @@ def parse_json_response(text: str) -> dict:
     >>> parse_json_response('The answer is {"a": [1, 2]} as requested.')
     {'a': [1, 2]}
     """
-    candidates = [text.strip()] + [m.group(1).strip() for m in _FENCE.finditer(text)]
+    candidates = [text.strip()] + [m.group(1).strip() for m in itertools.islice(_FENCE.finditer(text), MAX_STARTS)]
     for candidate in candidates:
         try:
             value = json_loads(candidate)
@@ -40,7 +44,8 @@ def parse_json_response(text: str) -> dict:
     import json
 
     decoder = json.JSONDecoder()
-    for m in re.finditer(r"\{", text):
+    # Bounded: a reply of 100,000 "{" would otherwise be decoded from each of them, each as deep as it goes.
+    for m in itertools.islice(re.finditer(r"\{", text), MAX_STARTS):
         try:
             value, _ = decoder.raw_decode(text, m.start())
         except (ValueError, RecursionError):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tokenswap.errors import IncompleteRunError
 from tokenswap.inference.backends import Backend
+from tokenswap.redaction import redact_data
 
 __all__ = ["ErrorShareExceeded", "RecordLog", "check_error_share", "run_units", "tally", "usage_totals"]
 
@@ -49,10 +50,10 @@ class RecordLog:
             for line in raw.decode("utf-8", "replace").splitlines():
                 try:
                     row = json.loads(line)
-                except json.JSONDecodeError:  # a line no run of ours writes: left in place, skipped
-                    continue
-                if isinstance(row, dict) and key_field in row:
-                    self.records[row[key_field]] = row
+                except (ValueError, RecursionError):  # a line no run of ours writes (not JSON, 100,000-deep
+                    continue  # nesting, a 4,300-digit integer): left in place, skipped, its unit asked again
+                if isinstance(row, dict) and isinstance(row.get(key_field), (str, int, float)):
+                    self.records[row[key_field]] = row  # (a list or object as key would not even hash)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def answered(self, key: str) -> bool:
@@ -61,6 +62,8 @@ class RecordLog:
         return row is not None and "error" not in row and "skipped" not in row
 
     def append(self, record: dict) -> None:
+        """Append ``record``, every known secret in it masked (:func:`tokenswap.redaction.redact_data`)."""
+        record = redact_data(record)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
             f.flush()  # the OS keeps a flushed line through a killed process

@@ -9,11 +9,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from tokenswap.redaction import redact
+
 __all__ = ["ChatModel", "LLMRequestError", "Reply"]
 
 
 class LLMRequestError(RuntimeError):
-    """A model request that failed for good (after its retries); the message names the URL, never the API key."""
+    """A model request that failed for good (after its retries); the message names the URL, never the API key.
+
+    The message is redacted when the error is made (:func:`tokenswap.redaction.redact`): it quotes the server's
+    answer, and a server or proxy that echoes the ``Authorization`` header (raw, JSON-escaped, URL-encoded or cut)
+    would otherwise carry the key into every report, marker, record and log line the error reaches.
+    """
+
+    def __init__(self, message: object = "", *args: object):
+        super().__init__(redact(str(message)), *args)
 
 
 @dataclass

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tokenswap.redaction import base_url_problem
+
 from .sources import (
     DEJAVU_SANS,
 )
@@ -55,7 +57,8 @@ class LLMConfig:
     model: str = ""
     """Model name sent to the endpoint, or the checkpoint path for the transformers backend."""
     base_url: str = "http://localhost:8000/v1"
-    """Endpoint root (openai backend), e.g. a vLLM server or https://api.openai.com/v1."""
+    """Endpoint root (openai backend), e.g. a vLLM server or https://api.openai.com/v1; no `user:password@` and no
+    query (put the key in the environment variable `api_key_env` names)."""
     api_key_env: str = "OPENAI_API_KEY"
     """Environment variable holding the API key; the key itself never goes in a config."""
     temperature: float = 0.0
@@ -88,10 +91,11 @@ class LLMConfig:
             problems.append(f"`timeout` must be a finite number of seconds > 0, got {self.timeout}")
         if self.max_retries < 0:
             problems.append(f"`max_retries` must be >= 0, got {self.max_retries}")
-        if self.backend == "openai" and not self.base_url.startswith(("http://", "https://")):
-            problems.append(
-                f"`base_url` must be an http(s) URL such as http://localhost:8000/v1, got {self.base_url!r}"
-            )
+        if self.backend == "openai":
+            # user:password@ (or a query) would travel into error messages, report.json and the logs.
+            problem = base_url_problem(self.base_url, "base_url", self.api_key_env)
+            if problem:
+                problems.append(problem)
         if problems:
             raise ValueError("; ".join(problems))
 

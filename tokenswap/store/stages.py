@@ -13,10 +13,12 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 from tokenswap.concepts import Concept, validate_concepts
 from tokenswap.files import atomic_write
 from tokenswap.inference.types import LLMRequestError
+from tokenswap.redaction import redact_data
 from tokenswap.store.build_config import FIXTURE, DataConfig, StoreBuildConfig
 from tokenswap.store.builders import SOURCE_BUILDERS, _build_extractor, build_chat_model
 from tokenswap.swap import unit_hash
@@ -76,6 +78,38 @@ class RequestsFailed(RuntimeError):
 
 def _failed_marker(folder: Path, rank: int) -> Path:
     return folder / f"failed-r{rank:03d}.json"
+
+
+def _write_marker(path: Path, info: dict) -> None:
+    """A stage's done or failed marker; its errors quote servers' answers, so every known secret is masked."""
+    atomic_write(path, json.dumps(redact_data(info)).encode())
+
+
+def _stop_on_failed_requests(folder: Path, rank: int, info: dict, failed: list[dict], list_field: str, stage: str,
+                             first: str, uncommitted: str) -> NoReturn:
+    """Record a stage's requests that failed for good in ``failed-rRRR.json`` (in place of its done marker) and
+    raise :class:`RequestsFailed` naming how many and the first.
+
+    Args:
+        folder: the stage's state folder.
+        rank: this rank.
+        info: the stage's counts, written into the marker with the failures.
+        failed: one ``{...: what, "error": ...}`` per failed request, in input order (at least one).
+        list_field: the marker's field listing them (the first 100).
+        stage: the stage as the message names it (``extraction``, ``judge``).
+        first: how the message names the first failure.
+        uncommitted: what was not committed (``their chunks``).
+
+    Raises:
+        RequestsFailed: always.
+    """
+    info["failed_requests"] = len(failed)
+    info[list_field] = failed[:100]
+    _write_marker(_failed_marker(folder, rank), info)
+    raise RequestsFailed(
+        f"{stage}: {len(failed)} request(s) failed for good (first: {first}: {failed[0]['error']}); {uncommitted} "
+        "were not committed. Rerun the same command to retry them (answers so far are cached)"
+    )
 
 
 def _stage_extract(cfg: StoreBuildConfig, state: Path, rank: int, world: int) -> dict:
@@ -170,14 +204,9 @@ def _stage_extract(cfg: StoreBuildConfig, state: Path, rank: int, world: int) ->
         client = getattr(getattr(extractor, "chat_model", None), "stats", None)
         info["llm_requests"] = {**(client.as_dict() if client is not None else {}), "stage_wall_s": time.perf_counter() - t0}
     if failed:
-        info["failed_requests"] = len(failed)
-        info["failed_rows"] = failed[:100]
-        atomic_write(_failed_marker(folder, rank), json.dumps(info).encode())
-        raise RequestsFailed(
-            f"extraction: {len(failed)} request(s) failed for good (first: {failed[0]['id']}: {failed[0]['error']}); "
-            f"their chunks were not committed. Rerun the same command to retry them (answers so far are cached)"
-        )
-    atomic_write(done, json.dumps(info).encode())
+        _stop_on_failed_requests(folder, rank, info, failed, "failed_rows", "extraction", failed[0]["id"],
+                                 "their chunks")
+    _write_marker(done, info)
     return info
 
 
@@ -222,7 +251,7 @@ def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, worl
     if not todo:
         if rank == 0 and attempted is None:
             StoreWriter(store_dir, rank=0, info=build_info).close()  # an empty but valid store
-        atomic_write(done, json.dumps(info).encode())
+        _write_marker(done, info)
         return info
     sources = [SOURCE_BUILDERS[name](cfg, state) for name in cfg.sources]
     for source in sources:
@@ -325,15 +354,9 @@ def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, worl
                                 "stage_wall_s": time.perf_counter() - t_loop}
     info["images"] = n_images
     if failed:
-        info["failed_requests"] = len(failed)
-        info["failed_concepts"] = failed[:100]
-        atomic_write(_failed_marker(folder, rank), json.dumps(info).encode())
-        raise RequestsFailed(
-            f"judge: {len(failed)} request(s) failed for good (first: concept {failed[0]['concept']!r}: "
-            f"{failed[0]['error']}); their concept batches were not committed. Rerun the same command to retry "
-            "them (answers so far are cached)"
-        )
-    atomic_write(done, json.dumps(info).encode())
+        _stop_on_failed_requests(folder, rank, info, failed, "failed_concepts", "judge",
+                                 f"concept {failed[0]['concept']!r}", "their concept batches")
+    _write_marker(done, info)
     return info
 
 
@@ -370,7 +393,7 @@ def _stage_dataset(cfg: StoreBuildConfig, out: Path, state: Path, rank: int) -> 
         _write_jsonl(target, rows)
         written += len(rows)
     info = {"samples_written": written}
-    atomic_write(done, json.dumps(info).encode())
+    _write_marker(done, info)
     return info
 
 
@@ -411,7 +434,7 @@ def _report(cfg: StoreBuildConfig, out: Path, state: Path, world: int, times: di
         "ranks": {"extract": extract_markers, "images": image_markers},
         "complete": True,
     }
-    atomic_write(out / "report.json", json.dumps(report, indent=2).encode())
+    atomic_write(out / "report.json", json.dumps(redact_data(report), indent=2).encode())
     return report
 
 
@@ -459,7 +482,7 @@ def write_failure_report(out: Path, state: Path, world: int, error: str) -> dict
         "llm": _llm_report(markers["extract"], markers["images"]),
         "ranks": markers,
     }
-    atomic_write(out / "report.json", json.dumps(report, indent=2).encode())
+    atomic_write(out / "report.json", json.dumps(redact_data(report), indent=2).encode())
     return report
 
 

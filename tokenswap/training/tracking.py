@@ -12,23 +12,30 @@ from tokenswap.training.config import RunConfig, WandbConfig
 def init_wandb(cfg: WandbConfig, run: RunConfig, stage: str, config: dict, report_to: list[str]) -> None:
     """Start the W&B run of one arm on rank 0: name ``{pair}-{arm}``, group ``{pair}``.
 
-    The Trainer's W&B callback then logs into this run instead of opening its own.
+    The Trainer's W&B callback then logs into this run instead of opening its own. ``config`` comes masked
+    (:func:`tokenswap.config.config_to_dict`); W&B also records the command line (``sys.argv[1:]``, the run's
+    "Command" and ``args`` in its metadata) when the run starts, so ``wandb.init`` sees it with its secrets masked
+    (a ``train.hub_token=...`` override, URL credentials: :func:`tokenswap.redaction.redacted_argv`).
     """
     if "wandb" not in report_to or int(os.environ.get("RANK", "0")) != 0:
         return
     import wandb
 
-    wandb.init(
-        project=cfg.project,
-        entity=cfg.entity,
-        name=f"{run.pair}-{run.arm}",
-        group=run.pair,
-        job_type=stage,
-        tags=[stage, run.arm, run.image_source, *cfg.tags],
-        config={"arm": run.arm, "image_source": run.image_source, "stage": stage, "pair": run.pair, **config},
-        mode=cfg.mode,
-        dir=run.output_dir,
-    )
+    from tokenswap.redaction import mask_secrets, redacted_argv
+
+    with redacted_argv():
+        wandb.init(
+            project=cfg.project,
+            entity=cfg.entity,
+            name=f"{run.pair}-{run.arm}",
+            group=run.pair,
+            job_type=stage,
+            tags=[stage, run.arm, run.image_source, *cfg.tags],
+            config=mask_secrets({"arm": run.arm, "image_source": run.image_source, "stage": stage, "pair": run.pair,
+                                 **config}),
+            mode=cfg.mode,
+            dir=run.output_dir,
+        )
 
 
 def finish_wandb(timeout: float = 60.0) -> None:

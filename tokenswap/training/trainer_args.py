@@ -7,8 +7,10 @@ no change here); :func:`build_training_arguments` adds what the recipe owns (out
 from __future__ import annotations
 
 import copy
+import copyreg
 import dataclasses
 import enum
+import functools
 import importlib.util
 import json
 import math
@@ -184,6 +186,56 @@ PairedTrainConfig = trainer_section(TrainingArguments, "PairedTrainConfig", owne
 """``TrainConfig`` for the paired recipes: the sample order belongs to ``data.seed``."""
 
 
+def _redacted_state(state: dict) -> dict:
+    """An arguments object's attributes with credentials masked (by field name, URL user info, known values)."""
+    from tokenswap.redaction import mask_secrets
+
+    return {k: mask_secrets(v, k) if isinstance(v, (str, dict, list, tuple)) else v for k, v in state.items()}
+
+
+@functools.cache
+def redacting(args_cls: type) -> type:
+    """``args_cls`` (``TrainingArguments``, ``GRPOConfig``) whose every outward copy has its credentials masked.
+
+    The Trainer keeps the real values (``hub_token`` must reach the hub), but hands its arguments out through
+    ``to_dict`` (the W&B callback's run config and W&B's ``debug.log``, MLflow, TensorBoard hparams), ``str``
+    (logs) and pickling (``torch.save(self.args)`` into every ``checkpoint-*/training_args.bin``, the output
+    folder and what a hub push uploads). Each of those masks ``hub_token``, every ``*_token``/``*_secret``/
+    ``password`` field, ``user:password@`` in any URL and any secret tokenswap knows (:mod:`tokenswap.redaction`).
+    A pickle loads as ``args_cls`` itself (no tokenswap needed to read it); nothing in the Trainer reads
+    ``training_args.bin`` back (resume restores model, optimizer, scheduler, RNG and ``trainer_state.json``), so
+    resuming is unchanged. ``copy``/``deepcopy`` keep the real values.
+    """
+
+    def to_dict(self) -> dict:
+        from tokenswap.redaction import mask_secrets
+
+        return mask_secrets(args_cls.to_dict(self))
+
+    def __str__(self) -> str:
+        return "".join([f"{args_cls.__name__}(\n", *(f"{k}={v},\n" for k, v in sorted(self.to_dict().items())), ")"])
+
+    def __reduce_ex__(self, protocol):
+        # copyreg's own reconstructor: the pickle names only args_cls and the standard library.
+        return copyreg._reconstructor, (args_cls, object, None), _redacted_state(self.__dict__)
+
+    def __copy__(self):
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
+    def __deepcopy__(self, memo):
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new
+
+    namespace = {"to_dict": to_dict, "__str__": __str__, "__repr__": __str__, "__reduce_ex__": __reduce_ex__,
+                 "__copy__": __copy__, "__deepcopy__": __deepcopy__, "__module__": __name__,
+                 "__doc__": args_cls.__doc__}
+    return type(args_cls.__name__, (args_cls,), namespace)
+
+
 def build_training_arguments(train, run: RunConfig, **recipe: Any):
     """The Trainer's arguments for one run, after setting up the process state every recipe needs.
 
@@ -217,8 +269,11 @@ def build_training_arguments(train, run: RunConfig, **recipe: Any):
             with open(given) as f:
                 given = json.load(f)
         kwargs["accelerator_config"] = {**given, "use_configured_state": True}
+    from tokenswap.redaction import mask_secrets, redact
+
+    mask_secrets(kwargs)  # remembers hub_token and URL credentials: masked wherever they would be printed
     try:
-        return train.ARGS_CLASS(
+        return redacting(train.ARGS_CLASS)(
             output_dir=run.output_dir,
             run_name=f"{run.pair}-{run.arm}",
             seed=run.seed,
@@ -228,5 +283,5 @@ def build_training_arguments(train, run: RunConfig, **recipe: Any):
         )
     except (ValueError, TypeError) as e:
         err = ConfigError([f"train: {e}"], f"train ({train.ARGS_CLASS.__name__})")
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {redact(str(err))}", file=sys.stderr)  # TrainingArguments' message may quote a value
         raise SystemExit(2) from None
