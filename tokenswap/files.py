@@ -34,6 +34,7 @@ __all__ = [
     "FolderLock",
     "FolderLockedError",
     "atomic_write",
+    "cut_torn_tail",
     "json_loads",
     "glob_escape",
     "read_json",
@@ -275,7 +276,11 @@ def read_json_object(path: str | os.PathLike, what: str, fix: str = "restore or 
 
 def read_jsonl(path: str | os.PathLike, what: str, fix: str = "restore or regenerate it") -> list[dict]:
     """The JSON objects of a JSONL file, one per non-blank line; a line that is no JSON object is an
-    :class:`InputError` naming ``path:line`` and ``fix``."""
+    :class:`InputError` naming ``path:line`` and ``fix``.
+
+    Lines end at ``\\n`` only: ``json.dumps(..., ensure_ascii=False)`` writes U+2028, U+0085 and the other
+    characters ``str.splitlines`` also breaks at raw inside strings, so a record holding one is still one line.
+    """
     try:
         text = Path(path).read_bytes().decode("utf-8")
     except FileNotFoundError:
@@ -285,7 +290,7 @@ def read_jsonl(path: str | os.PathLike, what: str, fix: str = "restore or regene
     except OSError as e:
         raise InputError(f"{what} {str(path)!r} cannot be read ({e.strerror or e}); {fix}") from None
     rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -297,3 +302,29 @@ def read_jsonl(path: str | os.PathLike, what: str, fix: str = "restore or regene
             raise InputError(f"{what} {path}:{number} holds a JSON {type(row).__name__}, not an object; {fix}")
         rows.append(row)
     return rows
+
+
+def cut_torn_tail(path: str | os.PathLike) -> int:
+    """Cut the last line of an append-only JSONL file when a killed writer left it without its ``\\n``.
+
+    A job that resumes by appending would otherwise glue its first record onto the torn one, and both would be
+    lost (or the file unreadable). Every line before the tail was written whole (one ``write`` + flush each).
+
+    Returns:
+        The number of bytes cut (0 when the file is missing, empty or ends in a newline).
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return 0
+    if size == 0:
+        return 0
+    with open(path, "r+b") as f:
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        f.seek(0)
+        keep = f.read().rfind(b"\n") + 1
+        f.truncate(keep)
+    return size - keep
