@@ -7,7 +7,8 @@ maps the errors every subcommand may raise, once, to one line and an exit status
   backend errors and the leaderboard's input errors are ones) and a missing file: exit status 2, before any work
   where the check can be made early;
 * :class:`~tokenswap.errors.IncompleteRunError` (more requests failed for good than ``--max-error-share`` allows;
-  what was done is kept and the same command resumes): exit status 1.
+  what was done is kept and the same command resumes) and :class:`~tokenswap.files.FolderLockedError` (another
+  job holds the output folder): exit status 1.
 
 The checks themselves live low in the package (:mod:`tokenswap.inputs`, :mod:`tokenswap.files`), so every room
 can use them without importing this one. Imports are deferred so ``tokenswap --help`` stays instant.
@@ -19,6 +20,7 @@ import importlib
 import sys
 
 from tokenswap.errors import IncompleteRunError, InputError
+from tokenswap.files import FolderLockedError
 
 # subcommand -> (module, one-line help). A plain dict: adding a command is one line here.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"tokenswap {name}: error: {e}", file=sys.stderr)
         return 2
-    except IncompleteRunError as e:
+    except (IncompleteRunError, FolderLockedError) as e:  # work left to do, or another job in the folder now
         print(f"tokenswap {name}: error: {e}", file=sys.stderr)
         return 1
     except FileExistsError as e:  # an output folder's path taken by a file, found where a command makes the folder

@@ -25,6 +25,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -240,7 +241,7 @@ def json_loads(text: str | bytes) -> Any:
 
 def _problem(e: ValueError) -> str:
     if isinstance(e, json.JSONDecodeError):
-        return f"{e.msg} at line {e.lineno}, column {e.colno}"
+        return f"{e.msg.removesuffix(' at')} at line {e.lineno}, column {e.colno}"  # its msg may end in " at"
     return str(e).split(";")[0]
 
 
@@ -274,9 +275,13 @@ def read_json_object(path: str | os.PathLike, what: str, fix: str = "restore or 
     return value
 
 
-def read_jsonl(path: str | os.PathLike, what: str, fix: str = "restore or regenerate it") -> list[dict]:
+def read_jsonl(path: str | os.PathLike, what: str, fix: str = "restore or regenerate it",
+               parse: Callable[[dict], Any] | None = None) -> list:
     """The JSON objects of a JSONL file, one per non-blank line; a line that is no JSON object is an
     :class:`InputError` naming ``path:line`` and ``fix``.
+
+    ``parse`` turns each object into what is returned (``RestItem.from_dict``); a ``ValueError`` it raises
+    becomes an :class:`InputError` naming ``path:line``, its message and ``fix``.
 
     Lines end at ``\\n`` only: ``json.dumps(..., ensure_ascii=False)`` writes U+2028, U+0085 and the other
     characters ``str.splitlines`` also breaks at raw inside strings, so a record holding one is still one line.
@@ -300,6 +305,11 @@ def read_jsonl(path: str | os.PathLike, what: str, fix: str = "restore or regene
                              f"{fix}") from None
         if not isinstance(row, dict):
             raise InputError(f"{what} {path}:{number} holds a JSON {type(row).__name__}, not an object; {fix}")
+        if parse is not None:
+            try:
+                row = parse(row)
+            except ValueError as e:
+                raise InputError(f"{what} {path}:{number}: {e}; {fix}") from None
         rows.append(row)
     return rows
 

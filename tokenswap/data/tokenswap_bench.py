@@ -15,6 +15,7 @@ from typing import Literal
 
 from tokenswap.data.items import MCItem, image_tags, pair_ids_match, recover_concepts
 from tokenswap.data.mmlu import load_split
+from tokenswap.errors import InputError
 
 __all__ = ["TOKENSWAP_BENCH_HUB_ID", "load_tokenswap_bench", "load_tokenswap_bench_pairs", "write_tokenswap_bench"]
 
@@ -60,7 +61,7 @@ def load_tokenswap_bench(
                 answer=int(row["answer"]),
             )
         except (ValueError, TypeError) as e:  # an answer out of 0..3, three choices, a null field
-            raise ValueError(f"{path} ({config}/{split}) row {i}: {e}; fix or drop that row") from None
+            raise InputError(f"{path} ({config}/{split}) row {i}: {e}; fix or drop that row") from None
         images = {}
         for tag in image_tags(item):
             column = image_columns.get(tag)
