@@ -40,20 +40,17 @@ META_FIX = "rebuild the folder with `tokenswap rest build` (it writes meta.json)
 
 
 def read_meta(path: str | Path, what: str = "--data file") -> dict:
-    """A folder's ``meta.json``, checked to hold what evaluation reads (``variants``, ``source``).
+    """A folder's ``meta.json``, checked to hold the ``variants`` list every reader needs.
 
     Raises:
         InputError: the file is missing, empty, cut or not an object, or lacks a ``variants`` list of rendering
-            names or the ``source`` string; names the file and the fix.
+            names; names the file and the fix.
     """
     meta = read_json(path, what, META_FIX)
     variants = meta.get("variants") if isinstance(meta, dict) else None
     if not isinstance(variants, list) or not all(isinstance(v, str) for v in variants):
         raise InputError(f"{what} {str(path)!r} has no `variants` list of rendering names (got "
                          f"{type(variants).__name__ if variants is not None else 'none'}); {META_FIX}")
-    if not isinstance(meta.get("source"), str):
-        raise InputError(f"{what} {str(path)!r} has no `source` (mmlu, arc, gsm or soebench: where the items came "
-                         f"from); {META_FIX}")
     return meta
 
 

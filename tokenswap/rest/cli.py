@@ -21,6 +21,7 @@ import os
 from tokenswap.errors import InputError
 from tokenswap.inference.backends import add_backend_arguments
 from tokenswap.inputs import (
+    check_output_dir,
     looks_like_path,
     non_negative_int,
     positive_int,
@@ -122,6 +123,7 @@ def _eval(args: argparse.Namespace) -> int:
     if unknown:
         raise InputError(f"variants {unknown} were not built in {meta!r} (built: {built}); pick --perturbations "
                          "among those, or rebuild the folder with `tokenswap rest build`")
+    check_output_dir(args.out)
     load_rest_data(args.data, variants, args.n)  # a damaged folder is refused before the output folder is made
     require_output_dir(args.out)
     settings = resolve_settings(args, "rest")

@@ -24,7 +24,7 @@ from PIL import Image
 
 from tokenswap.errors import InputError
 from tokenswap.inputs import require_items
-from tokenswap.rest.build import BASE_VARIANT, image_path, read_meta
+from tokenswap.rest.build import BASE_VARIANT, META_FIX, image_path, read_meta
 from tokenswap.rest.extract import extract_answer
 from tokenswap.rest.items import ITEMS_FIX, RestItem, build_conversation, read_items
 from tokenswap.rest.metrics import MODALITIES, ItemOutcome, rest_report
@@ -69,6 +69,9 @@ def load_rest_data(data_dir: str | Path, variants: Sequence[str], n: int | None 
     """
     data = Path(data_dir)
     meta = read_meta(data / "meta.json")
+    if not isinstance(meta.get("source"), str):
+        raise InputError(f"--data file {str(data / 'meta.json')!r} has no `source` (mmlu, arc, gsm or soebench: where "
+                         f"the items came from); {META_FIX}")
     unknown = [v for v in variants if v not in meta["variants"]]
     if unknown:
         raise InputError(f"variants {unknown} are not in {data}; built variants: {meta['variants']}")

@@ -13,7 +13,8 @@ from PIL import Image
 
 from tokenswap.config import ConfigError, load_config
 from tokenswap.store import ImageStore, read_swap_dataset
-from tokenswap.store.build import StoreBuildConfig, _FolderLock, build_store
+from tokenswap.store.build import StoreBuildConfig, build_store
+from tokenswap.store.coordination import build_lock
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -32,7 +33,7 @@ def _cfg(out: Path, *overrides: str) -> StoreBuildConfig:
 def test_a_second_build_on_a_locked_folder_is_refused_naming_the_holder(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
-    with _FolderLock(out, 0):
+    with build_lock(out, 0):
         code = cli_main(["--config", "store_embedded.yaml", f"output_dir={out}", "data.max_samples=10"])
         err = capsys.readouterr().err
     assert code == 1
