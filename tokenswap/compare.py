@@ -146,6 +146,8 @@ def read_trainer_run(output_dir: str | os.PathLike) -> RunRecord:
     if not log.exists():
         raise FileNotFoundError(f"{out}: no log_history.json (written by the recipes when training ends)")
     fix = "the run did not finish writing it (killed?): rerun or resume the run, or leave the folder out of --runs"
+    if log.is_dir():
+        raise InputError(f"training log {str(log)!r} is a folder, not a file; {fix}")
     config = read_json(out / "tokenswap_config.json", "run config", fix) if (out / "tokenswap_config.json").exists() else {}
     if not isinstance(config, dict):
         raise InputError(f"run config {str(out / 'tokenswap_config.json')!r} is a JSON {type(config).__name__}, "
@@ -399,7 +401,7 @@ def cli_main(argv: list[str]) -> int:
     parser.add_argument("--group")
     args = parser.parse_args(argv)
     if args.wandb_report and not (args.entity and args.group):
-        parser.error("--wandb-report needs --entity and --group")
+        raise InputError("--wandb-report needs --entity and --group (the W&B entity and the group of the paired runs)")
     _distinct_runs(args.runs)
     # Every run is read and compared before the output folder is made: a damaged run leaves nothing behind.
     runs = [r for spec in args.runs for r in load_run(spec)]

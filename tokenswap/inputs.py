@@ -56,7 +56,7 @@ def require_path(path: str, what: str, kind: str = "any") -> None:
 def require_model(name: str, what: str = "--model") -> None:
     """A path-like model name must exist locally; otherwise transformers says "Repo id must be ..."; an existing
     local path must be a checkpoint folder (transformers' own message for a folder without ``config.json`` names
-    no flag)."""
+    no flag); :func:`tokenswap.families.check_checkpoint` checks what the folder holds."""
     local = os.path.expanduser(name)
     if looks_like_path(name) and not os.path.exists(local):
         raise FileNotFoundError(

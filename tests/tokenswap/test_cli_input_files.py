@@ -488,3 +488,85 @@ def test_probe_on_a_texts_file_with_too_few_texts(tiny_qwen2vl, tmp_path, capsys
                         capsys)
     assert_refused(code, err, message.format(f=texts), "one text per line")
     assert not (tmp_path / "p").exists()
+
+
+# ---------------------------------------------------------------------------- a checkpoint folder (--model)
+def _damaged_checkpoint(tiny_qwen2vl, tmp_path, damage) -> Path:
+    model = Path(shutil.copytree(tiny_qwen2vl, tmp_path / "ckpt"))
+    if damage == "config-cut":
+        cut(model / "config.json", 0.5)
+    elif damage == "config-list":
+        (model / "config.json").write_text("[]")
+    elif damage == "no-weights":
+        for weights in model.glob("*.safetensors"):
+            weights.unlink()
+    else:
+        for weights in model.glob("*.safetensors"):
+            cut(weights, 0.5)
+    return model
+
+
+CHECKPOINT_DAMAGE = {
+    "config-cut": "--model config '{m}/config.json' is not valid JSON",
+    "config-list": "--model config '{m}/config.json' holds a JSON list, not an object",
+    "no-weights": "--model '{m}' holds no weights (none of model.safetensors",
+    "weights-cut": "checkpoint '{m}' does not load (SafetensorError",
+}
+
+
+@pytest.mark.parametrize("command", ["probe", "crossmath eval", "rest eval"])
+@pytest.mark.parametrize("damage", sorted(CHECKPOINT_DAMAGE))
+def test_a_damaged_checkpoint_folder_is_named(tiny_qwen2vl, generated, rest_built, tmp_path, capsys, command,
+                                              damage):
+    model = _damaged_checkpoint(tiny_qwen2vl, tmp_path, damage)
+    argv = {
+        "probe": ["probe", "--model", model, "--pairs", "2", "--out", tmp_path / "o"],
+        "crossmath eval": crossmath_eval(model, generated / "Original", tmp_path / "o"),
+        "rest eval": rest_eval(model, rest_built, tmp_path / "o"),
+    }[command]
+    code, err = run_cli(argv, capsys)
+    assert_refused(code, err, CHECKPOINT_DAMAGE[damage].format(m=model), "pass a checkpoint folder a run saved whole")
+    if damage != "weights-cut":  # found only by loading, after the output folder is made
+        assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------------------- more inputs of build-bench, build-store, rest build
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot be read (No such file or directory)"),
+    (b"\xff\xfe cat\n", "is not UTF-8 text (byte 0)"),
+], ids=["missing", "not-utf8"])
+def test_build_bench_on_a_bad_vocabulary_file(tiny_store, mmlu, tmp_path, capsys, content, message):
+    vocab = tmp_path / "vocab.txt"
+    if content is not None:
+        vocab.write_bytes(content)
+    argv = bench_config(tmp_path, tiny_store.root, mmlu, extractor={"kind": "lexicon", "vocabulary_file": str(vocab)})
+    code, err = run_cli(argv, capsys)
+    assert_refused(code, err, f"`extractor.vocabulary_file` '{vocab}' {message}")
+
+
+def test_build_store_on_a_vocabulary_file_that_is_not_utf8(tmp_path, capsys):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_bytes(b"\xff\xfe cat\n")
+    code, err = run_cli(["build-store", "--config", "store_embedded.yaml", f"output_dir={tmp_path / 'b'}",
+                         f"extractor.vocabulary_file={vocab}"], capsys)
+    assert_refused(code, err, f"`extractor.vocabulary_file` '{vocab}' is not UTF-8 text (byte 0)",
+                   "(nothing was written)")
+    assert not (tmp_path / "b").exists()
+
+
+def test_rest_build_on_arc_rows_of_another_shape_and_a_bad_colour(tmp_path, capsys):
+    arc = tmp_path / "arc.jsonl"
+    arc.write_text(json.dumps({"id": "a1", "question": "Q?", "choices": ["x", "y"], "answerKey": "A"}) + "\n")
+    code, err = run_cli(["rest", "build", "--source", "arc", "--data", arc, "--out", tmp_path / "r"], capsys)
+    assert_refused(code, err, f"--data '{arc}' row 0: `choices` must be an object with `label` and `text` lists")
+    code, err = run_cli(["rest", "build", "--source", "soebench", "--n", "1", "--color", "blurple",
+                         "--out", tmp_path / "r"], capsys)
+    assert_refused(code, err, "--color: color must be one of", "got 'blurple'")
+    assert not (tmp_path / "r").exists()
+
+
+def test_compare_on_a_training_log_that_is_a_folder(run_folder, tmp_path, capsys):
+    (run_folder / "log_history.json").unlink()
+    (run_folder / "log_history.json").mkdir()
+    code, err = run_cli(["compare", "--runs", run_folder, "--out", tmp_path / "cmp"], capsys)
+    assert_refused(code, err, f"training log '{run_folder / 'log_history.json'}' is a folder, not a file")

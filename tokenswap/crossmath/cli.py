@@ -46,6 +46,7 @@ from tokenswap.crossmath.metrics import (
 from tokenswap.crossmath.prompt import MODALITIES, build_messages
 from tokenswap.crossmath.render import STYLES, puzzle_id_from_image, render_grid
 from tokenswap.errors import InputError
+from tokenswap.families import check_checkpoint
 from tokenswap.files import atomic_write, read_json_object
 from tokenswap.inference.backends import add_backend_arguments
 from tokenswap.inputs import non_negative_int, positive_int, require_items, require_model, require_output_dir
@@ -226,6 +227,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     _check_records(records, data, args.modality)
     if args.backend == "hf":
         require_model(args.model)  # for openai, --model is the served name
+        if os.path.isdir(args.model):
+            check_checkpoint(args.model, "--model")
     out = require_output_dir(args.out)
     pred_path = out / f"predictions_{args.modality}.jsonl"
     log = RecordLog(pred_path, key_field="id")

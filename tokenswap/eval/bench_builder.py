@@ -46,7 +46,7 @@ from tokenswap.files import cut_torn_tail, read_jsonl
 from tokenswap.inference import ChatModel, LLMRequestError, map_ordered
 from tokenswap.inference.parsing import parse_json_response
 from tokenswap.store.build_config import ExtractorConfig, LLMConfig
-from tokenswap.store.builders import build_chat_model, request_concurrency
+from tokenswap.store.builders import build_chat_model, read_vocabulary_file, request_concurrency
 from tokenswap.store.image_store import ImageStore
 from tokenswap.swap import SwapPolicy
 
@@ -359,10 +359,7 @@ def _extractor(cfg: ExtractorConfig, store: ImageStore, cache_path: Path) -> Con
     from tokenswap.store.extract import LLMConceptExtractor, build_lexicon
 
     if cfg.kind == "lexicon":
-        vocab = list(cfg.vocabulary)
-        if cfg.vocabulary_file:
-            lines = Path(cfg.vocabulary_file).read_text(encoding="utf-8").splitlines()
-            vocab += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+        vocab = list(cfg.vocabulary) + (read_vocabulary_file(cfg.vocabulary_file) if cfg.vocabulary_file else [])
         return build_lexicon(vocab or store.keys(), aliases=cfg.aliases, plurals=cfg.plurals)
     return LLMConceptExtractor(_chat_model(cfg.llm, cache_path), max_concepts=cfg.max_concepts)
 

@@ -19,6 +19,7 @@ import argparse
 import os
 
 from tokenswap.errors import InputError
+from tokenswap.families import check_checkpoint
 from tokenswap.inference.backends import add_backend_arguments
 from tokenswap.inputs import (
     check_output_dir,
@@ -69,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _build(args: argparse.Namespace) -> int:
     from tokenswap.rest.build import build_rest_dataset
+    from tokenswap.rest.render import parse_color
+
+    try:
+        parse_color(args.color)
+    except ValueError as e:
+        raise InputError(f"--color: {e}") from None
 
     extra: dict = {"data": args.data}
     if args.source == "soebench":
@@ -112,6 +119,8 @@ def _eval(args: argparse.Namespace) -> int:
     require_path(os.path.join(args.data, "meta.json"), "--data (a folder written by `tokenswap rest build`) file")
     if args.backend == "hf":
         require_model(args.model)  # for openai, --model is the served name
+        if os.path.isdir(args.model):
+            check_checkpoint(args.model, "--model")
     meta = os.path.join(args.data, "meta.json")
     built = read_meta(meta)["variants"]
     variants = [BASE_VARIANT]

@@ -191,7 +191,12 @@ def arc_item(row: dict, index: int, split: str = "test") -> RestItem:
     Option labels are re-lettered A, B, C, ... by position, since some ARC items use ``1``-``4``.
     """
     _require(row, ("id", "question", "choices", "answerKey"), "allenai/ai2_arc")
-    labels = [str(label) for label in row["choices"]["label"]]
+    choices = row["choices"]
+    if not isinstance(choices, dict) or not isinstance(choices.get("label"), list) \
+            or not isinstance(choices.get("text"), list):
+        raise ValueError(f"`choices` must be an object with `label` and `text` lists (the allenai/ai2_arc schema), "
+                         f"got {type(choices).__name__}")
+    labels = [str(label) for label in choices["label"]]
     if row["answerKey"] not in labels:
         raise ValueError(f"ARC item {row['id']}: answerKey {row['answerKey']!r} not among labels {labels}")
     return _mc_item(

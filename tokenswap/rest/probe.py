@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -297,9 +298,11 @@ def cli_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=positive_int, default=8)
     args = parser.parse_args(argv)
 
-    from tokenswap.families import load_checkpoint
+    from tokenswap.families import check_checkpoint, load_checkpoint
 
     require_model(args.model)
+    if os.path.isdir(args.model):
+        check_checkpoint(args.model, "--model")
     if args.texts:
         require_path(args.texts, "--texts", kind="file")
         try:
