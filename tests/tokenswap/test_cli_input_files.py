@@ -570,3 +570,18 @@ def test_compare_on_a_training_log_that_is_a_folder(run_folder, tmp_path, capsys
     (run_folder / "log_history.json").mkdir()
     code, err = run_cli(["compare", "--runs", run_folder, "--out", tmp_path / "cmp"], capsys)
     assert_refused(code, err, f"training log '{run_folder / 'log_history.json'}' is a folder, not a file")
+
+
+def test_eval_on_a_bench_whose_choices_are_one_string(tiny_qwen2vl, tiny_bench, tmp_path, capsys):
+    # "abcd" was read as the four options a, b, c, d: a bench of the wrong shape scored as if it were right.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bench = Path(shutil.copytree(tiny_bench, tmp_path / "bench"))
+    for part in bench.glob("*/test-*.parquet"):
+        table = pq.read_table(part)
+        column = table.schema.get_field_index("choices")
+        pq.write_table(table.set_column(column, "choices", pa.array(["abcd"] * len(table))), part)
+    code, err = run_cli(["eval", "--model", tiny_qwen2vl, "--bench", bench, "--scorer", "loglik",
+                         "--out", tmp_path / "o"], capsys)
+    assert_refused(code, err, f"--bench '{bench}'", "row 0: `choices` must be a list of 4 options, got str")

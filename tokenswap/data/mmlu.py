@@ -85,13 +85,16 @@ def load_mmlu(
         raise InputError(f"{where} lacks MMLU columns {sorted(missing)}; has {ds.column_names}")
     items = []
     for i, row in enumerate(ds):
-        answer = row["answer"]
+        answer, choices = row["answer"], row["choices"]
         if isinstance(answer, bool) or not isinstance(answer, int):  # a letter "A", a float, a null
             raise InputError(f"{where} row {i}: `answer` must be an option index 0..3, got {answer!r}; fix or drop "
                              "that row")
+        if not isinstance(choices, list):  # a string would be read as one option per character
+            raise InputError(f"{where} row {i}: `choices` must be a list of 4 options, got "
+                             f"{type(choices).__name__}; fix or drop that row")
         try:
             items.append(MCItem(id=f"{row['subject']}/{split}/{i}", subject=row["subject"], question=row["question"],
-                                choices=list(row["choices"] or []), answer=answer))
+                                choices=choices, answer=answer))
         except ValueError as e:  # an answer out of 0..3, not 4 choices, a question that is no string
             raise InputError(f"{where} row {i}: {e}; fix or drop that row") from None
     return items

@@ -52,6 +52,9 @@ def load_tokenswap_bench(
     image_columns = {int(m.group(1)): c for c in ds.column_names if (m := _IMAGE_COLUMN.match(c))}
     items = []
     for i, row in enumerate(ds):
+        if not isinstance(row["choices"], list):  # a string would be read as one option per character
+            raise InputError(f"{path} ({config}/{split}) row {i}: `choices` must be a list of 4 options, got "
+                             f"{type(row['choices']).__name__}; fix or drop that row")
         try:
             item = MCItem(
                 id=f"{split}/{i}",
