@@ -137,7 +137,12 @@ def test_crossmath_eval_on_a_folder_with_two_jsonl_files(tiny_qwen2vl, generated
     (lambda f: rewrite_jsonl(f, lambda rows: rows[0].update(markdown_answer=7)),
      "record 0 of {f}: 'markdown_answer' must be a string as in the release, got int"),
     (lambda f: f.write_text(f.read_text() * 2), "records 0 and 2 are both puzzle 'crossmath_0_000000'"),
-], ids=["cut", "non-object-line", "not-utf8", "answer-not-a-string", "one-puzzle-twice"])
+    (lambda f: rewrite_jsonl(f, lambda rows: rows[0].update(markdown_answer_step="| foo |")),
+     "record 0: markdown_answer_step cells must read 'step<k>', got 'foo'"),
+    (lambda f: rewrite_jsonl(f, lambda rows: rows[1].update(markdown_answer_step="| step1 |")),
+     "record 1: markdown_answer has"),
+], ids=["cut", "non-object-line", "not-utf8", "answer-not-a-string", "one-puzzle-twice", "hop-label-unreadable",
+        "hops-do-not-align"])
 def test_crossmath_eval_on_a_damaged_jsonl(tiny_qwen2vl, style, tmp_path, capsys, damage, message):
     jsonl = style / "crossmath.jsonl"
     damage(jsonl)

@@ -195,14 +195,23 @@ def _fidelity(args: argparse.Namespace) -> int:
 
 
 def _check_records(records: list[dict], data: Path, modality: str) -> None:
-    """Refuse, before any model loads, what would make the run wrong: one id twice (its second record would be
-    taken as answered by the first and scored twice), and a picture that is not there for an image modality."""
+    """Refuse, before any model loads, what would make the run wrong or stop it at the end: one id twice (its
+    second record would be taken as answered by the first and scored twice), gold answers and hop labels that
+    cannot be scored, and a picture that is not there for an image modality."""
     seen: dict[str, int] = {}
     for index, record in enumerate(records):
         if record["id"] in seen:
             raise InputError(f"--data {str(data)!r}: records {seen[record['id']]} and {index} are both puzzle "
                              f"{record['id']!r} (the same img_blank); each puzzle is evaluated once, so drop one")
         seen[record["id"]] = index
+        try:
+            answers, hops = gold_answer(record), gold_hops(record)
+        except ValueError as e:
+            raise InputError(f"--data {str(data)!r} record {index}: {e}; fix or drop that record") from None
+        if len(answers) != len(hops):
+            raise InputError(f"--data {str(data)!r} record {index}: markdown_answer has {len(answers)} cells but "
+                             f"markdown_answer_step {len(hops)}; each answer needs its hop label, so fix or drop "
+                             "that record")
     if modality == "text":
         return
     for record in records:
