@@ -48,12 +48,24 @@ class RunRecord:
     arm: str
     config: dict = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)
+    source: str = ""
+    """Where the history was read from, for messages (``training log '/runs/a/log_history.json'``)."""
 
     def series(self, metric: str) -> tuple[list[float], list[float]]:
+        """``(steps, values)`` of ``metric`` over the rows that log it.
+
+        Raises:
+            InputError: a logged value or step that is no number (names the row of :attr:`source`).
+        """
         steps, values = [], []
-        for row in self.history:
+        for index, row in enumerate(self.history):
             if metric in row and row[metric] is not None:
-                steps.append(row.get("step", row.get("_step", len(steps))))
+                step = row.get("step", row.get("_step", len(steps)))
+                for key, value in ((metric, row[metric]), ("step", step)):
+                    if isinstance(value, bool) or not isinstance(value, (int, float)):
+                        raise InputError(f"{self.source or self.name} row {index}: `{key}` must be a number, got "
+                                         f"{value!r}; fix the file, or leave the folder out of --runs")
+                steps.append(step)
                 values.append(float(row[metric]))
         return steps, values
 
@@ -69,7 +81,8 @@ def wandb_records(path: str):
 
     data = Path(path).read_bytes()
     if data[:4] != b":W&B":
-        raise ValueError(f"{path} is not a W&B run file (bad magic {data[:4]!r})")
+        raise InputError(f"{path} is not a W&B run file (bad magic {data[:4]!r}); point --runs at a "
+                         "wandb/offline-run-* folder W&B wrote, or leave it out")
     block, pos, pending = 32768, 7, b""
     while pos + 7 <= len(data):
         room = block - pos % block
@@ -122,7 +135,8 @@ def read_wandb_offline(path: str | os.PathLike) -> RunRecord:
             row["step"] = row.get("train/global_step", row.get("_step"))
             history.append(row)
     history = [{(k[len("train/"):] if k.startswith("train/") else k): v for k, v in r.items()} for r in history]
-    return RunRecord(name=name, group=group, arm=str(config.get("arm", "?")), config=config, history=history)
+    return RunRecord(name=name, group=group, arm=str(config.get("arm", "?")), config=config, history=history,
+                     source=f"W&B run {path!r}")
 
 
 def read_trainer_run(output_dir: str | os.PathLike) -> RunRecord:
@@ -132,21 +146,36 @@ def read_trainer_run(output_dir: str | os.PathLike) -> RunRecord:
     if not log.exists():
         raise FileNotFoundError(f"{out}: no log_history.json (written by the recipes when training ends)")
     fix = "the run did not finish writing it (killed?): rerun or resume the run, or leave the folder out of --runs"
+    if log.is_dir():
+        raise InputError(f"training log {str(log)!r} is a folder, not a file; {fix}")
     config = read_json(out / "tokenswap_config.json", "run config", fix) if (out / "tokenswap_config.json").exists() else {}
     if not isinstance(config, dict):
         raise InputError(f"run config {str(out / 'tokenswap_config.json')!r} is a JSON {type(config).__name__}, "
                          f"not an object; {fix}")
     # An empty file is a run that crashed before its first log line: no history (compare skips it).
     history = read_json(log, "training log", fix) if log.read_bytes().strip() else []
-    if not isinstance(history, list) or not all(isinstance(row, dict) for row in history):
+    if not isinstance(history, list):
         raise InputError(f"training log {str(log)!r} is not a JSON list of log rows; {fix}")
+    for index, row in enumerate(history):
+        if not isinstance(row, dict):
+            raise InputError(f"training log {str(log)!r} row {index} is a JSON {type(row).__name__}, not an object "
+                             f"(a log row); {fix}")
+    where = f"run config {str(out / 'tokenswap_config.json')!r}"
     run = config.get("run", {})
+    if not isinstance(run, dict):
+        raise InputError(f"{where}: `run` must be an object, got {type(run).__name__}; {fix}")
+    for key, kind in (("arm", str), ("pair", str), ("seed", int)):
+        value = run.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            raise InputError(f"{where}: `run.{key}` must be {'an integer' if kind is int else 'a string'}, got "
+                             f"{value!r}; {fix}")
     return RunRecord(
         name=f"{run.get('pair', out.name)}-{run.get('arm', '?')}",
         group=run.get("pair", ""),
         arm=run.get("arm", "?"),
         config=config,
         history=history,
+        source=f"training log {str(log)!r}",
     )
 
 
@@ -371,18 +400,19 @@ def cli_main(argv: list[str]) -> int:
     parser.add_argument("--project", default="tokenswap")
     parser.add_argument("--group")
     args = parser.parse_args(argv)
+    if args.wandb_report and not (args.entity and args.group):
+        raise InputError("--wandb-report needs --entity and --group (the W&B entity and the group of the paired runs)")
     _distinct_runs(args.runs)
-    out = require_output_dir(args.out)
+    # Every run is read and compared before the output folder is made: a damaged run leaves nothing behind.
     runs = [r for spec in args.runs for r in load_run(spec)]
     table = compare_runs(runs, tuple(args.metrics))
+    out = require_output_dir(args.out)
     (out / "comparison.json").write_text(json.dumps(table, indent=2))
     (out / "comparison.md").write_text(to_markdown(table))
     plot_runs(runs, tuple(args.metrics), out / "comparison.png")
     print(to_markdown(table))
     print(f"wrote {out / 'comparison.md'}, {out / 'comparison.png'}, {out / 'comparison.json'}")
     if args.wandb_report:
-        if not (args.entity and args.group):
-            parser.error("--wandb-report needs --entity and --group")
         report = make_wandb_report(args.entity, args.project, args.group, tuple(args.metrics))
         report.save()
         print(f"W&B report: {report.url}")

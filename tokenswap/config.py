@@ -25,21 +25,27 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
+from tokenswap.errors import InputError
+
 # Masking by field name lives in the one redaction every sink uses; kept importable here.
 from tokenswap.redaction import mask_secrets, redact, redact_argv
 
-__all__ = ["ConfigError", "config_to_dict", "field_docs", "flatten_dict", "load_config", "parse_config", "resolve_config_path"]
+__all__ = ["ConfigError", "config_to_dict", "field_docs", "flatten_dict", "load_config", "parse_config",
+           "resolve_config_path", "split_argv", "usage"]
 
 T = TypeVar("T")
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
-class ConfigError(ValueError):
-    """One or more configuration problems; the message lists each with its fix."""
+class ConfigError(InputError):
+    """One or more configuration problems; the message lists each with its fix (one line when there is one)."""
 
     def __init__(self, problems: list[str], source: str = "config"):
         self.problems = problems
-        super().__init__(f"{len(problems)} problem(s) in {source}:\n" + "\n".join(f"  - {p}" for p in problems))
+        if len(problems) == 1:
+            super().__init__(f"1 problem(s) in {source}: {problems[0]}")
+        else:
+            super().__init__(f"{len(problems)} problem(s) in {source}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 def resolve_config_path(name: str | os.PathLike) -> Path:
@@ -449,19 +455,24 @@ def _help(cls: type, prefix: str = "") -> list[str]:
     return lines
 
 
-def parse_config(cls: type[T], argv: list[str] | None = None) -> T:
-    """Command line -> config: ``[--config PATH_OR_NAME] [section.key=value ...] [--help]``.
+def usage(cls: type) -> str:
+    """The ``--help`` text of a config class: the command-line form and every field with its docstring."""
+    return f"usage: [--config NAME.yaml] [key.sub=value ...]\n\n{cls.__name__} fields:\n" + "\n".join(_help(cls))
 
-    Problems are printed (every one, with its fix) and the process exits with status 2; use
-    :func:`load_config` to get a :class:`ConfigError` instead.
+
+def parse_config(cls: type[T], argv: list[str] | None = None) -> T:
+    """Command line -> config: ``[--config PATH_OR_NAME] [section.key=value ...] [--help]``, for the recipes.
+
+    Problems are printed (every one, with its fix) and the process exits with status 2. The ``tokenswap``
+    subcommands call :func:`split_argv` and :func:`load_config` instead, so that ``tokenswap.cli.main`` prints
+    the :class:`ConfigError` (an :class:`~tokenswap.errors.InputError`) as every other input error.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
-        print(f"usage: [--config NAME.yaml] [key.sub=value ...]\n\n{cls.__name__} fields:")
-        print("\n".join(_help(cls)))
+        print(usage(cls))
         raise SystemExit(0)
     try:
-        path, overrides = _split_argv(argv)
+        path, overrides = split_argv(argv)
         return load_config(cls, path, overrides)
     except (ConfigError, FileNotFoundError) as e:
         redact_argv(argv)  # remembers a secret-named override's value: a problem may quote it
@@ -469,7 +480,8 @@ def parse_config(cls: type[T], argv: list[str] | None = None) -> T:
         raise SystemExit(2) from None
 
 
-def _split_argv(argv: list[str]) -> tuple[str | None, list[str]]:
+def split_argv(argv: list[str]) -> tuple[str | None, list[str]]:
+    """``[--config PATH] [key=value ...]`` -> ``(path or None, overrides)``; a stray ``--flag`` is a ConfigError."""
     path = None
     overrides = []
     i = 0

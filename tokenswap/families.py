@@ -21,14 +21,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tokenswap.errors import InputError
+from tokenswap.files import read_json_object
+
 __all__ = [
     "FAMILIES",
     "QWEN2VL_CHAT_TEMPLATE",
     "QWEN3VL_CHAT_TEMPLATE",
     "QWEN3_5_CHAT_TEMPLATE",
     "VISION_TOKENS",
+    "CHECKPOINT_FIX",
+    "WEIGHT_FILES",
     "Family",
     "UnsupportedFamilyError",
+    "check_checkpoint",
     "family_of",
     "load_checkpoint",
     "render_conversation",
@@ -562,19 +568,55 @@ def render_conversation(
     return "".join(out), learn
 
 
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+"""The weight files ``from_pretrained`` looks for in a local checkpoint folder (one suffices)."""
+
+CHECKPOINT_FIX = ("pass a checkpoint folder a run saved whole (its config.json, weights and processor files: "
+                  "output_dir or one of its checkpoint-N folders), or a hub id")
+
+
+def check_checkpoint(path: str | os.PathLike, what: str = "checkpoint") -> None:
+    """A local checkpoint folder whose ``config.json`` reads as an object with a ``model_type`` and which holds
+    weights, checked without loading anything (transformers would report a cut ``config.json`` as "not a valid
+    JSON file", a folder without weights deep in ``from_pretrained``)."""
+    config_path = os.path.join(path, "config.json")
+    config = read_json_object(config_path, f"{what} config", CHECKPOINT_FIX)
+    if not isinstance(config.get("model_type"), str):
+        raise InputError(f"{what} config {config_path!r} has no `model_type`; {CHECKPOINT_FIX}")
+    if not any(os.path.isfile(os.path.join(path, name)) for name in WEIGHT_FILES):
+        raise InputError(f"{what} {str(path)!r} holds no weights (none of {', '.join(WEIGHT_FILES)}); "
+                         f"{CHECKPOINT_FIX}")
+
+
 def load_checkpoint(path: str | os.PathLike, dtype=None, attn_implementation: str | None = None):
     """Load a checkpoint folder or hub id of any supported family: ``(model, processor)``.
 
     The same call serves the tiny test checkpoints and the released ones (``Qwen/Qwen2-VL-7B-Instruct``,
     ``Qwen/Qwen3-VL-8B-Instruct``, ``Qwen/Qwen3.5-9B``, ...): ``AutoModelForImageTextToText`` picks the
     class :data:`tokenswap.families.FAMILIES` names.
+
+    Raises:
+        InputError: a local folder whose ``config.json`` is cut, not an object or has no ``model_type``, that
+            holds no weights, or whose weights or processor files do not load (a cut copy); names the folder.
+        UnsupportedFamilyError: a model type outside the family table.
     """
     import transformers
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoProcessor
 
+    local = os.path.isdir(path)
+    if local:
+        check_checkpoint(path)
     # The family table picks the class (and refuses unsupported models, naming the supported families).
     family = family_of(AutoConfig.from_pretrained(path).model_type)
-    processor = AutoProcessor.from_pretrained(path)
     kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-    model = getattr(transformers, family.model_class).from_pretrained(path, dtype=dtype or "auto", **kwargs)
+    try:
+        processor = AutoProcessor.from_pretrained(path)
+        model = getattr(transformers, family.model_class).from_pretrained(path, dtype=dtype or "auto", **kwargs)
+    except (OSError, ValueError, EOFError, SafetensorError) as e:  # a cut or partial copy of the folder
+        if not local:
+            raise
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise InputError(f"checkpoint {str(path)!r} does not load ({type(e).__name__}: {first}); "
+                         f"{CHECKPOINT_FIX}") from None
     return model, processor

@@ -25,6 +25,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "FolderLock",
     "FolderLockedError",
     "atomic_write",
+    "cut_torn_tail",
     "json_loads",
     "glob_escape",
     "read_json",
@@ -239,7 +241,7 @@ def json_loads(text: str | bytes) -> Any:
 
 def _problem(e: ValueError) -> str:
     if isinstance(e, json.JSONDecodeError):
-        return f"{e.msg} at line {e.lineno}, column {e.colno}"
+        return f"{e.msg.removesuffix(' at')} at line {e.lineno}, column {e.colno}"  # its msg may end in " at"
     return str(e).split(";")[0]
 
 
@@ -273,9 +275,17 @@ def read_json_object(path: str | os.PathLike, what: str, fix: str = "restore or 
     return value
 
 
-def read_jsonl(path: str | os.PathLike, what: str, fix: str = "restore or regenerate it") -> list[dict]:
+def read_jsonl(path: str | os.PathLike, what: str, fix: str = "restore or regenerate it",
+               parse: Callable[[dict], Any] | None = None) -> list:
     """The JSON objects of a JSONL file, one per non-blank line; a line that is no JSON object is an
-    :class:`InputError` naming ``path:line`` and ``fix``."""
+    :class:`InputError` naming ``path:line`` and ``fix``.
+
+    ``parse`` turns each object into what is returned (``RestItem.from_dict``); a ``ValueError`` it raises
+    becomes an :class:`InputError` naming ``path:line``, its message and ``fix``.
+
+    Lines end at ``\\n`` only: ``json.dumps(..., ensure_ascii=False)`` writes U+2028, U+0085 and the other
+    characters ``str.splitlines`` also breaks at raw inside strings, so a record holding one is still one line.
+    """
     try:
         text = Path(path).read_bytes().decode("utf-8")
     except FileNotFoundError:
@@ -285,7 +295,7 @@ def read_jsonl(path: str | os.PathLike, what: str, fix: str = "restore or regene
     except OSError as e:
         raise InputError(f"{what} {str(path)!r} cannot be read ({e.strerror or e}); {fix}") from None
     rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -295,5 +305,36 @@ def read_jsonl(path: str | os.PathLike, what: str, fix: str = "restore or regene
                              f"{fix}") from None
         if not isinstance(row, dict):
             raise InputError(f"{what} {path}:{number} holds a JSON {type(row).__name__}, not an object; {fix}")
+        if parse is not None:
+            try:
+                row = parse(row)
+            except ValueError as e:
+                raise InputError(f"{what} {path}:{number}: {e}; {fix}") from None
         rows.append(row)
     return rows
+
+
+def cut_torn_tail(path: str | os.PathLike) -> int:
+    """Cut the last line of an append-only JSONL file when a killed writer left it without its ``\\n``.
+
+    A job that resumes by appending would otherwise glue its first record onto the torn one, and both would be
+    lost (or the file unreadable). Every line before the tail was written whole (one ``write`` + flush each).
+
+    Returns:
+        The number of bytes cut (0 when the file is missing, empty or ends in a newline).
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return 0
+    if size == 0:
+        return 0
+    with open(path, "r+b") as f:
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        f.seek(0)
+        keep = f.read().rfind(b"\n") + 1
+        f.truncate(keep)
+    return size - keep

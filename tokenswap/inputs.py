@@ -1,7 +1,8 @@
 """The checks every command runs on its inputs before any model or data loads.
 
 Counts (:func:`positive_int`, :func:`non_negative_int`, for argparse ``type=``), paths (:func:`require_path`,
-:func:`require_model`), output folders (:func:`require_output_dir`) and emptiness (:func:`require_items`). Each
+:func:`require_model`), output folders (:func:`check_output_dir`, :func:`require_output_dir`) and emptiness
+(:func:`require_items`). Each
 raises :class:`~tokenswap.errors.InputError` (or ``FileNotFoundError``) naming the file or flag and the fix;
 ``tokenswap.cli.main`` prints it as one line with exit status 2. Checked file readers are in :mod:`tokenswap.files`.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 from tokenswap.errors import InputError
 
 __all__ = [
+    "check_output_dir",
     "looks_like_path",
     "non_negative_int",
     "positive_int",
@@ -54,7 +56,7 @@ def require_path(path: str, what: str, kind: str = "any") -> None:
 def require_model(name: str, what: str = "--model") -> None:
     """A path-like model name must exist locally; otherwise transformers says "Repo id must be ..."; an existing
     local path must be a checkpoint folder (transformers' own message for a folder without ``config.json`` names
-    no flag)."""
+    no flag); :func:`tokenswap.families.check_checkpoint` checks what the folder holds."""
     local = os.path.expanduser(name)
     if looks_like_path(name) and not os.path.exists(local):
         raise FileNotFoundError(
@@ -67,11 +69,21 @@ def require_model(name: str, what: str = "--model") -> None:
                          "training run saved (output_dir or one of its checkpoint-N folders) or a hub id")
 
 
-def require_output_dir(path: str | os.PathLike, what: str = "--out") -> Path:
-    """``path`` as a folder to write into, created if missing; refused before any work when it cannot be one."""
+def check_output_dir(path: str | os.PathLike, what: str = "--out") -> Path:
+    """Refuse ``path`` as an output folder when it is a file or lies under one, creating nothing (so the inputs can
+    be checked next, and a refused command leaves no empty folder behind)."""
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise InputError(f"{what} {str(path)!r} is a file, not a folder; pass a folder path (or move the file away)")
+    above = next((p for p in out.absolute().parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise InputError(f"{what} {str(path)!r} cannot be a folder: a part of the path above it is a file")
+    return out
+
+
+def require_output_dir(path: str | os.PathLike, what: str = "--out") -> Path:
+    """``path`` as a folder to write into, created if missing; refused before any work when it cannot be one."""
+    out = check_output_dir(path, what)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):

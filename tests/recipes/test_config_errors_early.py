@@ -8,7 +8,13 @@ from __future__ import annotations
 import pytest
 
 from tokenswap.config import parse_config
-from tokenswap.store.build import cli_main
+
+
+def cli_main(argv):
+    """`tokenswap build-store ...` through the real entry point (it maps refusals to exit 2, failures to 1)."""
+    from tokenswap.cli import main
+
+    return main(["build-store", *argv])
 
 
 @pytest.fixture(scope="module")

@@ -263,7 +263,7 @@ def test_an_alias_bomb_is_refused_at_once(tmp_path):
     import time
 
     start = time.monotonic()
-    with pytest.raises(ConfigError, match=r"toy\.yaml:\n  - YAML error at line 7, column 7: more than 100,000 values "
+    with pytest.raises(ConfigError, match=r"toy\.yaml: YAML error at line 7, column 7: more than 100,000 values "
                                           r"once its aliases are expanded \(an alias bomb\?\)"):
         load_config(Words, write(tmp_path, _laughs(8)))  # 81 aliases, 387 million values: ran out of memory
     with pytest.raises(ConfigError, match="more than 100 aliases"):

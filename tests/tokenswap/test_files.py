@@ -17,6 +17,7 @@ from tokenswap.files import (
     FolderLock,
     FolderLockedError,
     atomic_write,
+    cut_torn_tail,
     json_loads,
     read_json,
     read_json_object,
@@ -178,3 +179,22 @@ def test_read_json_object_and_jsonl(tmp_path):
         json_loads("9" * 5000)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_jsonl(Path(tmp_path / "nope.jsonl"), "records")
+
+
+def test_read_jsonl_keeps_a_record_whose_string_holds_a_line_separator(tmp_path):
+    # json.dumps(ensure_ascii=False) writes U+2028 / U+0085 raw; str.splitlines would break the record there.
+    rows = [{"response": "one\u2028two\x85three\x1cfour"}, {"b": 2}]
+    lines = tmp_path / "x.jsonl"
+    lines.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert read_jsonl(lines, "records") == rows
+
+
+def test_cut_torn_tail_removes_only_an_unterminated_last_line(tmp_path):
+    lines = tmp_path / "x.jsonl"
+    assert cut_torn_tail(lines) == 0 and not lines.exists()
+    lines.write_bytes(b'{"a": 1}\n{"b": 2}\n')
+    assert cut_torn_tail(lines) == 0 and lines.read_bytes() == b'{"a": 1}\n{"b": 2}\n'
+    lines.write_bytes(b'{"a": 1}\n{"b": 2}\n{"c": ')
+    assert cut_torn_tail(lines) == 6 and lines.read_bytes() == b'{"a": 1}\n{"b": 2}\n'
+    lines.write_bytes(b'{"c": ')
+    assert cut_torn_tail(lines) == 6 and lines.read_bytes() == b""

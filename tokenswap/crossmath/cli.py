@@ -46,6 +46,8 @@ from tokenswap.crossmath.metrics import (
 from tokenswap.crossmath.prompt import MODALITIES, build_messages
 from tokenswap.crossmath.render import STYLES, puzzle_id_from_image, render_grid
 from tokenswap.errors import InputError
+from tokenswap.families import check_checkpoint
+from tokenswap.files import atomic_write, read_json_object
 from tokenswap.inference.backends import add_backend_arguments
 from tokenswap.inputs import non_negative_int, positive_int, require_items, require_model, require_output_dir
 
@@ -145,16 +147,24 @@ def _generate(args: argparse.Namespace) -> int:
         raise InputError(str(err)) from None
     require_output_dir(out)
     params_path = out / "generate_params.json"
-    if params_path.exists() and json.loads(params_path.read_text()) != params:
-        raise InputError(
-            f"{out} already holds puzzles generated with {params_path.read_text().strip()}, not {params}; "
-            "resume with the same flags (--n and --styles may change) or pick another --out"
-        )
-    params_path.write_text(json.dumps(params) + "\n")
+    if params_path.exists():
+        fix = ("it records the flags the folder's puzzles were generated with: restore it, or pick another --out "
+               "(deleting it lets flags change and mixes two collections)")
+        saved = read_json_object(params_path, "--out file", fix)
+        if saved != params:
+            raise InputError(
+                f"{out} already holds puzzles generated with {json.dumps(saved)}, not {params}; "
+                "resume with the same flags (--n and --styles may change) or pick another --out"
+            )
+    atomic_write(params_path, (json.dumps(params) + "\n").encode())
     done: dict[str, set[str]] = {}
     for style in args.styles:
         jsonl = out / STYLES[style].folder / JSONL_NAME
         records = read_jsonl(jsonl, repair=True) if jsonl.exists() else []
+        for number, record in enumerate(records, start=1):
+            if not isinstance(record.get("img_blank"), str):
+                raise InputError(f"{jsonl}: record {number} has no img_blank file name, so it is no record "
+                                 "`tokenswap crossmath generate` wrote; delete that line or pick another --out")
         done[style] = {puzzle_id_from_image(r["img_blank"]) for r in records}
     written = 0
     for i in tqdm(range(args.n), desc="crossmath generate", unit="puzzle"):
@@ -180,11 +190,33 @@ def _generate(args: argparse.Namespace) -> int:
 def _fidelity(args: argparse.Namespace) -> int:
     from tokenswap.crossmath.fidelity import fidelity_report
 
-    try:
-        print(fidelity_report(args.released, n=args.n, seed=args.seed, pixel_limit=args.pixel_limit))
-    except (FileNotFoundError, KeyError, ValueError) as err:  # a file missing, empty, or not CrossMath records
-        raise InputError(err.args[0] if isinstance(err, KeyError) else str(err)) from None
+    print(fidelity_report(args.released, n=args.n, seed=args.seed, pixel_limit=args.pixel_limit))
     return 0
+
+
+def _check_records(records: list[dict], data: Path, modality: str) -> None:
+    """Refuse, before any model loads, what would make the run wrong or stop it at the end: one id twice (its
+    second record would be taken as answered by the first and scored twice), gold answers and hop labels that
+    cannot be scored, and a picture that is not there for an image modality."""
+    seen: dict[str, int] = {}
+    for index, record in enumerate(records):
+        if record["id"] in seen:
+            raise InputError(f"--data {str(data)!r}: records {seen[record['id']]} and {index} are both puzzle "
+                             f"{record['id']!r} (the same img_blank); each puzzle is evaluated once, so drop one")
+        seen[record["id"]] = index
+        try:
+            answers, hops = gold_answer(record), gold_hops(record)
+        except ValueError as e:
+            raise InputError(f"--data {str(data)!r} record {index}: {e}; fix or drop that record") from None
+        if len(answers) != len(hops):
+            raise InputError(f"--data {str(data)!r} record {index}: markdown_answer has {len(answers)} cells but "
+                             f"markdown_answer_step {len(hops)}; each answer needs its hop label, so fix or drop "
+                             "that record")
+    if modality == "text":
+        return
+    for record in records:
+        if "image_path" not in record or not Path(record["image_path"]).is_file():
+            load_image(record)  # raises, naming the record or the missing file and the fix
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -198,14 +230,14 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     check_backend_arguments(args)
     data = find_jsonl(args.data)
-    try:
-        records = load_crossmath(data)[: args.n]
-    except (KeyError, ValueError) as err:  # a record without a field, a line that is not JSON
-        raise InputError(f"--data: {err.args[0] if isinstance(err, KeyError) else err}") from None
+    records = load_crossmath(data)[: args.n]
     require_items(records, f"--data {str(data)!r}", "puzzles", "pass a CrossMath JSONL with at least one record "
                   "(`tokenswap crossmath generate` writes one)")
+    _check_records(records, data, args.modality)
     if args.backend == "hf":
         require_model(args.model)  # for openai, --model is the served name
+        if os.path.isdir(args.model):
+            check_checkpoint(args.model, "--model")
     out = require_output_dir(args.out)
     pred_path = out / f"predictions_{args.modality}.jsonl"
     log = RecordLog(pred_path, key_field="id")

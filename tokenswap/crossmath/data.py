@@ -19,8 +19,12 @@ from tokenswap.crossmath.metrics import gold_answer, gold_hops
 from tokenswap.crossmath.prompt import Modality, build_user_content
 from tokenswap.crossmath.render import puzzle_id_from_image
 from tokenswap.crossmath.solver import chain_of_thought, solve
+from tokenswap.errors import InputError
+from tokenswap.files import cut_torn_tail
+from tokenswap.files import read_jsonl as read_checked_jsonl
 
 __all__ = [
+    "RECORD_FIELDS",
     "InconsistentPuzzleError",
     "append_jsonl",
     "find_jsonl",
@@ -77,7 +81,7 @@ def find_jsonl(path: str | os.PathLike) -> Path:
 
     Raises:
         FileNotFoundError: if the path does not exist, or a folder holds no ``*.jsonl``.
-        ValueError: if a folder holds several ``*.jsonl`` (pass the file itself).
+        InputError: if a folder holds several ``*.jsonl`` (pass the file itself).
     """
     path = Path(path)
     if path.is_file():
@@ -88,39 +92,33 @@ def find_jsonl(path: str | os.PathLike) -> Path:
     if not files:
         raise FileNotFoundError(f"no *.jsonl in {str(path)!r}; pass a style folder such as <out>/Original")
     if len(files) > 1:
-        raise ValueError(f"{str(path)!r} holds several JSONL files {[f.name for f in files]}; pass one of them")
+        raise InputError(f"CrossMath data {str(path)!r} holds several JSONL files ({', '.join(f.name for f in files)}) "
+                         f"and which one to read is not clear; pass one of them, e.g. {str(files[0])!r}")
     return files[0]
 
 
-def read_jsonl(path: str | os.PathLike, repair: bool = False) -> list[dict]:
+READ_FIX = ("fix or delete that line, or write the file again (`tokenswap crossmath generate` with the same flags "
+            "finishes a file a kill cut short)")
+
+
+def read_jsonl(path: str | os.PathLike, repair: bool = False, fix: str = READ_FIX) -> list[dict]:
     """Records of a JSONL file, skipping blank lines.
 
     Args:
         path: the file.
         repair: if True, an unterminated last line (a write killed half way) is cut off the file
             instead of being read or raising, so an interrupted job can resume by appending.
+        fix: what the error of a bad line tells the user to do.
 
     Returns:
         The records in file order.
 
     Raises:
-        ValueError: if a line is not valid JSON.
+        InputError: if a line is not a JSON object (names ``path:line`` and the fix); the file is not UTF-8.
     """
-    path = Path(path)
-    raw = path.read_bytes()
-    if repair and raw and not raw.endswith(b"\n"):
-        raw = raw[: raw.rfind(b"\n") + 1]
-        with open(path, "r+b") as f:
-            f.truncate(len(raw))
-    records = []
-    for number, line in enumerate(raw.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number} is not valid JSON ({err}); fix or delete that line") from err
-    return records
+    if repair:
+        cut_torn_tail(path)
+    return read_checked_jsonl(path, "CrossMath file", fix)
 
 
 def append_jsonl(path: str | os.PathLike, record: dict) -> None:
@@ -130,11 +128,16 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
         f.flush()
 
 
-def load_crossmath(path: str | os.PathLike) -> list[dict]:
+RECORD_FIELDS = ("markdown_table", "markdown_answer", "markdown_answer_step")
+"""The fields every CrossMath record has (all strings, as released)."""
+
+
+def load_crossmath(path: str | os.PathLike, fix: str = READ_FIX) -> list[dict]:
     """Load released-format CrossMath records (the released test set or ours).
 
     Args:
         path: a JSONL file, or a style folder holding exactly one.
+        fix: what the error of a line that is no JSON object tells the user to do.
 
     Returns:
         The records, each with two fields added when absent: ``id`` (the ``img_blank`` file name
@@ -143,14 +146,20 @@ def load_crossmath(path: str | os.PathLike) -> list[dict]:
         resolved against the JSONL's folder).
 
     Raises:
-        KeyError: if a record lacks ``markdown_table``, ``markdown_answer`` or ``markdown_answer_step``.
+        InputError: a line that is no JSON object, a record without one of :data:`RECORD_FIELDS` or with one
+            (or ``img_blank``) that is not a string; each names the file and the record.
     """
     file = find_jsonl(path)
-    records = read_jsonl(file)
+    records = read_jsonl(file, fix=fix)
     for index, record in enumerate(records):
-        for key in ("markdown_table", "markdown_answer", "markdown_answer_step"):
-            if key not in record:
-                raise KeyError(f"record {index} of {file} has no {key!r}; is this a CrossMath JSONL?")
+        missing = [key for key in RECORD_FIELDS if key not in record]
+        if missing:
+            raise InputError(f"record {index} of {file} has no {missing[0]!r}; is this a CrossMath JSONL? Each record "
+                             f"needs {', '.join(RECORD_FIELDS)}")
+        for key in (*RECORD_FIELDS, "img_blank"):
+            if key in record and not isinstance(record[key], str):
+                raise InputError(f"record {index} of {file}: {key!r} must be a string as in the release, got "
+                                 f"{type(record[key]).__name__} {str(record[key])[:40]!r}; fix or drop that record")
         if "img_blank" in record:
             record.setdefault("id", puzzle_id_from_image(record["img_blank"]))
             record.setdefault("image_path", str(file.parent / record["img_blank"]))
@@ -163,10 +172,22 @@ def load_image(record: dict) -> Image.Image:
     """The puzzle image of a loaded record, as RGB.
 
     Raises:
-        KeyError: if the record has no ``image_path`` (its JSONL gave no ``img_blank``).
+        InputError: the record has no ``image_path`` (its JSONL gave no ``img_blank``), or its image is missing
+            or does not decode (names the file and the fix).
     """
-    with Image.open(record["image_path"]) as image:
-        return image.convert("RGB")
+    if "image_path" not in record:
+        raise InputError(f"CrossMath record {record.get('id', '?')!r} has no img_blank, so it has no puzzle image; "
+                         "give the records their images, or evaluate with --modality text")
+    path = record["image_path"]
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except FileNotFoundError:
+        problem = "does not exist"
+    except (OSError, Image.DecompressionBombError) as e:  # UnidentifiedImageError and a cut file are OSErrors
+        problem = f"does not decode ({e})"
+    raise InputError(f"puzzle image {path!r} of record {record.get('id', '?')!r} {problem}; restore it, or write the "
+                     "folder again with `tokenswap crossmath generate` (or from the release's checkout)")
 
 
 def reward_columns(record: dict) -> dict[str, list]:

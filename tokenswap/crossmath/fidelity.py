@@ -23,6 +23,7 @@ from tokenswap.crossmath.grid import OPERATORS, find_equations, parse_markdown_t
 from tokenswap.crossmath.metrics import gold_hops
 from tokenswap.crossmath.render import STYLES, StyleName, font_path, render_grid
 from tokenswap.crossmath.solver import solve
+from tokenswap.errors import InputError
 
 __all__ = [
     "RELEASED_FILES",
@@ -39,6 +40,7 @@ __all__ = [
     "proportion_z",
     "record_roundtrip",
     "released_jsonl",
+    "released_records",
     "shape_counts",
     "shape_row",
     "summarize",
@@ -68,6 +70,53 @@ def released_jsonl(root: str | os.PathLike, style: StyleName) -> Path:
         f"no {RELEASED_FILES[style]} under {str(root)!r} or its data/ folder; pass a checkout of "
         "github.com/xuyige/CrossMath (or its data folder)"
     )
+
+
+RESTORE = "restore it from a checkout of github.com/xuyige/CrossMath (each style holds 250 puzzles and their images)"
+
+
+def released_records(root: str | os.PathLike, style: StyleName, pixel_limit: int | None = None) -> list[dict]:
+    """The released records of ``style``, each checked to be a whole released record with its picture in place.
+
+    Args:
+        root: a CrossMath checkout or its ``data`` folder.
+        style: the style.
+        pixel_limit: only the first N records need their image (the ones :func:`pixel_parity` compares).
+
+    Returns:
+        The records (:func:`~tokenswap.crossmath.data.load_crossmath`).
+
+    Raises:
+        FileNotFoundError: the JSONL is missing.
+        InputError: the JSONL holds no records, a record that is not a released one (no ``range`` or
+            ``difficulty``, a table that does not parse, a hop label that names no hop), or none of the compared
+            records has its PNG (a checkout without its images: pixel parity would compare nothing).
+    """
+    from tokenswap.crossmath.data import load_crossmath
+    from tokenswap.crossmath.generator import Puzzle
+    from tokenswap.inputs import require_items
+
+    path = released_jsonl(root, style)
+    records = load_crossmath(path, fix=RESTORE)
+    require_items(records, str(path), "puzzles", RESTORE)
+    for index, record in enumerate(records):
+        try:
+            puzzle_stats(record)
+            Puzzle.from_record(record)
+        except KeyError as e:
+            problem = f"has no {e.args[0]!r}"
+        except (TypeError, ValueError) as e:
+            problem = f"does not parse ({e})"
+        else:
+            continue
+        raise InputError(f"record {index} of {path} is not a released CrossMath record: it {problem}; {RESTORE}")
+    compared = records[:pixel_limit]
+    if not any("img_blank" in r and (path.parent / r["img_blank"]).is_file() for r in compared):
+        where = path.parent / compared[0]["img_blank"] if "img_blank" in compared[0] else path.parent
+        raise InputError(f"none of the {len(compared)} released {STYLES[style].folder} images is there (looked for "
+                         f"{str(where)!r}, ...): pixel parity needs the release's PNGs; pass a checkout of "
+                         "github.com/xuyige/CrossMath with its image folders")
+    return records
 
 
 @dataclass
@@ -456,10 +505,14 @@ def pixel_parity(records: list[dict], root: str | os.PathLike, style: StyleName,
     """
     out = []
     for record in records:
-        if not (Path(root) / record["img_blank"]).is_file():
+        if "img_blank" not in record or not (Path(root) / record["img_blank"]).is_file():
             continue  # the report shows how many were compared
-        with Image.open(Path(root) / record["img_blank"]) as image:
-            ref = np.asarray(image.convert("RGB"), dtype=np.int16)
+        try:
+            with Image.open(Path(root) / record["img_blank"]) as image:
+                ref = np.asarray(image.convert("RGB"), dtype=np.int16)
+        except (OSError, Image.DecompressionBombError) as e:  # a cut or overwritten PNG
+            raise InputError(f"released image {str(Path(root) / record['img_blank'])!r} does not decode ({e}); restore "
+                             "it from github.com/xuyige/CrossMath") from None
         # As written: the release drew puzzle 0043's "x" cells as numbers, not as × operators.
         grid = parse_markdown_table(record["markdown_table"], normalize=False)
         ours = np.asarray(render_grid(grid, style), dtype=np.int16)
@@ -485,16 +538,11 @@ def fidelity_report(
 
     Raises:
         FileNotFoundError: if a released JSONL is missing.
-        tokenswap.cli.InputError: if a released JSONL holds no records.
+        InputError: see :func:`released_records`; found before anything is generated or drawn.
     """
-    from tokenswap.crossmath.data import load_crossmath
     from tokenswap.crossmath.generator import DIFFICULTIES, generate_puzzles
-    from tokenswap.inputs import require_items
 
-    by_style = {style: load_crossmath(released_jsonl(released, style)) for style in STYLES}
-    for style, records in by_style.items():
-        require_items(records, str(released_jsonl(released, style)), "puzzles",
-                      "restore it from a checkout of github.com/xuyige/CrossMath (each style holds 250)")
+    by_style = {style: released_records(released, style, pixel_limit) for style in STYLES}
     released_stats = [puzzle_stats(r) for r in by_style["original"]]
     ours = summarize([puzzle_stats(p.to_record()) for p in generate_puzzles(n, seed)])
     per_level = [puzzle_stats(p.to_record()) for level in DIFFICULTIES for p in generate_puzzles(n, seed, level)]

@@ -42,6 +42,10 @@ class MCItem:
     concepts: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.question, str):
+            raise ValueError(f"item {self.id!r}: `question` must be a string, got {type(self.question).__name__}")
+        if not all(isinstance(c, str) for c in self.choices):
+            raise ValueError(f"item {self.id!r}: `choices` must be strings, got {[type(c).__name__ for c in self.choices]}")
         if len(self.choices) != len(LETTERS):
             raise ValueError(f"item {self.id!r}: `choices` must hold 4 options (A-D), got {len(self.choices)}")
         if not 0 <= self.answer < len(self.choices):

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 
 from tokenswap.data.items import MCItem
+from tokenswap.data.local import load_local, parquet_rows, root_cause
+from tokenswap.errors import InputError
 
 __all__ = ["load_mmlu", "load_split", "mmlu_shots"]
 
@@ -33,26 +35,30 @@ def load_split(path: str | os.PathLike, config: str, split: str):
 
     Raises:
         FileNotFoundError: a local folder without that config/split; names the paths tried.
-        ValueError: a local split whose files hold no rows.
+        InputError: a local split whose files hold no rows or do not read (a cut file), naming them.
     """
     import datasets
 
     local = Path(path)
     if local.is_dir():
         files = sorted(local.glob(f"{config}/{split}-*.parquet")) or sorted(local.glob(f"{config}/{split}/*.parquet"))
+        layout = f"lay the files out as on the hub ({config}/{split}-00000-of-00001.parquet)"
         if files:
-            import pyarrow.parquet as pq
-
+            fix = "restore or rebuild the files (a cut copy or download?)"
             # datasets reads a file of zero rows as "BatchSize must be greater than 0", naming no file.
-            if all(pq.ParquetFile(f).metadata.num_rows == 0 for f in files):
-                raise ValueError(f"{', '.join(map(str, files))}: no rows in {config}/{split}; the split is empty "
+            if parquet_rows(files, f"{local} ({config}/{split})", fix) == 0:
+                raise InputError(f"{', '.join(map(str, files))}: no rows in {config}/{split}; the split is empty "
                                  "(rebuild it, or pass another split)")
-            return datasets.load_dataset("parquet", data_files={split: [str(f) for f in files]}, split=split)
+            return load_local(files, split, f"{local} ({config}/{split})", fix)
         if not (local / "README.md").exists():
             raise FileNotFoundError(
                 f"{local}: no {config}/{split}-*.parquet or {config}/{split}/*.parquet and no README.md declaring "
-                f"configs; lay the files out as on the hub ({config}/{split}-00000-of-00001.parquet)"
+                f"configs; {layout}"
             )
+        try:  # the README declares the layout
+            return datasets.load_dataset(str(path), config, split=split)
+        except Exception as e:  # noqa: BLE001 - datasets raises many types; none names the config it missed
+            raise InputError(f"{local} ({config}/{split}) cannot be read ({root_cause(e)}); {layout}") from None
     return datasets.load_dataset(str(path), config, split=split)
 
 
@@ -66,23 +72,32 @@ def load_mmlu(
         subject: ``all`` or one underscored subject config.
         split: ``test``, ``validation`` or ``dev``.
         limit: keep the first ``limit`` rows.
+
+    Raises:
+        InputError: missing columns, or a row that is no item (names the row); see :func:`load_split`.
     """
     ds = load_split(path, subject, split)
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
+    where = f"{path} ({subject}/{split})"
     missing = {"question", "subject", "choices", "answer"} - set(ds.column_names)
     if missing:
-        raise KeyError(f"{path} ({subject}/{split}) lacks MMLU columns {sorted(missing)}; has {ds.column_names}")
-    return [
-        MCItem(
-            id=f"{row['subject']}/{split}/{i}",
-            subject=row["subject"],
-            question=row["question"],
-            choices=list(row["choices"]),
-            answer=int(row["answer"]),
-        )
-        for i, row in enumerate(ds)
-    ]
+        raise InputError(f"{where} lacks MMLU columns {sorted(missing)}; has {ds.column_names}")
+    items = []
+    for i, row in enumerate(ds):
+        answer, choices = row["answer"], row["choices"]
+        if isinstance(answer, bool) or not isinstance(answer, int):  # a letter "A", a float, a null
+            raise InputError(f"{where} row {i}: `answer` must be an option index 0..3, got {answer!r}; fix or drop "
+                             "that row")
+        if not isinstance(choices, list):  # a string would be read as one option per character
+            raise InputError(f"{where} row {i}: `choices` must be a list of 4 options, got "
+                             f"{type(choices).__name__}; fix or drop that row")
+        try:
+            items.append(MCItem(id=f"{row['subject']}/{split}/{i}", subject=row["subject"], question=row["question"],
+                                choices=choices, answer=answer))
+        except ValueError as e:  # an answer out of 0..3, not 4 choices, a question that is no string
+            raise InputError(f"{where} row {i}: {e}; fix or drop that row") from None
+    return items
 
 
 def mmlu_shots(path: str | os.PathLike = MMLU_HUB_ID, subject: str = "all") -> dict[str, list[MCItem]]:

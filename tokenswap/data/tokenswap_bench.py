@@ -15,6 +15,7 @@ from typing import Literal
 
 from tokenswap.data.items import MCItem, image_tags, pair_ids_match, recover_concepts
 from tokenswap.data.mmlu import load_split
+from tokenswap.errors import InputError
 
 __all__ = ["TOKENSWAP_BENCH_HUB_ID", "load_tokenswap_bench", "load_tokenswap_bench_pairs", "write_tokenswap_bench"]
 
@@ -62,6 +63,9 @@ def load_tokenswap_bench(
             decoder[column] = feature
     items = []
     for i, row in enumerate(ds):
+        if not isinstance(row["choices"], list):  # a string would be read as one option per character
+            raise InputError(f"{path} ({config}/{split}) row {i}: `choices` must be a list of 4 options, got "
+                             f"{type(row['choices']).__name__}; fix or drop that row")
         try:
             item = MCItem(
                 id=f"{split}/{i}",
@@ -71,7 +75,7 @@ def load_tokenswap_bench(
                 answer=int(row["answer"]),
             )
         except (ValueError, TypeError) as e:  # an answer out of 0..3, three choices, a null field
-            raise ValueError(f"{path} ({config}/{split}) row {i}: {e}; fix or drop that row") from None
+            raise InputError(f"{path} ({config}/{split}) row {i}: {e}; fix or drop that row") from None
         images = {}
         for tag in image_tags(item):
             column = image_columns.get(tag)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,12 +41,14 @@ from typing import Literal
 
 from tokenswap.concepts import Concept, ConceptExtractor, validate_concepts
 from tokenswap.config import config_to_dict
+from tokenswap.errors import IncompleteRunError, InputError
 from tokenswap.eval.mc import MCItem, build_conversation, evaluate, format_prompt, substitute_spans
+from tokenswap.files import cut_torn_tail, read_jsonl
 from tokenswap.inference import ChatModel, LLMRequestError, map_ordered
 from tokenswap.inference.parsing import parse_json_response
 from tokenswap.redaction import redact_data
 from tokenswap.store.build_config import ExtractorConfig, LLMConfig
-from tokenswap.store.builders import build_chat_model, request_concurrency
+from tokenswap.store.builders import build_chat_model, read_vocabulary_file, request_concurrency
 from tokenswap.store.image_store import ImageStore
 from tokenswap.swap import SwapPolicy
 
@@ -77,8 +78,8 @@ CAPTION_PROMPT = "Name what this image shows in a short noun phrase of at most f
 # ============================================================================ library
 
 
-class BenchRequestsFailed(RuntimeError):
-    """Some items' requests failed for good; they were not recorded and a rerun retries them."""
+class BenchRequestsFailed(IncompleteRunError):
+    """Some items' requests failed for good; they were not recorded and a rerun retries them (exit status 1)."""
 
 
 class BenchBuilder:
@@ -207,16 +208,22 @@ class BenchBuilder:
     # -- whole run --------------------------------------------------------------------------
 
     def done(self) -> dict[str, dict]:
-        """Records already in ``results.jsonl`` by item id (a torn last line is ignored)."""
+        """Records already in ``results.jsonl`` by item id (a last line a kill left unfinished is cut off first).
+
+        Raises:
+            InputError: a line before the end that is no record (the file was edited or damaged): the builder
+                cannot tell which items are done, and re-asking or dropping them silently would change the bench.
+        """
+        cut_torn_tail(self.results_path)
+        if not self.results_path.exists():
+            return {}
+        fix = ("the file records which items are done: fix or delete that line (its item is asked again), or pick a "
+               "new out_dir")
         out = {}
-        if self.results_path.exists():
-            for line in self.results_path.read_text(encoding="utf-8", errors="replace").splitlines():
-                try:
-                    row = json.loads(line)
-                except (ValueError, RecursionError):  # torn, or JSON no run of ours writes: asked again
-                    continue
-                if isinstance(row, dict) and isinstance(row.get("id"), str):
-                    out[row["id"]] = row
+        for number, row in enumerate(read_jsonl(self.results_path, "build-bench results", fix), start=1):
+            if not isinstance(row.get("id"), str):
+                raise InputError(f"build-bench results {self.results_path}:{number} has no `id`; {fix}")
+            out[row["id"]] = row
         return out
 
     def run(self, items: Sequence[MCItem], progress: bool = False) -> dict:
@@ -232,7 +239,6 @@ class BenchBuilder:
             raise ValueError("item ids must be unique: results.jsonl is keyed by id for resuming")
         self.out_dir.mkdir(parents=True, exist_ok=True)
         done = self.done()
-        _cut_torn_tail(self.results_path)
         models = [self.judge, self.proxy, self.captioner, getattr(self.extractor, "chat_model", None)]
         bar = RequestProgress(len(items), "build-bench", progress, models)
         bar.update(sum(1 for it in items if it.id in done))
@@ -333,15 +339,18 @@ class BenchBuildConfig:
     progress: bool = True
     """Show a progress bar."""
 
-
-def _cut_torn_tail(path: Path) -> None:
-    """Cut a line a kill left half-written, so the next record appended does not glue onto it and vanish."""
-    if not path.exists():
-        return
-    raw = path.read_bytes()
-    if raw and not raw.endswith(b"\n"):
-        with open(path, "r+b") as f:
-            f.truncate(raw.rfind(b"\n") + 1)
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"`limit` must be >= 1 or null (all rows), got {self.limit}")
+        unknown = [f for f in self.filters if f not in FILTERS]
+        if unknown:
+            raise ValueError(f"`filters` must be among {', '.join(FILTERS)}; got unknown {unknown}")
+        for section, used_by in (("judge", ["validity"]), ("proxy", ["importance", "caption"]),
+                                 ("captioner", ["caption"])):
+            needing = [f for f in used_by if f in self.filters]
+            if needing and getattr(self, section) is None:
+                raise ValueError(f"`{section}` is required by the filter {needing[0]}: add a {section} section "
+                                 f"(backend, base_url, model), or drop {needing[0]} from `filters`")
 
 
 def _chat_model(cfg: LLMConfig | None, cache_path: Path) -> ChatModel | None:
@@ -352,10 +361,7 @@ def _extractor(cfg: ExtractorConfig, store: ImageStore, cache_path: Path) -> Con
     from tokenswap.store.extract import LLMConceptExtractor, build_lexicon
 
     if cfg.kind == "lexicon":
-        vocab = list(cfg.vocabulary)
-        if cfg.vocabulary_file:
-            lines = Path(cfg.vocabulary_file).read_text(encoding="utf-8").splitlines()
-            vocab += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+        vocab = list(cfg.vocabulary) + (read_vocabulary_file(cfg.vocabulary_file) if cfg.vocabulary_file else [])
         return build_lexicon(vocab or store.keys(), aliases=cfg.aliases, plurals=cfg.plurals)
     return LLMConceptExtractor(_chat_model(cfg.llm, cache_path), max_concepts=cfg.max_concepts)
 
@@ -386,17 +392,22 @@ def build_bench(cfg: BenchBuildConfig) -> dict:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    """``tokenswap build-bench --config NAME.yaml [key=value ...]``."""
-    from tokenswap.config import parse_config
+    """``tokenswap build-bench --config NAME.yaml [key=value ...]``.
 
-    try:
-        cfg = parse_config(BenchBuildConfig, argv)
-    except SystemExit as e:  # --help, or config problems (already printed with their fixes)
-        return int(e.code or 0)
+    Raises:
+        InputError: a config problem (:class:`~tokenswap.config.ConfigError`), a store or source that does not
+            read, a damaged ``results.jsonl`` (exit status 2, before any request where it can be found first).
+        BenchRequestsFailed: items whose requests failed for good (exit status 1; the same command retries them).
+    """
+    from tokenswap.config import load_config, split_argv, usage
+
+    if "-h" in (argv or []) or "--help" in (argv or []):
+        print(usage(BenchBuildConfig))
+        return 0
+    cfg = load_config(BenchBuildConfig, *split_argv(argv or []))
     try:
         summary = build_bench(cfg)
     except BenchRequestsFailed as e:
-        print(f"build-bench: error: {e} ({cfg.out_dir}/requests.json lists them)", file=sys.stderr)
-        return 1
+        raise BenchRequestsFailed(f"{e} ({cfg.out_dir}/requests.json lists them)") from None
     print(json.dumps(summary, indent=2))
     return 0

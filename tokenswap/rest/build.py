@@ -21,10 +21,12 @@ from pathlib import Path
 
 from PIL import Image
 
+from tokenswap.errors import InputError
+from tokenswap.files import atomic_write, cut_torn_tail, read_json, read_json_object
 from tokenswap.rest.items import RestItem, read_items, write_items
 from tokenswap.rest.render import Color, parse_color, perturbation_specs, render_text
 
-__all__ = ["BASE_VARIANT", "build_rest_dataset", "image_path"]
+__all__ = ["BASE_VARIANT", "META_FIX", "build_rest_dataset", "image_path", "read_meta"]
 
 BASE_VARIANT = "sans_200"
 
@@ -32,6 +34,24 @@ BASE_VARIANT = "sans_200"
 def image_path(data_dir: str | Path, item_id: str, variant: str, part: str) -> Path:
     """Path of a rendering; ``part`` is ``item`` (image modality) or ``stem`` (mixed modality)."""
     return Path(data_dir) / "images" / item_id / variant / f"{part}.png"
+
+
+META_FIX = "rebuild the folder with `tokenswap rest build` (it writes meta.json)"
+
+
+def read_meta(path: str | Path, what: str = "--data file") -> dict:
+    """A folder's ``meta.json``, checked to hold the ``variants`` list every reader needs.
+
+    Raises:
+        InputError: the file is missing, empty, cut or not an object, or lacks a ``variants`` list of rendering
+            names; names the file and the fix.
+    """
+    meta = read_json(path, what, META_FIX)
+    variants = meta.get("variants") if isinstance(meta, dict) else None
+    if not isinstance(variants, list) or not all(isinstance(v, str) for v in variants):
+        raise InputError(f"{what} {str(path)!r} has no `variants` list of rendering names (got "
+                         f"{type(variants).__name__ if variants is not None else 'none'}); {META_FIX}")
+    return meta
 
 
 def _save_atomic(image: Image.Image, path: Path) -> None:
@@ -63,7 +83,8 @@ def build_rest_dataset(
         ``{"written": int, "skipped": int, "total": int}``.
 
     Raises:
-        ValueError: when ``out_dir`` was built with a different source, colour or font size.
+        InputError: when ``out_dir`` was built with a different source, colour or font size, or its
+            ``meta.json`` or ``items.jsonl`` is damaged (a cut last line of ``items.jsonl`` is cut off and redone).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -77,14 +98,17 @@ def build_rest_dataset(
     }
     meta_path = out / "meta.json"
     if meta_path.exists():
-        old = json.loads(meta_path.read_text())
+        old = read_json_object(meta_path, "--out file", "it records the settings the folder was built with: restore "
+                               "it, or use a new --out folder")
         clash = {k: (old.get(k), v) for k, v in meta.items() if old.get(k) != v}
         if clash:
-            raise ValueError(f"{out} was built with other settings {clash} (old, new); use a new --out folder")
-    meta_path.write_text(json.dumps({**meta, **(extra_meta or {})}, indent=2))
+            raise InputError(f"{out} was built with other settings {clash} (old, new); use a new --out folder")
+    atomic_write(meta_path, json.dumps({**meta, **(extra_meta or {})}, indent=2).encode())
 
     items_path = out / "items.jsonl"
-    done = {item.id for item in read_items(items_path)} if items_path.exists() else set()
+    cut_torn_tail(items_path)  # a kill mid-line: that item's images are all written, it is redone whole
+    fix = "fix or delete that line (the build renders its item again), or use a new --out folder"
+    done = {item.id for item in read_items(items_path, fix)} if items_path.exists() else set()
     written = 0
     for item in items:
         if item.id in done:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from tokenswap.errors import InputError
-from tokenswap.files import read_json
+from tokenswap.families import check_checkpoint
 from tokenswap.inference.backends import add_backend_arguments
 from tokenswap.inputs import (
+    check_output_dir,
     looks_like_path,
     non_negative_int,
     positive_int,
@@ -70,42 +70,38 @@ def _parser() -> argparse.ArgumentParser:
 
 def _build(args: argparse.Namespace) -> int:
     from tokenswap.rest.build import build_rest_dataset
+    from tokenswap.rest.render import parse_color
+
+    try:
+        parse_color(args.color)
+    except ValueError as e:
+        raise InputError(f"--color: {e}") from None
 
     extra: dict = {"data": args.data}
     if args.source == "soebench":
         from tokenswap.rest.soebench import soebench_items
 
         if args.n is None:
-            raise SystemExit("tokenswap rest build: --n is required for --source soebench")
+            raise InputError("--n is required for --source soebench (it generates that many systems)")
         items = soebench_items(args.n, seed=args.seed)
         extra = {"seed": args.seed}
     else:
         from tokenswap.rest.items import load_source
 
         if not args.data:
-            raise SystemExit(f"tokenswap rest build: --data (hub id or local path) is required for {args.source}")
+            raise InputError(f"--data (a hub id or a local file or folder) is required for --source {args.source}")
         if not os.path.exists(args.data) and looks_like_path(args.data):
             raise FileNotFoundError(f"--data {args.data!r} does not exist (it looks like a path, not a hub id)")
         items, counts = load_source(args.source, args.data, n=args.n, split=args.split, config=args.config)
         extra["filter_counts"] = dict(counts)
     if not items:
-        print(f"tokenswap rest build: error: {args.source} data {args.data!r} gave no items after the REST filters "
-              f"({dict(extra.get('filter_counts', {}))}); nothing written", file=sys.stderr)
-        return 1
+        raise InputError(f"{args.source} data {args.data!r} gave no items after the REST filters "
+                         f"({dict(extra.get('filter_counts', {}))}); nothing written: pass data with items REST keeps "
+                         "(at most 800 characters, no LaTeX)")
     require_output_dir(args.out)
     stats = build_rest_dataset(items, args.out, source=args.source, color=args.color, extra_meta=extra)
     print(f"rest build: {stats['written']} written, {stats['skipped']} already there, {stats['total']} in {args.out}")
     return 0
-
-
-def _built_variants(meta: str) -> list[str]:
-    fix = "rebuild the folder with `tokenswap rest build` (it writes meta.json)"
-    built = read_json(meta, "--data file", fix)
-    variants = built.get("variants") if isinstance(built, dict) else None
-    if not isinstance(variants, list) or not all(isinstance(v, str) for v in variants):
-        raise InputError(f"--data file {meta!r} has no `variants` list of rendering names (got "
-                         f"{type(variants).__name__ if variants is not None else 'none'}); {fix}")
-    return variants
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -115,16 +111,18 @@ def _eval(args: argparse.Namespace) -> int:
         open_backend,
         resolve_settings,
     )
-    from tokenswap.rest.build import BASE_VARIANT
-    from tokenswap.rest.evaluate import run_rest_eval
+    from tokenswap.rest.build import BASE_VARIANT, read_meta
+    from tokenswap.rest.evaluate import load_rest_data, run_rest_eval
 
     check_backend_arguments(args)
     require_path(args.data, "--data", kind="dir")
     require_path(os.path.join(args.data, "meta.json"), "--data (a folder written by `tokenswap rest build`) file")
     if args.backend == "hf":
         require_model(args.model)  # for openai, --model is the served name
+        if os.path.isdir(args.model):
+            check_checkpoint(args.model, "--model")
     meta = os.path.join(args.data, "meta.json")
-    built = _built_variants(meta)
+    built = read_meta(meta)["variants"]
     variants = [BASE_VARIANT]
     if args.perturbations == "all":
         variants += [v for v in built if v != BASE_VARIANT]
@@ -134,6 +132,8 @@ def _eval(args: argparse.Namespace) -> int:
     if unknown:
         raise InputError(f"variants {unknown} were not built in {meta!r} (built: {built}); pick --perturbations "
                          "among those, or rebuild the folder with `tokenswap rest build`")
+    check_output_dir(args.out)
+    load_rest_data(args.data, variants, args.n)  # a damaged folder is refused before the output folder is made
     require_output_dir(args.out)
     settings = resolve_settings(args, "rest")
     metrics = run_rest_eval(

@@ -22,13 +22,16 @@ from pathlib import Path
 
 from PIL import Image
 
-from tokenswap.rest.build import BASE_VARIANT, image_path
+from tokenswap.errors import InputError
+from tokenswap.inputs import require_items
+from tokenswap.rest.build import BASE_VARIANT, META_FIX, image_path, read_meta
 from tokenswap.rest.extract import extract_answer
-from tokenswap.rest.items import RestItem, build_conversation, read_items
+from tokenswap.rest.items import ITEMS_FIX, RestItem, build_conversation, read_items
 from tokenswap.rest.metrics import MODALITIES, ItemOutcome, rest_report
 from tokenswap.rest.ocr import OCR_PROMPT, cer
 
-__all__ = ["TEXT_VARIANT", "default_max_new_tokens", "run_rest_eval", "score_predictions", "write_report"]
+__all__ = ["TEXT_VARIANT", "default_max_new_tokens", "load_rest_data", "run_rest_eval", "score_predictions",
+           "write_report"]
 
 TEXT_VARIANT = "-"  # the text modality has no rendering
 
@@ -49,16 +52,63 @@ def default_max_new_tokens(source: str) -> int:
     return 2048 if source == "soebench" else 1024
 
 
+def load_rest_data(data_dir: str | Path, variants: Sequence[str], n: int | None = None) -> tuple[dict, list[RestItem]]:
+    """A REST folder's ``meta.json`` and first ``n`` items, checked before any model loads.
+
+    Args:
+        data_dir: a folder written by :func:`tokenswap.rest.build.build_rest_dataset`.
+        variants: the renderings the evaluation reads (each must be built, each item's PNGs on disk).
+        n: only the first ``n`` items.
+
+    Returns:
+        ``(meta, items)``.
+
+    Raises:
+        InputError: a damaged ``meta.json`` or ``items.jsonl``, no items, a variant not built, or a rendering
+            that is not on disk; each names the file and the fix.
+    """
+    data = Path(data_dir)
+    meta = read_meta(data / "meta.json")
+    if not isinstance(meta.get("source"), str):
+        raise InputError(f"--data file {str(data / 'meta.json')!r} has no `source` (mmlu, arc, gsm or soebench: where "
+                         f"the items came from); {META_FIX}")
+    unknown = [v for v in variants if v not in meta["variants"]]
+    if unknown:
+        raise InputError(f"variants {unknown} are not in {data}; built variants: {meta['variants']}")
+    items_path = data / "items.jsonl"
+    items = read_items(items_path)[:n]
+    require_items(items, f"--data file {str(items_path)!r}", "items", ITEMS_FIX)
+    for item in items:
+        for variant in variants:
+            for part in ("item", "stem"):
+                if not image_path(data, item.id, variant, part).is_file():
+                    raise InputError(f"rendering {str(image_path(data, item.id, variant, part))!r} does not exist; "
+                                     f"{ITEMS_FIX}")
+    return meta, items
+
+
+def _rendering(data_dir: Path, item: RestItem, variant: str, part: str) -> Image.Image:
+    path = image_path(data_dir, item.id, variant, part)
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except FileNotFoundError:
+        problem = "does not exist"
+    except (OSError, Image.DecompressionBombError) as e:  # a cut or overwritten PNG
+        problem = f"does not decode ({e})"
+    raise InputError(f"rendering {str(path)!r} {problem}; {ITEMS_FIX}")
+
+
 def _conversation(task: _Task, data_dir: Path, predictions: dict[str, dict]) -> list[dict]:
     item = task.item
     if task.task == "text":
         return build_conversation(item, "text")
     if task.task in ("image", "mixed"):
         part = "item" if task.task == "image" else "stem"
-        image = Image.open(image_path(data_dir, item.id, task.variant, part)).convert("RGB")
+        image = _rendering(data_dir, item, task.variant, part)
         return build_conversation(item, task.task, image=image)
     if task.task in ("ocr_item", "ocr_stem"):
-        image = Image.open(image_path(data_dir, item.id, task.variant, task.task[4:])).convert("RGB")
+        image = _rendering(data_dir, item, task.variant, task.task[4:])
         return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": OCR_PROMPT}]}]
     if task.task == "ocr_first":
         transcript = predictions[f"{item.id}|ocr_item|{task.variant}"]["response"]
@@ -201,11 +251,7 @@ def run_rest_eval(
     from tokenswap.inference.runs import RecordLog, check_error_share, tally
 
     data, out = Path(data_dir), Path(out_dir)
-    meta = json.loads((data / "meta.json").read_text())
-    unknown = [v for v in variants if v not in meta["variants"]]
-    if unknown:
-        raise ValueError(f"variants {unknown} are not in {data}; built variants: {meta['variants']}")
-    items = read_items(data / "items.jsonl")[:n]
+    meta, items = load_rest_data(data, variants, n)
     max_new_tokens = max_new_tokens or default_max_new_tokens(meta["source"])
     out.mkdir(parents=True, exist_ok=True)
     log = RecordLog(out / "predictions.jsonl")

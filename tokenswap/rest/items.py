@@ -24,10 +24,12 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
+from tokenswap.errors import InputError
+from tokenswap.files import read_jsonl
 from tokenswap.rest.extract import AnswerType, normalize_number
 
 __all__ = [
@@ -102,6 +104,29 @@ class RestItem:
 
     @classmethod
     def from_dict(cls, row: dict) -> RestItem:
+        """The item of a ``items.jsonl`` line.
+
+        Raises:
+            ValueError: a field missing, unknown or of the wrong type, an unknown answer type or source, or an id
+                that is no folder name (the item's images live in ``images/<id>/``).
+        """
+        names = [f.name for f in fields(cls)]
+        missing = [k for k in names if k not in row and k != "meta"]
+        if missing:
+            raise ValueError(f"the item has no {missing[0]!r}")
+        unknown = [k for k in row if k not in names]
+        if unknown:
+            raise ValueError(f"the item has an unknown field {unknown[0]!r}")
+        for key in names:
+            kind = dict if key == "meta" else str
+            if key in row and not isinstance(row[key], kind):
+                raise ValueError(f"the item's {key!r} must be a {'JSON object' if kind is dict else 'string'}, got "
+                                 f"{type(row[key]).__name__}")
+        for key, allowed in (("answer_type", _INSTRUCTIONS), ("source", get_args(Source))):
+            if row[key] not in allowed:
+                raise ValueError(f"the item's {key!r} must be one of {', '.join(allowed)}, got {row[key]!r}")
+        if not _SAFE_ID.fullmatch(row["id"]) or row["id"] in (".", ".."):
+            raise ValueError(f"the item's 'id' {row['id'][:60]!r} is no folder name (letters, digits, '_', '.', '-')")
         return cls(**row)
 
 
@@ -112,6 +137,9 @@ def filter_reason(text: str, max_chars: int = MAX_CHARS) -> str | None:
     if _LATEX.search(text):
         return "latex"
     return None
+
+
+_SAFE_ID = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def _safe_id(raw: str) -> str:
@@ -140,12 +168,19 @@ def _mc_item(item_id: str, source: Source, question: str, choices: Sequence[str]
 def mmlu_item(row: dict, index: int, split: str = "test") -> RestItem:
     """An item from a ``cais/mmlu`` row (``question``, ``subject``, ``choices``, ``answer`` 0-3)."""
     _require(row, ("question", "choices", "answer"), "cais/mmlu")
+    answer, choices = row["answer"], row["choices"]
+    if isinstance(answer, str) and answer.strip().isdigit():  # a CSV or JSON copy that quotes the index
+        answer = int(answer)
+    if isinstance(answer, bool) or not isinstance(answer, int) or not isinstance(choices, list) \
+            or not 0 <= answer < len(choices):
+        raise ValueError(f"`answer` must be an option index 0..{len(choices) - 1 if isinstance(choices, list) else 3},"
+                         f" got {answer!r}")
     return _mc_item(
         f"mmlu-{split}-{index:05d}",
         "mmlu",
         row["question"],
-        row["choices"],
-        int(row["answer"]),
+        choices,
+        answer,
         {"subject": row.get("subject", ""), "index": index},
     )
 
@@ -156,7 +191,12 @@ def arc_item(row: dict, index: int, split: str = "test") -> RestItem:
     Option labels are re-lettered A, B, C, ... by position, since some ARC items use ``1``-``4``.
     """
     _require(row, ("id", "question", "choices", "answerKey"), "allenai/ai2_arc")
-    labels = [str(label) for label in row["choices"]["label"]]
+    choices = row["choices"]
+    if not isinstance(choices, dict) or not isinstance(choices.get("label"), list) \
+            or not isinstance(choices.get("text"), list):
+        raise ValueError(f"`choices` must be an object with `label` and `text` lists (the allenai/ai2_arc schema), "
+                         f"got {type(choices).__name__}")
+    labels = [str(label) for label in choices["label"]]
     if row["answerKey"] not in labels:
         raise ValueError(f"ARC item {row['id']}: answerKey {row['answerKey']!r} not among labels {labels}")
     return _mc_item(
@@ -199,7 +239,10 @@ def gsm_item(row: dict, index: int, split: str = "test") -> RestItem | None:
 def _require(row: dict, keys: Iterable[str], schema: str) -> None:
     missing = [k for k in keys if k not in row]
     if missing:
-        raise KeyError(f"row is missing {missing} for the {schema} schema; it has {sorted(row)}")
+        raise ValueError(f"missing {missing} for the {schema} schema; it has {sorted(row)}")
+    for key in ("question", "answer") if schema == "gsm8k" else ("question",):
+        if not isinstance(row[key], str):
+            raise ValueError(f"`{key}` must be a string, got {type(row[key]).__name__}")
 
 
 _ITEM_BUILDERS = {"mmlu": mmlu_item, "arc": arc_item, "gsm": gsm_item}
@@ -214,22 +257,21 @@ def load_rows(data: str | Path, split: str, config: str | None = None):
         data: hub id (``cais/mmlu``), a parquet/JSONL/JSON/CSV file, or a folder of such files.
         split: split to take (hub ids and folders with several splits; a single file is one split).
         config: hub config name (``all``, ``ARC-Challenge``, ``main``).
+
+    Raises:
+        InputError: a local file or folder that does not read (cut, another format), holds no rows, or lacks
+            ``split``; names it.
     """
     from datasets import load_dataset
 
+    from tokenswap.data.local import load_local
+
     path = Path(data)
+    fix = "restore the file (a cut copy or download?) or pass another --data"
     if path.is_file():
-        builders = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
-        if path.suffix not in builders:
-            raise ValueError(f"data file {path} must end in one of {sorted(builders)}")
-        return load_dataset(builders[path.suffix], data_files=str(path), split="train")
+        return load_local([path], "train", f"--data {str(path)!r}", fix)
     if path.is_dir():
-        splits = load_dataset(str(path))
-        if split in splits:
-            return splits[split]
-        if len(splits) == 1:
-            return next(iter(splits.values()))
-        raise ValueError(f"folder {path} holds splits {sorted(splits)}; pass split= one of them (got {split!r})")
+        return load_local(path, split, f"--data {str(path)!r}", fix)
     return load_dataset(str(data), config, split=split)
 
 
@@ -253,6 +295,9 @@ def load_source(
 
     Returns:
         ``(items, counts)`` where ``counts`` tallies ``kept`` and each drop reason.
+
+    Raises:
+        InputError: data that does not read (:func:`load_rows`), or a row that is no item of ``source`` (names it).
     """
     if source not in _ITEM_BUILDERS:
         raise ValueError(f"source must be one of {sorted(_ITEM_BUILDERS)} (soebench is generated), got {source!r}")
@@ -264,7 +309,11 @@ def load_source(
     for index, row in enumerate(rows):
         if n is not None and len(items) >= n:
             break
-        item = _ITEM_BUILDERS[source](row, index, split)
+        try:
+            item = _ITEM_BUILDERS[source](row, index, split)
+        except (ValueError, TypeError) as e:  # a missing column, an answer no option, a null or list where text is
+            raise InputError(f"--data {str(data)!r} row {index}: {e}; fix or drop that row, or pass the --source its "
+                             "rows are in") from None
         reason = "single_sentence" if item is None else filter_reason(item.text, max_chars)
         counts[reason or "kept"] += 1
         if reason is None:
@@ -272,17 +321,26 @@ def load_source(
     return items, counts
 
 
-def read_items(path: str | Path) -> list[RestItem]:
-    """Items from a JSONL file written by :func:`write_items`."""
-    with open(path, encoding="utf-8") as f:
-        return [RestItem.from_dict(json.loads(line)) for line in f if line.strip()]
+ITEMS_FIX = ("the folder was not written whole: rerun the `tokenswap rest build` command that wrote it (it finishes a "
+             "cut file), or build a new --out")
+
+
+def read_items(path: str | Path, fix: str = ITEMS_FIX) -> list[RestItem]:
+    """Items from a JSONL file written by :func:`write_items`.
+
+    Raises:
+        InputError: a line that is no JSON object or no item (:meth:`RestItem.from_dict`), naming ``path:line``
+            and ``fix``.
+    """
+    return read_jsonl(path, "REST items", fix, parse=RestItem.from_dict)
 
 
 def write_items(items: Iterable[RestItem], path: str | Path, append: bool = False) -> None:
-    """Write items as JSON lines (one per item)."""
+    """Write items as JSON lines (one per item), each flushed whole so a kill cuts at most the last one."""
     with open(path, "a" if append else "w", encoding="utf-8") as f:
         for item in items:
             f.write(json.dumps(item.to_dict(), ensure_ascii=False) + "\n")
+            f.flush()
 
 
 def build_conversation(item: RestItem, modality: Modality | Literal["ocr_first"], image=None, text=None) -> list[dict]:

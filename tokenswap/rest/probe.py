@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -297,10 +298,11 @@ def cli_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=positive_int, default=8)
     args = parser.parse_args(argv)
 
-    from tokenswap.families import load_checkpoint
+    from tokenswap.families import check_checkpoint, load_checkpoint
 
     require_model(args.model)
-    require_output_dir(args.out)
+    if os.path.isdir(args.model):
+        check_checkpoint(args.model, "--model")
     if args.texts:
         require_path(args.texts, "--texts", kind="file")
         try:
@@ -308,12 +310,15 @@ def cli_main(argv: list[str] | None = None) -> int:
         except UnicodeDecodeError as e:
             raise InputError(f"--texts {args.texts!r} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
         pool = [line.strip() for line in lines if line.strip()]
+        if len(pool) < max(args.pairs, 2):
+            raise InputError(f"--pairs {args.pairs} needs {max(args.pairs, 2)} texts, but --texts {args.texts!r} "
+                             f"holds {len(pool)} (one text per line, blank lines skipped); add texts or lower --pairs")
     else:
         pool = DEFAULT_LABELS
     if not 2 <= args.pairs <= len(pool):
-        parser.error(
-            f"--pairs must be in [2, {len(pool)}] for this text pool, got {args.pairs}; pass --texts FILE for more"
-        )
+        raise InputError(f"--pairs must be in [2, {len(pool)}] for the built-in labels, got {args.pairs}; pass "
+                         "--texts FILE (one text per line) for more")
+    require_output_dir(args.out)
     model, processor = load_checkpoint(args.model)
     if torch.cuda.is_available():
         model = model.to("cuda")

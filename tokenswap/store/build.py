@@ -52,13 +52,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from tokenswap.config import flatten_dict
-from tokenswap.files import atomic_write, remove_dead_temporaries
+from tokenswap.errors import InputError
+from tokenswap.files import atomic_write, read_json_object, remove_dead_temporaries
 from tokenswap.inputs import looks_like_path
 from tokenswap.ranks import rank_and_world
 from tokenswap.store.build_config import (
@@ -157,7 +157,8 @@ def _check_plan(cfg: StoreBuildConfig, state: Path, world: int, rank: int) -> No
         return
     if rank != 0:
         _wait_for([path], "writing the build plan", cfg.barrier_timeout_s)
-    saved = json.loads(path.read_text())
+    saved = read_json_object(path, "build plan", "it records the settings this folder was built with: restore it, "
+                             "or build again in a new output_dir")
     if isinstance(saved.get("data"), dict):
         saved["data"].pop("skip_malformed", None)  # plans written before it left the plan
     if saved == plan:
@@ -285,21 +286,24 @@ def _run_stages(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, world:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    """``tokenswap build-store --config PATH_OR_NAME [key=value ...]``; a bare name resolves in ``configs/``."""
-    from tokenswap.config import parse_config
+    """``tokenswap build-store --config PATH_OR_NAME [key=value ...]``; a bare name resolves in ``configs/``.
 
-    try:
-        cfg = parse_config(StoreBuildConfig, argv)
-    except SystemExit as e:  # --help, or config problems (already printed with their fixes)
-        return int(e.code or 0)
+    Raises:
+        InputError: a config problem, or bad inputs or data found before or during the build (exit status 2);
+            the message says whether the folder keeps committed work.
+        RequestsFailed: requests failed for good (exit status 1; the same command retries exactly those).
+        BuildLockedError: another build holds the folder (exit status 1).
+    """
+    from tokenswap.config import load_config, split_argv, usage
+
+    if "-h" in (argv or []) or "--help" in (argv or []):
+        print(usage(StoreBuildConfig))
+        return 0
+    cfg = load_config(StoreBuildConfig, *split_argv(argv or []))
     try:
         report = build_store(cfg)
-    except BuildLockedError as e:
-        print(f"build-store: {e}", file=sys.stderr)
-        return 1
     except (RequestsFailed, OtherRankFailed) as e:
-        print(f"build-store: error: {e} ({cfg.output_dir}/report.json lists them)", file=sys.stderr)
-        return 1
+        raise type(e)(f"{e} ({cfg.output_dir}/report.json lists them)") from None
     except (FileNotFoundError, ValueError) as e:  # bad inputs or data; found before or during the build
         started = (Path(cfg.output_dir) / "state" / "plan.json").exists()
         # Say what is true of the folder: a build that stopped mid-way keeps its committed work for a rerun.
@@ -309,8 +313,7 @@ def cli_main(argv: list[str] | None = None) -> int:
             after = f" ({cfg.output_dir} keeps what the build committed; rerun with the fix to resume from there)"
         else:
             after = " (nothing was written)"
-        print(f"build-store: error: {e}{after}", file=sys.stderr)
-        return 2
+        raise InputError(f"{e}{after}") from None
     if "samples_kept" in report:
         print(
             f"build-store: {report['samples_kept']}/{report['samples_read']} samples kept, "

@@ -6,10 +6,12 @@ Chat models for the LLM extractor and judge, the image sources by name, and the 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 from tokenswap.concepts import ConceptExtractor
+from tokenswap.errors import InputError
 from tokenswap.store.build_config import LLMConfig, StoreBuildConfig
 
 from .sources import (
@@ -91,11 +93,27 @@ SOURCE_BUILDERS: dict[str, Callable[[StoreBuildConfig, Path], ImageSource]] = {
 }
 
 
+def read_vocabulary_file(path: str | os.PathLike, key: str = "extractor.vocabulary_file") -> list[str]:
+    """The concepts of a vocabulary file: one per line, blank lines and ``#`` comments skipped.
+
+    Raises:
+        InputError: the file is missing, a folder, unreadable or not UTF-8; names ``key`` and the file.
+    """
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"`{key}` {str(path)!r} is not UTF-8 text (byte {e.start}); save it as UTF-8, one concept "
+                         "per line") from None
+    except OSError as e:
+        raise InputError(f"`{key}` {str(path)!r} cannot be read ({e.strerror or e}); give a text file with one "
+                         "concept per line") from None
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
 def _lexicon_vocabulary(cfg: StoreBuildConfig) -> list[str]:
     vocab = list(cfg.extractor.vocabulary)
     if cfg.extractor.vocabulary_file:
-        lines = Path(cfg.extractor.vocabulary_file).read_text(encoding="utf-8").splitlines()
-        vocab += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+        vocab += read_vocabulary_file(cfg.extractor.vocabulary_file)
     if "openmoji" in cfg.sources:
         vocab += OpenMojiSource(size=cfg.openmoji.size).vocabulary()
     if not vocab:

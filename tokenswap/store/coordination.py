@@ -12,10 +12,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from tokenswap.errors import IncompleteRunError
 from tokenswap.files import FolderLock, FolderLockedError
 
 
-class OtherRankFailed(RuntimeError):
+class OtherRankFailed(IncompleteRunError):
     """Another rank of this launch stopped a stage on failed requests; this rank stops too (a rerun resumes all)."""
 
 
@@ -48,7 +49,7 @@ def _wait_for(
 
 
 class BuildLockedError(FolderLockedError):
-    """Another build is running on the same output folder."""
+    """Another build is running on the same output folder (``tokenswap`` exits with status 1)."""
 
 
 def build_lock(out: Path, rank: int) -> FolderLock:

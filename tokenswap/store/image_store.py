@@ -38,7 +38,8 @@ import pyarrow as pa
 from PIL import Image
 
 from tokenswap.concepts import normalize_concept
-from tokenswap.files import atomic_write
+from tokenswap.errors import InputError
+from tokenswap.files import atomic_write, json_loads
 from tokenswap.images import BadImageError, check_image_size, load_image
 
 __all__ = [
@@ -77,19 +78,19 @@ class ImageMismatchError(CorruptImageError):
     """Bytes read for an image that do not hash to its id: its shard changed on disk after the store was opened."""
 
 
-class StoreFormatError(ValueError):
+class StoreFormatError(InputError):
     """A store file (``store.json`` or a shard) that is not what the format says; the message names the file."""
 
 
 def _read_info(path: Path) -> dict:
     """``store.json`` as a dict, or a :class:`StoreFormatError` naming the file and what is wrong with it."""
     try:
-        info = json.loads(path.read_bytes().decode("utf-8"))
+        info = json_loads(path.read_bytes().decode("utf-8"))
     except OSError as e:
         raise StoreFormatError(f"{path}: cannot be read ({e.strerror or e})") from None
     except UnicodeDecodeError as e:
         raise StoreFormatError(f"{path}: not UTF-8 text (byte {e.start}); the file is damaged") from None
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, nesting or digits Python's parser cannot take
         raise StoreFormatError(f"{path}: not valid JSON ({e}); the file is damaged (truncated or overwritten?)") from None
     if not isinstance(info, dict):
         raise StoreFormatError(

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from tokenswap.concepts import Concept, validate_concepts
-from tokenswap.files import atomic_write
+from tokenswap.errors import IncompleteRunError, InputError
+from tokenswap.files import atomic_write, read_json, read_json_object
 from tokenswap.inference.types import LLMRequestError
 from tokenswap.redaction import redact_data
 from tokenswap.store.build_config import FIXTURE, DataConfig, StoreBuildConfig
@@ -60,6 +61,23 @@ def _read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+MARKER_FIX = "delete it and rerun: the stage redoes only what it had not committed, and writes it again"
+
+
+def _read_marker(path: Path) -> dict:
+    """A rank's ``done`` or ``failed`` marker; a damaged one names itself and how to go on."""
+    return read_json_object(path, "done marker" if path.name.startswith("done-") else "failed marker", MARKER_FIX)
+
+
+def _read_rejected(path: Path) -> list[dict]:
+    """A ``rejected-*.json`` list of the images a source could not use."""
+    rows = read_json(path, "rejected-images list", "build again in a new output_dir (this build file is damaged)")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise InputError(f"rejected-images list {str(path)!r} is not a JSON list of objects; build again in a new "
+                         "output_dir (this build file is damaged)")
+    return rows
+
+
 def _parts(folder: Path, rank: int | None = None) -> list[Path]:
     if not folder.is_dir():
         return []
@@ -72,8 +90,8 @@ def _owner(key: str, world: int) -> int:
     return min(int(unit_hash("store", key) * world), world - 1)
 
 
-class RequestsFailed(RuntimeError):
-    """Requests of a stage failed for good; their rows were not committed and a rerun retries them."""
+class RequestsFailed(IncompleteRunError):
+    """Requests of a stage failed for good; their rows were not committed and a rerun retries them (exit status 1)."""
 
 
 def _failed_marker(folder: Path, rank: int) -> Path:
@@ -403,11 +421,11 @@ def _report(cfg: StoreBuildConfig, out: Path, state: Path, world: int, times: di
     store = ImageStore(out / "store")
     n_spans = sum(len(s["concepts"]) for s in samples)
     used_keys = {c["key"] for s in samples for c in s["concepts"]}
-    extract_markers = [json.loads((state / "candidates" / f"done-r{r:03d}.json").read_text()) for r in range(world)]
-    image_markers = [json.loads((state / "images" / f"done-r{r:03d}.json").read_text()) for r in range(world)]
+    extract_markers = [_read_marker(state / "candidates" / f"done-r{r:03d}.json") for r in range(world)]
+    image_markers = [_read_marker(state / "images" / f"done-r{r:03d}.json") for r in range(world)]
     samples_read = sum(m.get("samples_read", 0) for m in extract_markers)
     source_s = image_info.get("source_s", 0.0)
-    rejected = [r for p in sorted((state / "images").glob("rejected-*.json")) for r in json.loads(p.read_text())]
+    rejected = [r for p in sorted((state / "images").glob("rejected-*.json")) for r in _read_rejected(p)]
     report = {
         "output_dir": str(out),
         "world_size": world,
@@ -469,7 +487,7 @@ def write_failure_report(out: Path, state: Path, world: int, error: str) -> dict
             for name in (f"failed-r{r:03d}.json", f"done-r{r:03d}.json"):
                 path = state / folder / name
                 if path.exists():
-                    marker = json.loads(path.read_text())
+                    marker = _read_marker(path)
                     markers[stage].append(marker)
                     failed += marker.get("failed_requests", 0)
                     break

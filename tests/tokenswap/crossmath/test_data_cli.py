@@ -32,6 +32,7 @@ from tokenswap.crossmath.training_data import (
     sft_examples,
     split_consistent,
 )
+from tokenswap.errors import InputError
 
 # Three released records (math_puzzle_0104 easy, 0072 hard, 0187 one of the ÷-bug puzzles) in all four
 # styles, with the released file and folder names and the PNGs of the first two: see fixtures/README.md.
@@ -110,11 +111,11 @@ def test_loader_errors_say_what_to_pass(tmp_path):
         find_jsonl(tmp_path)
     (tmp_path / "a.jsonl").write_text("")
     (tmp_path / "b.jsonl").write_text("")
-    with pytest.raises(ValueError, match="several JSONL files"):
+    with pytest.raises(InputError, match="several JSONL files"):
         find_jsonl(tmp_path)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"markdown_table": "| 1 |"}) + "\n")
-    with pytest.raises(KeyError, match="markdown_answer"):
+    with pytest.raises(InputError, match="has no 'markdown_answer'"):
         load_crossmath(bad)
 
 

@@ -7,6 +7,7 @@ import json
 import pytest
 from PIL import Image
 
+from tokenswap.errors import InputError
 from tokenswap.rest.items import RestItem, build_conversation, filter_reason, load_source, read_items, write_items
 
 MMLU_ROWS = [
@@ -84,9 +85,9 @@ def test_gsm_sentence_split_and_gold(tmp_path):
 
 
 def test_schema_errors_name_the_field(tmp_path):
-    with pytest.raises(KeyError, match="answer"):
+    with pytest.raises(InputError, match=r"bad\.jsonl' row 0: missing \['answer'\] for the cais/mmlu schema"):
         load_source("mmlu", _write_jsonl([{"question": "q", "choices": ["a", "b"]}], tmp_path / "bad.jsonl"))
-    with pytest.raises(ValueError, match="####"):
+    with pytest.raises(InputError, match="####"):
         load_source("gsm", _write_jsonl([{"question": "A. B?", "answer": "7"}], tmp_path / "bad2.jsonl"))
 
 

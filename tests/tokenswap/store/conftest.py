@@ -163,10 +163,10 @@ def tiny_sd(tmp_path_factory):
 @pytest.fixture(scope="session")
 def embedded_build(tmp_path_factory):
     """Folder of the offline ``store_embedded.yaml`` build, run once through the real CLI entry point."""
-    from tokenswap.store.build import cli_main
+    from tokenswap.cli import main
 
     out = tmp_path_factory.mktemp("embedded")
-    assert cli_main(["--config", "store_embedded.yaml", f"output_dir={out}"]) == 0
+    assert main(["build-store", "--config", "store_embedded.yaml", f"output_dir={out}"]) == 0
     return out
 
 

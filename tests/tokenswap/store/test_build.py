@@ -17,9 +17,16 @@ import pytest
 from tokenswap.concepts import Concept, validate_concepts
 from tokenswap.config import ConfigError, load_config
 from tokenswap.store import ImageStore, build_embedded_store, read_swap_dataset
-from tokenswap.store.build import StoreBuildConfig, build_store, cli_main, embedded_config
+from tokenswap.store.build import StoreBuildConfig, build_store, embedded_config
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+def cli_main(argv):
+    """`tokenswap build-store ...` through the real entry point (it maps refusals to exit 2, failures to 1)."""
+    from tokenswap.cli import main
+
+    return main(["build-store", *argv])
 
 
 def _check_dataset(out: Path) -> list[dict]:

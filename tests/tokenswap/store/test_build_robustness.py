@@ -13,10 +13,17 @@ from PIL import Image
 
 from tokenswap.config import ConfigError, load_config
 from tokenswap.store import ImageStore, read_swap_dataset
-from tokenswap.store.build import StoreBuildConfig, build_store, cli_main
+from tokenswap.store.build import StoreBuildConfig, build_store
 from tokenswap.store.coordination import build_lock
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+def cli_main(argv):
+    """`tokenswap build-store ...` through the real entry point (it maps refusals to exit 2, failures to 1)."""
+    from tokenswap.cli import main
+
+    return main(["build-store", *argv])
 
 
 def _cfg(out: Path, *overrides: str) -> StoreBuildConfig:
