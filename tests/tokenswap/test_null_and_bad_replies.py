@@ -407,3 +407,16 @@ def test_the_bench_builder_records_no_null_reply_and_the_rerun_equals_an_uninter
         assert _bench_builder(store, out, server.base_url).run(items)["kept"] == 2
         assert all("sun" in json.dumps(p) for p in server.requests[before:])
     assert _bench_files(out) == _bench_files(tmp_path / "ref")
+
+
+def test_record_log_keeps_a_reply_with_unicode_line_separators_whole(tmp_path):
+    # json.dumps(ensure_ascii=False) writes U+2028, U+2029 and U+0085 raw: splitlines() would cut the record in
+    # two, both halves unreadable, and the answered unit would be asked again (or its answer lost) on resume.
+    path = tmp_path / "records.jsonl"
+    log = RecordLog(path)
+    reply = "first\u2028second\u2029third\x85fourth\x1cfifth"
+    log.append({"key": "q1", "response": reply})
+    log.append({"key": "q2", "response": "plain"})
+    again = RecordLog(path)
+    assert again.answered("q1") and again.records["q1"]["response"] == reply
+    assert set(again.records) == {"q1", "q2"}

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from tokenswap.errors import IncompleteRunError
+from tokenswap.files import cut_torn_tail
 from tokenswap.inference.backends import Backend
 from tokenswap.redaction import redact_data
 
@@ -41,13 +42,13 @@ class RecordLog:
         self.key_field = key_field
         self.records: dict[str, dict] = {}
         if self.path.exists():
-            raw = self.path.read_bytes()
-            if raw and not raw.endswith(b"\n"):
-                # A killed run's torn last line: cut it, so the file stays valid JSONL; its unit is asked again.
-                with open(self.path, "r+b") as f:
-                    f.truncate(raw.rfind(b"\n") + 1)
-                raw = raw[: raw.rfind(b"\n") + 1]
-            for line in raw.decode("utf-8", "replace").splitlines():
+            # A killed run's torn last line is cut, so the file stays valid JSONL; its unit is asked again.
+            cut_torn_tail(self.path)
+            # Lines end at "\n" only: a reply holding U+2028 or U+0085 (json.dumps keeps them raw) is one record.
+            for raw_line in self.path.read_bytes().split(b"\n"):
+                line = raw_line.decode("utf-8", "replace")
+                if not line.strip():
+                    continue
                 try:
                     row = json.loads(line)
                 except (ValueError, RecursionError):  # a line no run of ours writes (not JSON, 100,000-deep
