@@ -218,22 +218,28 @@ def _parsing_only(run):
 
         return parse
 
-    saved = (argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args, config.parse_config)
+    # parse_config: the recipes; load_config: build-store and build-bench, which raise their config errors.
+    saved = (argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args, config.parse_config,
+             config.load_config)
     argparse.ArgumentParser.parse_args = stop_after(saved[0])
     argparse.ArgumentParser.parse_known_args = stop_after(saved[1])
     config.parse_config = stop_after(saved[2])
+    config.load_config = stop_after(saved[3])
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             run()
     except Parsed:
         return
+    except config.ConfigError as e:  # load_config's refusal (build-store, build-bench): unknown key, bad value
+        raise Unparsed(f"the config was refused: {_tail(str(e))}") from None
     except SystemExit as e:
         if e.code in (0, None):  # --help: printed, and nothing else done
             return
         raise Unparsed(f"the parser refused it (exit {e.code}): {_tail(err.getvalue())}") from None
     finally:
-        argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args, config.parse_config = saved
+        (argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args, config.parse_config,
+         config.load_config) = saved
     raise Unparsed(f"it returned without parsing its arguments (or they failed): {_tail(err.getvalue())}")
 
 
