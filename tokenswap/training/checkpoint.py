@@ -29,6 +29,7 @@ from tokenswap.ranks import print0
 from tokenswap.training.callbacks import NoTargetsError
 from tokenswap.training.distributed import any_rank
 from tokenswap.training.run_folder import COMPLETE_MARKER, RUN_CONFIG
+from tokenswap.training.workers import end_loader_workers, ignore_sigterm_in_worker, protect_forks
 
 """Written into ``checkpoint-N`` after every rank finished saving it (see :class:`CheckpointCallback`)."""
 
@@ -199,7 +200,8 @@ def train(trainer, resume: str | None) -> None:
 
     A run stopped by SIGTERM (:class:`CheckpointCallback`) has saved a complete checkpoint at the step it stopped;
     it exits with :data:`PREEMPTED_EXIT` here instead of going on to save as if it had finished. A checkpoint save
-    that fails (disk full) exits 1 naming the folder, the file and the disk.
+    that fails (disk full) exits 1 naming the folder, the file and the disk. The data-loader workers are ended
+    before this returns or raises (:func:`~tokenswap.training.workers.end_loader_workers`).
     """
     if resume is not None and _weights_only(resume):
         print0(f"[tokenswap] warning: {resume} holds the weights only (saved with train.save_only_model: true; no "
@@ -222,6 +224,12 @@ def train(trainer, resume: str | None) -> None:
         except NoTargetsError as e:  # the data's fault, said in one message: not a traceback from the Trainer
             print(f"error: {e}", file=sys.stderr)
             raise SystemExit(1) from None
+        finally:
+            # The workers end with the training, however it ended: a persistent-workers loader (kept by the
+            # Trainer) or a traceback would keep them, which ignore SIGTERM, until an exit that waits for them
+            # for ever (tokenswap.training.workers).
+            protect_forks(False)
+            end_loader_workers()
     stopped = [cb.stopped_at for cb in trainer.callback_handler.callbacks
                if isinstance(cb, CheckpointCallback) and cb.stopped_at is not None]
     if stopped:
@@ -369,10 +377,10 @@ class ResumableCollator:
     def __call__(self, examples):
         if os.getpid() != self.__dict__.get("_owner_pid", os.getpid()) and "_sigterm_ignored" not in self.__dict__:
             # In a data-loader worker. SIGTERM is the trainer's: it finishes its step, saves and stops
-            # (CheckpointCallback), and the loader then ends its workers. Slurm signals every process of a job, and
-            # a worker dying of it (torch's worker handler) fails the step the trainer is finishing.
-            if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            # (CheckpointCallback), and the run then ends its workers. Slurm signals every process of a job, and
+            # a worker dying of it (torch's worker handler) fails the step the trainer is finishing. Forked workers
+            # have had SIGTERM blocked since the fork (training.workers); from here on it is ignored.
+            ignore_sigterm_in_worker()
             self._sigterm_ignored = True
         before = dict(self.collator.stats)
         out = self.collator(examples)
@@ -485,8 +493,10 @@ class CheckpointCallback(TrainerCallback):
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread only
             self._pid = os.getpid()
             self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            protect_forks(True)  # the data-loader workers forked from now on start with SIGTERM blocked
 
     def on_train_end(self, args, state, control, **kwargs):
+        protect_forks(False)
         if self._previous_handler is not None:
             signal.signal(signal.SIGTERM, self._previous_handler)
             self._previous_handler = None
