@@ -414,3 +414,68 @@ def test_a_sigkill_of_a_run_with_workers_frees_the_folder_at_once(tiny_qwen2vl, 
         with contextlib.suppress(ProcessLookupError):  # the orphaned workers, if still there
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
+
+
+# ---------------------------------------------------------------------------- resume edges and final-save errors (issue 32)
+def test_a_checkpoint_without_its_weights_exits_2_naming_them_and_latest_skips_it(post, tiny_qwen2vl, tiny_store,
+                                                                                    reference, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    for name in ("log_history.json", "swap_stats.json"):
+        (out / name).unlink()
+    (out / "checkpoint-4" / "model.safetensors").unlink()
+    with pytest.raises(SystemExit) as e:
+        run_main(post, tmp_path / "other", tiny_qwen2vl, tiny_store.root,
+                 f"train.resume_from_checkpoint={out / 'checkpoint-4'}")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"`resume_from_checkpoint` {out / 'checkpoint-4'} holds no model weights (none of " \
+                                  "model.safetensors, " in err
+    assert "Traceback" not in err and "Restore them, or resume from another checkpoint-N" in err
+    # `latest` says so and resumes from the older complete checkpoint, exactly
+    run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest")
+    assert f"{out / 'checkpoint-4'} holds no model weights" in capsys.readouterr().out
+    assert logs(out) == logs(reference)
+
+
+def test_a_checkpoint_of_another_run_resumes_exactly_into_a_fresh_folder(post, tiny_qwen2vl, tiny_store, reference,
+                                                                        tmp_path, capsys):
+    # run.output_dir may change on resume (RESUME_MAY_CHANGE): the checkpoint's own config copy is what is compared,
+    # and the sample-id log up to the checkpoint comes from the checkpoint's run folder.
+    out = tmp_path / "fresh"
+    run_main(post, out, tiny_qwen2vl, tiny_store.root, f"train.resume_from_checkpoint={reference / 'checkpoint-2'}")
+    assert "starts as the first" in capsys.readouterr().out
+    assert logs(out) == logs(reference)
+    assert (out / "checkpoint-4" / COMPLETE_MARKER).is_file()
+    assert (reference / "sample_ids.rank0.txt").read_text() == (out / "sample_ids.rank0.txt").read_text()
+
+
+def _pages(path: Path) -> int:
+    """Bytes ``path`` takes on a tmpfs (whole 4 KiB pages per file)."""
+    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+    return sum(-(-p.stat().st_size // 4096) * 4096 for p in files)
+
+
+def test_a_full_disk_during_the_final_save_names_the_folder_file_and_free_space_and_resumes(
+        post, tiny_qwen2vl, tiny_store, reference, tmp_path):
+    # Room for both checkpoints and the run's own files, and half of the final model.safetensors.
+    room = _pages(reference / "checkpoint-2") + _pages(reference / "checkpoint-4") + 64 * 1024 + \
+        _pages(reference / "model.safetensors") // 2
+    disk = tmp_path / "disk"
+    if not _tmpfs(disk, room):
+        pytest.skip("needs root and mount -t tmpfs for a real full disk")
+    try:
+        out = disk / "run"
+        proc = launch(out, tiny_qwen2vl, tiny_store.root)
+        said = proc.communicate(timeout=300)[0]
+        assert proc.returncode == 1, said[-3000:]
+        line = said.split("error: ")[-1]
+        assert line.startswith(f"saving the trained model into {out} failed while writing {out / 'model.safetensors'}: "
+                               "[Errno 28] No space left on device (disk of "), said[-3000:]
+        assert " MiB free). The run's checkpoints are complete: free space on that disk" in line
+        assert "Traceback" not in said and len(line.strip().splitlines()) == 1
+        moved = tmp_path / "moved"
+        shutil.copytree(out, moved)
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+    run_main(post, moved, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest")
+    assert logs(moved) == logs(reference)

@@ -33,6 +33,7 @@ from tokenswap.training.checkpoint import (
     CheckpointCallback,
     ResumableCollator,
     resolve_checkpoint,
+    saving_final,
     train,
     verify_checkpoint,
 )
@@ -114,6 +115,7 @@ __all__ = [
     "print0",
     "resolve_attn_implementation",
     "resolve_checkpoint",
+    "saving_final",
     "train",
     "trainer_section",
     "verify_checkpoint",
