@@ -802,7 +802,9 @@ def section_concurrency(t: Tally, work: Path, rng: random.Random, n_kills: int) 
             p = subprocess.Popen(llm_build_cmd(out, server.base_url, 16), cwd=REPO, env=ENV,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             hung = _until(reached, p, progress=lambda: (len(server.requests), files_in(out)))
-            if p.poll() is None:
+            running = p.poll() is None
+            killed = running and not hung
+            if running:
                 p.send_signal(signal.SIGKILL)
                 if hung:
                     t.add("concurrency", "a build at concurrency 16", False, hung)
@@ -810,6 +812,9 @@ def section_concurrency(t: Tally, work: Path, rng: random.Random, n_kills: int) 
                     kills.append(f"after {len(server.requests) - replies0} replies and {files_in(out) - files0} new "
                                  f"files, {server.in_flight} requests in flight")
             p.wait()
+            if killed:  # what the dead writer left half-written: the restart must remove it
+                stray = sum(1 for q in out.rglob("*.tmp") if not q.is_relative_to(out / "state" / "cache"))
+                kills[-1] += f", {stray} temporary file(s) left"
             if (out / "report.json").exists():
                 break
         final = run(llm_build_cmd(out, server.base_url, 16), 1800)
