@@ -52,6 +52,11 @@ uninterrupted run); otherwise it is *lost*, and the reason is printed. Sections:
   (``TOKENSWAP_FAULT_SAVE_PAUSE_S``): the cut checkpoint is skipped (said) and the run ends equal to the reference.
 - ``sigterm``: SIGTERM during a save, at random moments, and to rank 1 only of a 2-rank run: a complete checkpoint
   at the next step end on every rank, exit 143, an exact resume.
+- ``runs_end``: a finished run with persistent data-loader workers ends with them; SIGTERM to the job's process
+  group before the first batch (``TOKENSWAP_FAULT_WORKER_HOLD_S`` holds each worker there until the signal is
+  pending) saves step 1 and exits 143 with no traceback and no orphan; a SIGKILL of a run with 2 workers leaves the
+  folder's lock free at the first try; a SIGKILLed ``atomic_write``'s temporary is removed when the training run and
+  the store build restart (a live writer's is kept); a write on a full tmpfs leaves none.
 - ``resume_settings``: resumes with changed ``run.arm``, ``collator.swap_prob``, ``data.seed``,
   ``collator.max_length``, ``collator.pack_budget``, batch size, learning rate: exit 2 naming each difference, the
   folder untouched; a longer ``max_steps`` with 2 workers resumes exactly.
@@ -82,6 +87,7 @@ The last line of the output is exactly ``faults: N tried, H handled, L lost``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.util
 import io
@@ -775,6 +781,21 @@ def same_llm_build(out: Path, ref: Path) -> str:
     return "" if counts == {k: want[k] for k in LLM_COUNTS} else f"counts {counts} vs {[want[k] for k in LLM_COUNTS]}"
 
 
+def _until(reached: Callable[[], bool], p: subprocess.Popen, progress: Callable[[], object],
+           stall_s: float = 600) -> str:
+    """Wait until ``reached()`` or ``p`` ended (''), polling; a process whose ``progress()`` stayed the same for
+    ``stall_s`` seconds is hung (said). The only clock here detects a hang: it never decides where a fault lands."""
+    seen, since = progress(), time.monotonic()
+    while p.poll() is None and not reached():
+        now = progress()
+        if now != seen:
+            seen, since = now, time.monotonic()
+        elif time.monotonic() - since > stall_s:
+            return f"no progress for {stall_s:g}s (hung)"
+        time.sleep(0.002)
+    return ""
+
+
 def section_concurrency(t: Tally, work: Path, rng: random.Random, n_kills: int) -> None:
     from tokenswap.testing import LoadLLMServer, concept_reply
 
@@ -782,31 +803,44 @@ def section_concurrency(t: Tally, work: Path, rng: random.Random, n_kills: int) 
     server = LoadLLMServer(concept_reply, latency=lambda payload: delays.uniform(0.0, 0.04))
     try:
         ref = work / "llm-ref"
-        proc = run(llm_build_cmd(ref, server.base_url, 1), 600)
+        proc = run(llm_build_cmd(ref, server.base_url, 1), 1800)
         if proc.returncode != 0:
             raise RuntimeError(f"reference build at concurrency 1 failed: {proc.stderr[-2000:]}")
 
-        # SIGKILLs at random moments of a build with 16 requests in flight, each followed by the same command.
+        # SIGKILLs at random points of a build's own progress (the r-th reply the server sent it, or the k-th new file
+        # it wrote), each followed by the same command. No wait in seconds decides where a kill lands: a loaded
+        # machine reaches the same points later, not other ones, and a hung build is the only thing a clock ends.
         out = work / "llm-killed"
         kills: list[str] = []
-        for _ in range(n_kills * 3):
+        for attempt in range(n_kills * 3):
             if len(kills) >= n_kills:
                 break
-            before = files_in(out)
+            files0, replies0 = files_in(out), len(server.requests)
+            if attempt % 2 == 0:
+                n = rng.randint(1, 24)
+                reached = lambda n=n, r=replies0: len(server.requests) - r >= n  # noqa: E731
+            else:
+                n = rng.randint(1, 4)
+                reached = lambda n=n, f=files0: files_in(out) - f >= n  # noqa: E731
             p = subprocess.Popen(llm_build_cmd(out, server.base_url, 16), cwd=REPO, env=ENV,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            target = before + rng.randint(1, 4)
-            deadline = time.monotonic() + 120
-            while p.poll() is None and files_in(out) < target and time.monotonic() < deadline:
-                time.sleep(0.005)
-            time.sleep(rng.uniform(0.0, 0.3))
-            if p.poll() is None:
+            hung = _until(reached, p, progress=lambda: (len(server.requests), files_in(out)))
+            running = p.poll() is None
+            killed = running and not hung
+            if running:
                 p.send_signal(signal.SIGKILL)
-                kills.append(f"after {files_in(out) - before} new files, {server.in_flight} requests in flight")
+                if hung:
+                    t.add("concurrency", "a build at concurrency 16", False, hung)
+                else:
+                    kills.append(f"after {len(server.requests) - replies0} replies and {files_in(out) - files0} new "
+                                 f"files, {server.in_flight} requests in flight")
             p.wait()
+            if killed:  # what the dead writer left half-written: the restart must remove it
+                stray = sum(1 for q in out.rglob("*.tmp") if not q.is_relative_to(out / "state" / "cache"))
+                kills[-1] += f", {stray} temporary file(s) left"
             if (out / "report.json").exists():
                 break
-        final = run(llm_build_cmd(out, server.base_url, 16), 600)
+        final = run(llm_build_cmd(out, server.base_url, 16), 1800)
         problem = (final.stderr[-300:] if final.returncode else "") or same_llm_build(out, ref)
         for k in kills:
             t.add("concurrency", f"SIGKILL at concurrency 16 {k}, resumed", not problem, problem)
@@ -816,8 +850,9 @@ def section_concurrency(t: Tally, work: Path, rng: random.Random, n_kills: int) 
         # A rate-limited API: 4 at once, 429 + Retry-After beyond. Slowed down, same bytes.
         server.rate_limit, server.retry_after, server.rejected = 4, 0.3, 0
         out = work / "llm-429"
-        proc = run(llm_build_cmd(out, server.base_url, 16, "extractor.llm.max_retries=20",
-                                 "judge.llm.max_retries=20"), 600)
+        # Retries enough for any load: a busy machine serves each slot slower, so more requests meet a full server.
+        proc = run(llm_build_cmd(out, server.base_url, 16, "extractor.llm.max_retries=1000",
+                                 "judge.llm.max_retries=1000"), 1800)
         rejected = server.rejected
         server.rate_limit = None
         problem = (proc.stderr[-300:] if proc.returncode else "") or same_llm_build(out, ref)
@@ -833,16 +868,17 @@ def section_concurrency(t: Tally, work: Path, rng: random.Random, n_kills: int) 
             return concept_reply(payload)
 
         def stalling(payload):
-            return 3.0 if "apple" in json.dumps(payload).lower() else delays.uniform(0.0, 0.04)
+            # Held 12x past the client's 5 s deadline; a loaded machine answers the others well within it.
+            return 60.0 if "apple" in json.dumps(payload).lower() else delays.uniform(0.0, 0.04)
 
         for what, reply, latency in [("drops the connection", dropping, server.latency),
                                      ("stalls past the deadline", concept_reply, stalling)]:
             out = work / f"llm-fail-{what.split()[0]}"
             server.reply, normal = reply, server.latency
             server.latency = latency
-            cmd = llm_build_cmd(out, server.base_url, 16, "extractor.llm.max_retries=1", "extractor.llm.timeout=1",
-                                "judge.llm.max_retries=1", "judge.llm.timeout=1")
-            first = run(cmd, 600)
+            cmd = llm_build_cmd(out, server.base_url, 16, "extractor.llm.max_retries=1", "extractor.llm.timeout=5",
+                                "judge.llm.max_retries=1", "judge.llm.timeout=5")
+            first = run(cmd, 1800)
             server.reply, server.latency = concept_reply, normal
             report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
             failed = report.get("failed_requests", 0)
@@ -852,7 +888,7 @@ def section_concurrency(t: Tally, work: Path, rng: random.Random, n_kills: int) 
             elif report.get("complete") is not False or not failed:
                 problem = f"report.json: complete={report.get('complete')} failed_requests={failed}"
             else:
-                second = run(cmd, 600)
+                second = run(cmd, 1800)
                 problem = (second.stderr[-300:] if second.returncode else "") or same_llm_build(out, ref)
             t.add("concurrency", f"server {what} for some rows ({failed} failed): exit 1, rerun fills them in",
                   not problem, problem)
@@ -1935,12 +1971,223 @@ def section_bad_replies(t: Tally, work: Path) -> None:
           f"{second.stderr[-300:]}")
 
 
+# ============================================================================ runs that end
+
+
+OUTCOMES["runs_end"] = (
+    "persistent workers: the run ends (exit 0) with no worker left; the job's SIGTERM before the first batch: exit 143 "
+    "after saving step 1, no traceback, no orphan, exact resume; SIGKILL with workers: the folder's lock free at the "
+    "first try; dead writers' temporaries removed when a run or build restarts (live ones kept), a failed write none"
+)
+WORKER_HOLD_ENV = "TOKENSWAP_FAULT_WORKER_HOLD_S"  # tokenswap.training.workers.FAULT_WORKER_HOLD_ENV
+WORKER_HOLD_LINE = "waits for a SIGTERM before its first batch"
+
+
+def _start_job(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    """A run in its own process group, as a scheduler's job: ``os.killpg`` reaches it and all its workers."""
+    with open(log, "w") as f:
+        return subprocess.Popen(cmd, cwd=REPO, env={**ENV, **(env or {})}, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _group_left(pgid: int) -> list[int]:
+    """Processes still in group ``pgid``, zombies included (an unreaped worker is still there)."""
+    left = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) == pgid:
+                    left.append(int(entry))
+            except ProcessLookupError:
+                continue
+    return left
+
+
+def _end_job(p: subprocess.Popen, hang_s: float = 600) -> str:
+    """Wait for the job's main process ('' once it exited), or kill the group and say it hung."""
+    try:
+        p.wait(timeout=hang_s)
+        return ""
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        return f"still running {hang_s:g}s later (hung)"
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            kids += [int(k) for k in f.read().split()]
+    return kids
+
+
+_PAUSED_WRITER = ("import os, signal, sys\n"
+                  "from tokenswap.files import atomic_write\n"
+                  "os.fsync = lambda fd: signal.pause()  # holds the write between its temporary and the rename\n"
+                  "atomic_write(sys.argv[1], b'{}')\n")
+
+
+def _writer_at(path: Path) -> tuple[subprocess.Popen, Path]:
+    """A process in the middle of ``atomic_write(path)`` (its temporary written, not yet renamed), and the temporary."""
+    before = set(path.parent.glob(f"{path.name}.*.tmp"))
+    p = subprocess.Popen([PY, "-c", _PAUSED_WRITER, str(path)], cwd=REPO, env=ENV, stderr=subprocess.DEVNULL)
+    while p.poll() is None:
+        new = set(path.parent.glob(f"{path.name}.*.tmp")) - before
+        if new:
+            return p, new.pop()
+        time.sleep(0.005)
+    raise RuntimeError(f"the paused writer of {path} exited {p.returncode} before writing its temporary")
+
+
+def _dead_and_live_temporaries(dead_of: Path, live_of: Path) -> tuple[Path, Path, subprocess.Popen]:
+    """A temporary of a writer SIGKILLed mid-write beside ``dead_of``, and a live writer's beside ``live_of``."""
+    killed, dead = _writer_at(dead_of)
+    killed.kill()
+    killed.wait()
+    live_writer, live = _writer_at(live_of)
+    return dead, live, live_writer
+
+
+def section_runs_end(t: Tally, work: Path, model: Path, store: Path) -> None:
+    """Runs end, with their workers, and free their folder; what dead writers left is removed at the restart."""
+    from tokenswap.files import FolderLock, atomic_write
+
+    ref = _train_reference(work, model, store)
+    workers = "train.dataloader_num_workers=2"
+
+    # A finished run with persistent workers: "done", then the process ends with its workers (it used to live on,
+    # holding the folder, waiting for workers that ignore SIGTERM).
+    out, log = work / "end-persistent", work / "end-persistent.log"
+    p = _start_job(train_cmd(out, model, store, workers, "train.dataloader_persistent_workers=true", steps=4), log)
+    problem = _end_job(p)
+    done_at = log.stat().st_mtime
+    left = _group_left(p.pid)
+    said = log.read_text(errors="replace")
+    if not problem and (p.returncode != 0 or f"done: {out}" not in said):
+        problem = f"rc={p.returncode}: {said[-300:]}"
+    problem = problem or (f"{len(left)} worker(s) left after the run ended: {left}" if left else "")
+    t.add("runs_end", "a finished run with train.dataloader_persistent_workers=true ends with its workers (exit 0, "
+          f"{max(0.0, time.time() - done_at):.1f}s after its last line, no process of its group left)", not problem,
+          problem)
+
+    # The whole job SIGTERMed as the workers start: each worker holds its first batch until the signal is pending.
+    out, log = work / "end-sigterm-start", work / "end-sigterm-start.log"
+    p = _start_job(train_cmd(out, model, store, workers), log, {WORKER_HOLD_ENV: "300"})
+    problem = "" if _wait_text(p, log, WORKER_HOLD_LINE) else f"no worker started: {log.read_text()[-300:]}"
+    if not problem:
+        os.killpg(p.pid, signal.SIGTERM)
+    problem = problem or _end_job(p)
+    said = log.read_text(errors="replace")
+    left = _group_left(p.pid)
+    if not problem:
+        if p.returncode != 143 or "Traceback" in said:
+            problem = f"rc={p.returncode}: {said[-400:]}"
+        elif left:
+            problem = f"{len(left)} orphan(s) left: {left}"
+        elif not (out / "checkpoint-1" / "tokenswap_complete.json").is_file():
+            problem = "no complete checkpoint-1"
+    problem = problem or _resume_to_end(out, model, store, ref)
+    t.add("runs_end", "SIGTERM to the job's process group before the first batch: step 1 saved, exit 143, no "
+          "traceback, no orphan; the resume equals an uninterrupted run", not problem, problem)
+
+    # SIGKILL of a run whose workers are serving batches: the next run gets the folder at its first try.
+    out, log = work / "end-sigkill", work / "end-sigkill.log"
+    p = _start_job(train_cmd(out, model, store, workers), log, {PAUSE_ENV: "300@2"})
+    problem, orphans = "", []
+    try:
+        if not _wait_text(p, log, PAUSE_LINE):
+            problem = f"the run never reached checkpoint-2: {log.read_text()[-300:]}"
+        else:
+            kids = _children(p.pid)
+            lock = str(out / ".train-lock-r000")
+            holding = [k for k in kids if lock in (os.path.realpath(f"/proc/{k}/fd/{fd}")
+                                                    for fd in os.listdir(f"/proc/{k}/fd"))]
+            p.kill()
+            p.wait()
+            try:
+                FolderLock(out, 0, prefix=".train-lock").acquire().release()
+            except RuntimeError as e:
+                problem = f"the lock was still held right after the SIGKILL: {e}"
+            orphans = [k for k in kids if os.path.exists(f"/proc/{k}")]
+            if len(kids) < 2:
+                problem = problem or f"{len(kids)} worker(s) found, expected 2"
+            elif holding:
+                problem = problem or f"worker(s) {holding} hold a descriptor of the lock file"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    problem = problem or _resume_to_end(out, model, store, ref)
+    t.add("runs_end", f"SIGKILL of a run with 2 workers: the lock is free at the first try ({len(orphans)} orphaned "
+          "worker(s) still alive then), the resume equals an uninterrupted run", not problem, problem)
+
+    # Dead writers' temporaries: a writer SIGKILLed between its temporary and the rename, and a live one. The
+    # restarted run (its folder) and the restarted build (its folder) remove the dead one and keep the live one.
+    out = work / "end-sigkill"  # complete now (resumed to the end)
+    older, newest = sorted(out.glob("checkpoint-*"), key=lambda c: int(c.name.split("-")[1]))[-2:]
+    dead, live, writer = _dead_and_live_temporaries(older / "tokenswap_state.rank0.json",
+                                                    newest / "tokenswap_state.rank0.json")
+    try:
+        proc = run(train_cmd(out, model, store, "train.resume_from_checkpoint=latest"), 1800)
+        problem = f"rc={proc.returncode}: {proc.stderr[-300:]}" if proc.returncode else ""
+        problem = problem or ("the dead writer's temporary is still there" if dead.exists() else "")
+        problem = problem or ("the live writer's temporary was removed" if not live.exists() else "")
+        problem = problem or compare_logs(out, ref)
+    finally:
+        writer.kill()
+        writer.wait()
+    t.add("runs_end", "a training run restarted over a SIGKILLed writer's temporary removes it (a live writer's is "
+          "kept) and ends equal to an uninterrupted run", not problem, problem)
+
+    build = work / "end-build"
+    proc = run(store_cmd(build, "data.max_samples=20"), 1800)
+    problem = f"build rc={proc.returncode}: {proc.stderr[-300:]}" if proc.returncode else ""
+    if not problem:
+        before = llm_build_files(build)
+        dead, live, writer = _dead_and_live_temporaries(build / "state" / "plan.json", build / "report.json")
+        try:
+            proc = run(store_cmd(build, "data.max_samples=20"), 1800)
+            problem = f"rerun rc={proc.returncode}: {proc.stderr[-300:]}" if proc.returncode else ""
+            problem = problem or ("the dead writer's temporary is still there" if dead.exists() else "")
+            problem = problem or ("the live writer's temporary was removed" if not live.exists() else "")
+            after = {k: v for k, v in llm_build_files(build).items() if not k.endswith(".tmp")}
+            problem = problem or ("" if after == before else f"files changed: {sorted(set(after) ^ set(before))[:4]}")
+        finally:
+            writer.kill()
+            writer.wait()
+    t.add("runs_end", "a store build restarted over a SIGKILLed writer's temporary removes it (a live writer's is "
+          "kept), the build unchanged", not problem, problem)
+
+    # A write that fails (a full disk) leaves no temporary: a real ENOSPC on a small tmpfs.
+    disk = work / "end-full-disk"
+    disk.mkdir(exist_ok=True)
+    mounted = os.geteuid() == 0 and shutil.which("mount") and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True).returncode == 0
+    if not mounted:
+        t.note("runs_end", "the full-disk write was not tried: it needs root and mount -t tmpfs")
+        return
+    try:
+        try:
+            atomic_write(disk / "big.json", b"x" * (1 << 20))
+            problem = "a 1 MiB write into 256 KiB succeeded"
+        except OSError as e:
+            problem = "" if e.errno == 28 else f"{type(e).__name__}: {e}"
+        left = [p.name for p in disk.iterdir()]
+        problem = problem or (f"left behind: {left}" if left else "")
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+    t.add("runs_end", "atomic_write on a full disk: ENOSPC raised, no temporary left", not problem, problem)
+
+
+
 # ============================================================================ main
 
 
 SECTIONS = ("store", "store_images", "native_images", "shard_rewrite", "data", "malformed", "llm", "concurrency",
             "training", "workers", "same_folder", "state_window", "sigterm", "resume_settings",
-            "secrets", "null_replies", "bad_replies")
+            "secrets", "null_replies", "bad_replies", "runs_end")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1965,7 +2212,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     model = store = None
     if {"native_images", "shard_rewrite", "training", "workers", "same_folder", "state_window", "sigterm",
-            "resume_settings"} & set(sections):
+            "resume_settings", "runs_end"} & set(sections):
         from tokenswap.testing import build_tiny_qwen2vl, build_tiny_store
 
         with contextlib_quiet():
@@ -1989,6 +2236,7 @@ def main(argv: list[str] | None = None) -> int:
         "secrets": lambda: section_secrets(tally, work, model, store),
         "null_replies": lambda: section_null_replies(tally, work),
         "bad_replies": lambda: section_bad_replies(tally, work),
+        "runs_end": lambda: section_runs_end(tally, work, model, store),
     }
     timings = {}
     for name in sections:

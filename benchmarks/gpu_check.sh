@@ -1,30 +1,39 @@
 #!/usr/bin/env bash
 # One-GPU check of the training path on a CUDA machine as it comes (its own torch, no flash-attn needed), in two
-# parts that each fit one 600 s device command:
-#   part 1: post-training runs: text arm, tokenswap arm padded and packed, tokenswap under DeepSpeed ZeRO-3;
-#   part 2: QLoRA (packed), Liger, the packed-attention exactness tests on CUDA (every kernel, bf16, head_dim 128
-#           with 7:1 grouped-query attention), and tokens/s, MFU and peak memory padded vs packed on a
-#           Qwen2-VL-2B-shaped model plus one 7B-shaped LoRA step (benchmarks/gpu_packing.py).
+# parts ordered by value, for one 900 s lease (each part one device command of at most 600 s):
+#   part 1 (about 400 s with the machine's cold start): the packed-attention exactness tests on CUDA (every kernel,
+#           bf16, head_dim 128 with 7:1 grouped-query attention), then tokens/s, MFU and peak memory padded vs
+#           packed on a Qwen2-VL-2B-shaped model and on a 7B-shaped LoRA model (benchmarks/gpu_packing.py);
+#   part 2 (what the lease has left): post-training recipe runs, most valuable first: tokenswap arm packed and
+#           padded, text arm, tokenswap under DeepSpeed ZeRO-3, QLoRA (packed), Liger. A run that does not fit in
+#           the time left is skipped and the report says so.
 #
-#   bash benchmarks/gpu_check.sh --part 1 --wheels DIR --report /tmp/r1   # on the GPU machine; then --part 2
-#     (through the device tool, which brings back 8 files: then tar czf $OUT/r1.tgz -C /tmp r1)
-#   bash benchmarks/gpu_check.sh --dry-run [--part 1|2]                  # anywhere: the same steps on the CPU twin
+#   bash benchmarks/gpu_check.sh --part 1 --wheels .whl --archive $OUT/part1.tar.gz     # on the GPU machine, then
+#   bash benchmarks/gpu_check.sh --part 2 --wheels .whl --lease-left S --archive $OUT/part2.tar.gz
+#     (S: the device tool's budget_left_s when part 2 starts; each archive is the part's whole report, one file)
+#   bash benchmarks/gpu_check.sh --dry-run [--part 1|2]          # anywhere: the same steps on the CPU twin
 #   STEPS=40 SCRATCH=/tmp/gpu_check PYTHON=python3 bash benchmarks/gpu_check.sh
 #
 # --only a,b: only these steps of the part (run names, exactness, gpu_packing_2b, gpu_packing_7b), to rerun one.
 # --wheels DIR: install the wheels benchmarks/gpu_wheels.sh DIR fetched (pip --no-deps --target, first on
 # PYTHONPATH). --report DIR: where the summary (summary.txt, rewritten after every step), the logs and the JSON
-# figures go (a few MB; default $SCRATCH/report). Everything else (the private site-packages, the model, the image
-# store, checkpoints) stays in $SCRATCH under /tmp. --dry-run: the CPU twin of the GPU image (benchmarks/
-# gpu_twin.sh: the image's packages at their versions, cached), the wheels gpu_wheels.sh fetches for this
-# machine's Python carried over it exactly as above, then the same preflight, the same runs (one CPU step each,
-# toy width), the same parsing and the same summary: what would fail on the GPU fails here first.
+# figures go (a few MB; default $SCRATCH/report). --archive FILE: that folder as one .tar.gz, rewritten after every
+# step and when the script ends, so a part stopped at any point still returns every figure it measured in one file.
+# --lease-left S: the device seconds left when the part starts; the part then keeps LEASE_RESERVE (60 s: the
+# transfer back, the give-back) of them and uses at most 540 s. Everything else (the private site-packages, the
+# model, the image store, checkpoints) stays in $SCRATCH under /tmp. --dry-run: the CPU twin of the GPU image
+# (benchmarks/gpu_twin.sh: the image's packages at their versions, cached), the wheels gpu_wheels.sh fetches for
+# this machine's Python carried over it exactly as above, then the same preflight, the same steps (one CPU step
+# each, toy width), the same parsing and the same summary: what would fail on the GPU fails here first.
 #
-# Every step has a timeout, and a part stops starting steps when fewer seconds than a step's timeout are left of
-# PART_BUDGET (default 540 s), so a part ends inside 600 s; such a step reads "skipped (part budget ...)". Runs
-# whose optional package cannot work (bitsandbytes: qlora; liger-kernel, decided by patching a tiny model as the
-# Trainer would: liger) are reported as skipped with the reason. Uses the torch that is installed (nothing here
-# installs torch) and this checkout's tokenswap, first on PYTHONPATH. Exits non-zero if any step fails.
+# Every step has a timeout, and a step starts only when its timeout fits in what is left of PART_BUDGET (part 1:
+# 330 s; part 2: from --lease-left, else 540 s), so a part never overruns its share of the lease. A part-1 step
+# that does not fit fails the part (its figures are the point of the lease); a part-2 run that does not fit reads
+# "skipped (lease: ...)" and the part still passes. The step timeouts (exactness 90 s, 2B bench 90 s, 7B bench
+# 120 s, a recipe run 90 s) are estimates until a lease measures them: each summary line ends with the step's wall
+# seconds. Runs whose optional package cannot work (bitsandbytes: qlora; liger-kernel, decided by patching a tiny
+# model as the Trainer would: liger) are reported as skipped with the reason. Uses the torch that is installed
+# (nothing here installs torch) and this checkout's tokenswap, first on PYTHONPATH. Exits non-zero if any step fails.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -36,6 +45,8 @@ WHEELS=""
 PART=all
 REPORT=""
 ONLY=""
+ARCHIVE=""
+LEASE_LEFT=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY_RUN=1 ;;
@@ -43,19 +54,24 @@ while [ $# -gt 0 ]; do
     --part) PART=${2:?--part needs 1, 2 or all}; shift ;;
     --report) REPORT=${2:?--report needs a folder}; shift ;;
     --only) ONLY=",${2:?--only needs step names, comma-separated},"; shift ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
-    *) echo "gpu_check: unknown argument $1 (use --part 1|2, --wheels DIR, --report DIR, --dry-run)" >&2; exit 2 ;;
+    --archive) ARCHIVE=${2:?--archive needs a file name ending in .tar.gz}; shift ;;
+    --lease-left) LEASE_LEFT=${2:?--lease-left needs the device seconds left}; shift ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown argument $1 (use --part 1|2, --wheels DIR, --report DIR, --archive FILE," \
+         "--lease-left S, --dry-run)" >&2; exit 2 ;;
   esac
   shift
 done
 case "$PART" in 1|2|all) ;; *) echo "gpu_check: --part must be 1, 2 or all, got $PART" >&2; exit 2 ;; esac
+case "$ARCHIVE" in ""|*.tar.gz) ;; *) echo "gpu_check: --archive must name a .tar.gz file, got $ARCHIVE" >&2; exit 2 ;; esac
+case "$LEASE_LEFT" in ""|*[!0-9]*) [ -z "$LEASE_LEFT" ] || { echo "gpu_check: --lease-left must be whole seconds, got $LEASE_LEFT" >&2; exit 2; } ;; esac
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
 export PYTHONUNBUFFERED=1
 START=$SECONDS
 if [ "$DRY_RUN" = 1 ]; then
   # A shared 2-core CPU is far slower than the GPU: the twin checks the steps, not the lease.
-  PART_BUDGET=${PART_BUDGET:-3000} STEP_TIMEOUT=${STEP_TIMEOUT:-600}
+  DEFAULT_BUDGET=3000 STEP_TIMEOUT=${STEP_TIMEOUT:-600}
   DEVICE=cpu
   STEPS=${STEPS:-2}
   PYTHON=$(bash benchmarks/gpu_twin.sh | tail -n 1) || { echo "gpu_check: building the CPU twin failed" >&2; exit 1; }
@@ -70,10 +86,18 @@ if [ "$DRY_RUN" = 1 ]; then
   fi
   echo "gpu_check: dry run on the CPU twin ($PYTHON, wheels $WHEELS)"
 else
-  PART_BUDGET=${PART_BUDGET:-540} STEP_TIMEOUT=${STEP_TIMEOUT:-}
+  DEFAULT_BUDGET=$([ "$PART" = 1 ] && echo 330 || echo 540) STEP_TIMEOUT=${STEP_TIMEOUT:-}
   DEVICE=cuda
   STEPS=${STEPS:-20}
 fi
+if [ -n "$LEASE_LEFT" ]; then
+  # What this part may use of the lease: the rest, less the transfer back and the give-back, within one command.
+  FROM_LEASE=$(( LEASE_LEFT - ${LEASE_RESERVE:-60} ))
+  [ "$FROM_LEASE" -lt 0 ] && FROM_LEASE=0
+  [ "$FROM_LEASE" -gt 540 ] && FROM_LEASE=540
+  DEFAULT_BUDGET=$FROM_LEASE
+fi
+PART_BUDGET=${PART_BUDGET:-$DEFAULT_BUDGET}
 SCRATCH=${SCRATCH:-/tmp/tokenswap_gpu_check}
 REPORT=${REPORT:-$SCRATCH/report}
 rm -rf "$SCRATCH/runs" "$SCRATCH/site"
@@ -87,6 +111,13 @@ REPORT=$(cd "$REPORT" && pwd)
 rm -rf "$REPORT/runs" "$REPORT/results.jsonl" "$REPORT"/*.log "$REPORT"/*.json "$REPORT/summary.txt"
 touch "$REPORT/.gpu_check_report"
 : > "$REPORT/results.jsonl"
+# The report as one file (the device tool brings back a few files only): rewritten after every step and at the end.
+archive() {
+  [ -n "$ARCHIVE" ] || return 0
+  mkdir -p "$(dirname "$ARCHIVE")"
+  tar czf "$ARCHIVE.partial" -C "$(dirname "$REPORT")" "$(basename "$REPORT")" && mv -f "$ARCHIVE.partial" "$ARCHIVE"
+}
+trap archive EXIT
 SITE="$SCRATCH/site"
 if [ -n "$WHEELS" ]; then
   ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "gpu_check: no wheels in $WHEELS (run benchmarks/gpu_wheels.sh $WHEELS)" >&2; exit 2; }
@@ -114,17 +145,24 @@ fi
 declare -A SKIP
 while IFS=$'\t' read -r run reason; do [ -n "$run" ] && SKIP[$run]=$reason; done < "$SCRATCH/skips.txt"
 
-# ---------------------------------------------------------------------------- runs
-# name | part | accelerate config + flags | base YAML | extra overrides
+# ---------------------------------------------------------------------------- what each part runs
+# Recipe runs, most valuable first (part 2 runs them in this order while they fit):
+# name | accelerate config + flags | base YAML | extra overrides
 RUNS=(
-  "text|1|--config_file configs/accelerate/single_gpu.yaml|tiny/post_text.yaml|"
-  "tokenswap|1|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store"
-  "tokenswap_packed|1|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store collator.packing=true collator.pixel_dtype=bfloat16"
-  "tokenswap_zero3|1|--config_file configs/accelerate/zero3.yaml --num_processes 1|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store train.deepspeed=configs/deepspeed/zero3.json"
+  "tokenswap_packed|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store collator.packing=true collator.pixel_dtype=bfloat16"
+  "tokenswap|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store"
+  "text|--config_file configs/accelerate/single_gpu.yaml|tiny/post_text.yaml|"
+  "tokenswap_zero3|--config_file configs/accelerate/zero3.yaml --num_processes 1|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store train.deepspeed=configs/deepspeed/zero3.json"
   # QLoRA (bitsandbytes NF4), packed: its packed rows must reach the kernel the summary names
-  "tokenswap_qlora|2|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store model.load_in_4bit=true model.lora.r=16 collator.packing=true collator.pixel_dtype=bfloat16"
-  "tokenswap_liger|2|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store train.use_liger_kernel=true"
+  "tokenswap_qlora|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store model.load_in_4bit=true model.lora.r=16 collator.packing=true collator.pixel_dtype=bfloat16"
+  "tokenswap_liger|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store train.use_liger_kernel=true"
 )
+if [ "$DEVICE" = cuda ]; then
+  BENCHES=("gpu_packing_2b|--shape 2b --steps ${PACK_STEPS:-10}|${BENCH_TIMEOUT:-90}"
+           "gpu_packing_7b|--shape 7b --lora 16 --steps ${SEVEN_B_STEPS:-3}|${SEVEN_B_TIMEOUT:-${BENCH_TIMEOUT:-120}}")
+else
+  BENCHES=("gpu_packing_tiny|--shape tiny --device cpu --steps 1|${BENCH_TIMEOUT:-${STEP_TIMEOUT:-100}}")
+fi
 LOG_EVERY=$(( STEPS >= 20 ? 5 : 1 ))
 CPU=$([ "$DEVICE" = cpu ] && echo true || echo false)
 overrides() {  # $1 name, $2 extra overrides: what every run shares, so the arms differ only where they must
@@ -135,13 +173,60 @@ overrides() {  # $1 name, $2 extra overrides: what every run shares, so the arms
 in_part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
 wanted() { [ -z "$ONLY" ] || [[ "$ONLY" == *",$1,"* ]]; }  # --only: rerun some steps of a part
 
-# Every run's YAML + overrides against PostTrainConfig first, in one process (cheap; catches typos before GPU time).
-SPECS=()
-for spec in "${RUNS[@]}"; do
-  IFS='|' read -r name part _ yaml extra <<< "$spec"
-  in_part "$part" && SPECS+=("$name" "$yaml" "$(overrides "$name" "$extra")")
-done
-timeout 120 "$PYTHON" - "${SPECS[@]}" <<'PY' || { echo "gpu_check: a run's config is invalid" >&2; exit 1; }
+# fits NAME TIMEOUT KIND WHY: 0 when the step's timeout fits in what is left of the part, else records the skip.
+fits() {
+  local left=$(( PART_BUDGET - (SECONDS - START) ))
+  if [ "$left" -lt "$2" ]; then
+    "${REPORT_PY[@]}" skip "$1" "$4: ${left} s left of PART_BUDGET=$PART_BUDGET, the step may take ${2} s" \
+      --kind "$3" >/dev/null
+    echo "gpu_check: $1 skipped: ${left} s left of PART_BUDGET=$PART_BUDGET, it may take $2 s" >&2
+    archive
+    return 1
+  fi
+  STEP_START=$SECONDS
+}
+# report ARGS...: a gpu_report.py step that records a result, with the wall seconds of the step that made it.
+report() { GPU_CHECK_STEP_S=$(( SECONDS - STEP_START )) "${REPORT_PY[@]}" "$@"; local rc=$?; archive; return "$rc"; }
+
+status=0
+if in_part 1; then
+  # -------------------------------------------------------------------------- packed attention exactness
+  TEST_TIMEOUT=${TEST_TIMEOUT:-${STEP_TIMEOUT:-90}}
+  if ! wanted exactness; then
+    :
+  elif fits "exactness" "$TEST_TIMEOUT" exactness "part budget"; then
+    echo "gpu_check: packed rows equal their samples on $DEVICE, every kernel, bf16, head_dim 128 + GQA 7:1"
+    timeout -k 10 "$TEST_TIMEOUT" "$PYTHON" -m pytest -v -p no:cacheprovider -m gpu -rs \
+      --junitxml "$SCRATCH/packing_test.xml" tests/tokenswap/test_packing.py > "$SCRATCH/packing_test.log" 2>&1
+    rc=$?
+    [ "$rc" != 0 ] && tail -n 30 "$SCRATCH/packing_test.log" >&2
+    report tests "$rc" || status=1
+  else
+    status=1
+  fi
+  # -------------------------------------------------------------------------- tokens/s, MFU, peak memory
+  for b in "${BENCHES[@]}"; do
+    IFS='|' read -r name bargs btimeout <<< "$b"
+    wanted "$name" || continue
+    fits "$name" "$btimeout" bench "part budget" || { status=1; continue; }
+    echo "gpu_check: benchmarks/gpu_packing.py $bargs"
+    # shellcheck disable=SC2086
+    timeout -k 10 "$btimeout" "$PYTHON" benchmarks/gpu_packing.py $bargs --out "$SCRATCH/$name.json" \
+      > "$SCRATCH/$name.log" 2>&1
+    rc=$?
+    [ "$rc" != 0 ] && tail -n 30 "$SCRATCH/$name.log" >&2
+    report bench "$name" "$rc" || status=1
+  done
+fi
+
+if in_part 2; then
+  # Every run's YAML + overrides against PostTrainConfig first, in one process (cheap; catches typos before GPU time).
+  SPECS=()
+  for spec in "${RUNS[@]}"; do
+    IFS='|' read -r name _ yaml extra <<< "$spec"
+    SPECS+=("$name" "$yaml" "$(overrides "$name" "$extra")")
+  done
+  timeout 120 "$PYTHON" - "${SPECS[@]}" <<'PY' || { echo "gpu_check: a run's config is invalid" >&2; exit 1; }
 import importlib.util, sys
 spec = importlib.util.spec_from_file_location("post_train", "recipes/post_train.py")
 module = importlib.util.module_from_spec(spec)
@@ -153,81 +238,37 @@ for name, yaml, overrides in zip(args[::3], args[1::3], args[2::3]):
     load_config(module.PostTrainConfig, yaml, overrides.split())
 print(f"gpu_check: configs and overrides of {len(args) // 3} runs are valid")
 PY
+  STEP_START=$SECONDS
+  timeout 180 "${REPORT_PY[@]}" assets > "$SCRATCH/assets.log" 2>&1 || { cat "$SCRATCH/assets.log" >&2; status=1; }
+  grep '^gpu_check: model' "$SCRATCH/assets.log"
+  [ -f "$SCRATCH/model/config.json" ] || { echo "gpu_check: building the model/store failed" >&2; exit 1; }
+  archive
 
-# budget NAME TIMEOUT: 0 when the step fits in what is left of the part, else records the skip.
-budget() {
-  local left=$(( PART_BUDGET - (SECONDS - START) ))
-  if [ "$left" -lt "$2" ]; then
-    "${REPORT_PY[@]}" skip "$1" "part budget: ${left} s left, the step may take ${2} s" --kind "${3:-run}" >/dev/null
-    echo "gpu_check: $1 skipped: ${left} s left of PART_BUDGET=$PART_BUDGET, it may take $2 s" >&2
-    return 1
-  fi
-}
-
-status=0
-timeout 180 "${REPORT_PY[@]}" assets > "$SCRATCH/assets.log" 2>&1 || { cat "$SCRATCH/assets.log" >&2; status=1; }
-grep '^gpu_check: model' "$SCRATCH/assets.log"
-[ -f "$SCRATCH/model/config.json" ] || { echo "gpu_check: building the model/store failed" >&2; exit 1; }
-
-RUN_TIMEOUT=${RUN_TIMEOUT:-${STEP_TIMEOUT:-120}}
-for spec in "${RUNS[@]}"; do
-  IFS='|' read -r name part launch yaml extra <<< "$spec"
-  in_part "$part" && wanted "$name" || continue
-  if [ -n "${SKIP[$name]:-}" ]; then
-    "${REPORT_PY[@]}" skip "$name" "${SKIP[$name]}" >/dev/null
-    echo "gpu_check: run $name skipped: ${SKIP[$name]}"
-    continue
-  fi
-  budget "$name" "$RUN_TIMEOUT" || { status=1; continue; }
-  log="$SCRATCH/runs/$name.log"
-  smi_pid=""
-  if [ "$DEVICE" = cuda ]; then
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$SCRATCH/runs/$name.smi" 2>/dev/null &
-    smi_pid=$!
-  fi
-  echo "gpu_check: run $name (log: $log)"
-  # shellcheck disable=SC2086
-  PEAK_MEMORY_JSON="$SCRATCH/runs/$name.mem.json" timeout -k 10 "$RUN_TIMEOUT" "$PYTHON" -m accelerate.commands.launch \
-    $launch benchmarks/peak_memory.py recipes/post_train.py --config "$yaml" $(overrides "$name" "$extra") > "$log" 2>&1
-  rc=$?
-  [ -n "$smi_pid" ] && { kill "$smi_pid" 2>/dev/null; wait "$smi_pid" 2>/dev/null; }
-  [ "$rc" != 0 ] && { echo "gpu_check: run $name FAILED (exit $rc); last lines of $log:" >&2; tail -n 30 "$log" >&2; }
-  "${REPORT_PY[@]}" run "$name" "$rc" || status=1
-done
-
-if in_part 2; then
-  # -------------------------------------------------------------------------- packed attention exactness
-  TEST_TIMEOUT=${TEST_TIMEOUT:-${STEP_TIMEOUT:-200}}
-  if ! wanted exactness; then
-    :
-  elif budget "exactness" "$TEST_TIMEOUT" exactness; then
-    echo "gpu_check: packed rows equal their samples on $DEVICE, every kernel, bf16, head_dim 128 + GQA 7:1"
-    timeout -k 10 "$TEST_TIMEOUT" "$PYTHON" -m pytest -v -p no:cacheprovider -m gpu -rs \
-      --junitxml "$SCRATCH/packing_test.xml" tests/tokenswap/test_packing.py > "$SCRATCH/packing_test.log" 2>&1
-    rc=$?
-    [ "$rc" != 0 ] && tail -n 30 "$SCRATCH/packing_test.log" >&2
-    "${REPORT_PY[@]}" tests "$rc" || status=1
-  else
-    status=1
-  fi
-  # -------------------------------------------------------------------------- tokens/s, MFU, peak memory
-  if [ "$DEVICE" = cuda ]; then
-    BENCHES=("gpu_packing_2b|--shape 2b --steps ${PACK_STEPS:-10}" "gpu_packing_7b|--shape 7b --lora 16 --arms packed --steps ${SEVEN_B_STEPS:-4}")
-  else
-    BENCHES=("gpu_packing_tiny|--shape tiny --device cpu --steps 1")
-  fi
-  BENCH_TIMEOUT=${BENCH_TIMEOUT:-${STEP_TIMEOUT:-100}}
-  for b in "${BENCHES[@]}"; do
-    IFS='|' read -r name bargs <<< "$b"
+  RUN_TIMEOUT=${RUN_TIMEOUT:-${STEP_TIMEOUT:-90}}
+  for spec in "${RUNS[@]}"; do
+    IFS='|' read -r name launch yaml extra <<< "$spec"
     wanted "$name" || continue
-    budget "$name" "$BENCH_TIMEOUT" bench || { status=1; continue; }
-    echo "gpu_check: benchmarks/gpu_packing.py $bargs"
+    if [ -n "${SKIP[$name]:-}" ]; then
+      "${REPORT_PY[@]}" skip "$name" "${SKIP[$name]}" >/dev/null
+      echo "gpu_check: run $name skipped: ${SKIP[$name]}"
+      continue
+    fi
+    # What does not fit in the lease is skipped and said; the part still passes (its runs are the lesser value).
+    fits "$name" "$RUN_TIMEOUT" run lease || continue
+    log="$SCRATCH/runs/$name.log"
+    smi_pid=""
+    if [ "$DEVICE" = cuda ]; then
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$SCRATCH/runs/$name.smi" 2>/dev/null &
+      smi_pid=$!
+    fi
+    echo "gpu_check: run $name (log: $log)"
     # shellcheck disable=SC2086
-    timeout -k 10 "$BENCH_TIMEOUT" "$PYTHON" benchmarks/gpu_packing.py $bargs --out "$SCRATCH/$name.json" \
-      > "$SCRATCH/$name.log" 2>&1
+    PEAK_MEMORY_JSON="$SCRATCH/runs/$name.mem.json" timeout -k 10 "$RUN_TIMEOUT" "$PYTHON" -m accelerate.commands.launch \
+      $launch benchmarks/peak_memory.py recipes/post_train.py --config "$yaml" $(overrides "$name" "$extra") > "$log" 2>&1
     rc=$?
-    [ "$rc" != 0 ] && tail -n 30 "$SCRATCH/$name.log" >&2
-    "${REPORT_PY[@]}" bench "$name" "$rc" || status=1
+    [ -n "$smi_pid" ] && { kill "$smi_pid" 2>/dev/null; wait "$smi_pid" 2>/dev/null; }
+    [ "$rc" != 0 ] && { echo "gpu_check: run $name FAILED (exit $rc); last lines of $log:" >&2; tail -n 30 "$log" >&2; }
+    report run "$name" "$rc" || status=1
   done
 fi
 

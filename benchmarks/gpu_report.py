@@ -38,6 +38,8 @@ def _first_line(e: BaseException) -> str:
 
 
 def _record(report: Path, row: dict) -> None:
+    if os.environ.get("GPU_CHECK_STEP_S", "").isdigit() and not row.get("status", "").startswith("skipped"):
+        row["seconds"] = int(os.environ["GPU_CHECK_STEP_S"])  # the step's wall time, to size the next lease's parts
     with open(report / "results.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
     summary(report)
@@ -350,18 +352,21 @@ def summary(report: Path | str) -> str:
     out = [f"{'step':<26} {'status':<8} {'samples/s':>9} {'tokens/s':>9} {'pad':>6} {'TFLOP/s':>8} {'peak GiB':>9} "
            f"{'smi GiB':>8} {'loss first -> last':>20}  attention / MFU"]
     for r in rows:
+        took = f"  ({r['seconds']} s)" if r.get("seconds") is not None else ""
         if r.get("status") != "ok" or r["kind"] in ("step", "exactness"):
             out.append(f"{r['kind'] + ' ' + r['name']:<26} {r['status']}"
-                       + (f"  [{r['attention']}]" if r.get("attention") else ""))
+                       + (f"  [{r['attention']}]" if r.get("attention") else "") + took)
             continue
         peak = r.get("alloc_gib") if r.get("alloc_gib") is not None else r.get("rss_gib")
         out.append(f"{r['kind'] + ' ' + r['name']:<26} {'ok':<8} {_f(r.get('samples_per_s'), '.2f'):>9} "
                    f"{_f(r.get('tokens_per_s'), '.0f'):>9} "
                    f"{_f(None if r.get('padding') is None else 100 * r['padding'], '.1f'):>5}% "
                    f"{_f(r.get('tflops'), '.1f'):>8} {_f(peak, '.2f'):>9} {_f(r.get('smi_gib'), '.2f'):>8} "
-                   f"{r.get('loss', '-'):>20}  {r.get('attention', '-')}; MFU {r.get('mfu', '-')}")
+                   f"{r.get('loss', '-'):>20}  {r.get('attention', '-')}; MFU {r.get('mfu', '-')}{took}")
     failed = [r["name"] for r in rows if r["status"].startswith("FAILED")]
-    out.append(f"gpu_check: {len(rows)} results, {len(failed)} failed" + (f" ({', '.join(failed)})" if failed else ""))
+    late = [r["name"] for r in rows if r["status"].startswith(("skipped (lease:", "skipped (part budget:"))]
+    out.append(f"gpu_check: {len(rows)} results, {len(failed)} failed" + (f" ({', '.join(failed)})" if failed else "")
+               + (f", {len(late)} skipped for time ({', '.join(late)})" if late else ""))
     text = "\n".join(out) + "\n"
     (report / "summary.txt").write_text(text)
     return text

@@ -25,9 +25,11 @@ mkdir -p "$DIR"
 rm -f "$DIR"/*.whl
 
 # What the runs import (and what those need that the image lacks); liger-kernel is GPU-only, so not in the tested
-# set: the gpu extra's range in pyproject.toml.
+# set: the gpu extra's range in pyproject.toml. typing_extensions: the carried pydantic and pydantic_core need
+# >= 4.16.0, and the image's version is not known (gpu_image.txt lists it without one), so the tested one travels
+# (a 45 KB wheel) rather than a preflight failure on the GPU.
 NEEDED="transformers tokenizers huggingface_hub safetensors accelerate peft trl datasets dill multiprocess deepspeed
-        pydantic pydantic_core annotated_types typing_inspection hjson bitsandbytes liger-kernel"
+        pydantic pydantic_core annotated_types typing_inspection typing_extensions hjson bitsandbytes liger-kernel"
 PLAN=$("$VENV_PY" - "$PYVER" $NEEDED <<'PY'
 import importlib.metadata as md
 import re

@@ -36,7 +36,7 @@ from tokenswap.config import config_to_dict, parse_config
 from tokenswap.crossmath import REWARDS, get_hop_weighted_reward
 from tokenswap.crossmath.training_data import CrossMathDataConfig, grpo_dataset, load_training_records
 from tokenswap.ranks import print0
-from tokenswap.training.checkpoint import CheckpointCallback, resolve_checkpoint, train
+from tokenswap.training.checkpoint import CheckpointCallback, resolve_checkpoint, saving_final, train
 from tokenswap.training.config import ModelConfig, RunConfig, WandbConfig
 from tokenswap.training.distributed import close_process_group, end_script
 from tokenswap.training.model import check_inputs, load_model_and_processor, peft_lora_config
@@ -150,11 +150,12 @@ def main(cfg: GRPORecipeConfig) -> None:
 
     # ------------------------------------------------------------------ save
     # With LoRA this is the adapter (adapter_config.json names the starting model); without, the full model.
-    trainer.save_model(cfg.run.output_dir)
-    if trainer.is_world_process_zero():
-        processor.save_pretrained(cfg.run.output_dir)
-        with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
-            json.dump(trainer.state.log_history, f, indent=2)
+    with saving_final(trainer):  # a full disk: exit 1 naming the file and the free space
+        trainer.save_model(cfg.run.output_dir)
+        if trainer.is_world_process_zero():
+            processor.save_pretrained(cfg.run.output_dir)
+            with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
+                json.dump(trainer.state.log_history, f, indent=2)
     finish_wandb()
     print0(f"[grpo] done: {cfg.run.output_dir}")
     close_process_group()

@@ -43,7 +43,13 @@ from tokenswap.ranks import print0
 from tokenswap.throughput import ThroughputCallback, ThroughputConfig
 from tokenswap.training.builders import build_collator
 from tokenswap.training.callbacks import EmptyStepCallback, install_first
-from tokenswap.training.checkpoint import CheckpointCallback, ResumableCollator, resolve_checkpoint, train
+from tokenswap.training.checkpoint import (
+    CheckpointCallback,
+    ResumableCollator,
+    resolve_checkpoint,
+    saving_final,
+    train,
+)
 from tokenswap.training.config import CollatorConfig, ModelConfig, RunConfig, WandbConfig
 from tokenswap.training.distributed import close_process_group, end_script
 from tokenswap.training.model import check_inputs, load_model_and_processor
@@ -157,19 +163,20 @@ def main(cfg: ImageSFTConfig) -> None:
     train(trainer, resume)
 
     # ------------------------------------------------------------------ save
-    if cfg.model.lora is None or not cfg.merge_lora:
-        trainer.save_model(cfg.run.output_dir)
-    else:
-        trainer.save_model(os.path.join(cfg.run.output_dir, "adapter"))
+    with saving_final(trainer):  # a full disk: exit 1 naming the file and the free space
+        if cfg.model.lora is None or not cfg.merge_lora:
+            trainer.save_model(cfg.run.output_dir)
+        else:
+            trainer.save_model(os.path.join(cfg.run.output_dir, "adapter"))
+            if trainer.is_world_process_zero():
+                # Merged weights load as a plain checkpoint: GRPO puts a fresh adapter on them, eval reads them as is.
+                trainer.model.merge_and_unload().save_pretrained(cfg.run.output_dir)
         if trainer.is_world_process_zero():
-            # Merged weights load as a plain checkpoint: GRPO puts a fresh adapter on them, eval reads them as is.
-            trainer.model.merge_and_unload().save_pretrained(cfg.run.output_dir)
-    if trainer.is_world_process_zero():
-        processor.save_pretrained(cfg.run.output_dir)
-        with open(os.path.join(cfg.run.output_dir, "collator_stats.json"), "w") as f:
-            json.dump(dict(resumable.stats), f, indent=2)
-        with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
-            json.dump(trainer.state.log_history, f, indent=2)
+            processor.save_pretrained(cfg.run.output_dir)
+            with open(os.path.join(cfg.run.output_dir, "collator_stats.json"), "w") as f:
+                json.dump(dict(resumable.stats), f, indent=2)
+            with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
+                json.dump(trainer.state.log_history, f, indent=2)
     finish_wandb()
     print0(f"[image_sft] saved: {cfg.run.output_dir}")
 

@@ -30,7 +30,13 @@ from tokenswap.ranks import print0
 from tokenswap.throughput import ThroughputCallback, ThroughputConfig
 from tokenswap.training.builders import build_collator, build_gap_callback, build_image_store
 from tokenswap.training.callbacks import EmptyStepCallback, EpochCallback, SwapStatsCallback, install_first
-from tokenswap.training.checkpoint import CheckpointCallback, ResumableCollator, resolve_checkpoint, train
+from tokenswap.training.checkpoint import (
+    CheckpointCallback,
+    ResumableCollator,
+    resolve_checkpoint,
+    saving_final,
+    train,
+)
 from tokenswap.training.config import CollatorConfig, DataConfig, GapEvalConfig, ModelConfig, RunConfig, WandbConfig
 from tokenswap.training.distributed import close_process_group, end_script
 from tokenswap.training.model import check_inputs, load_model_and_processor
@@ -124,13 +130,14 @@ def main(cfg: PretrainConfig) -> None:
     train(trainer, resume)
 
     # ------------------------------------------------------------------ save
-    trainer.save_model(cfg.run.output_dir)
-    if trainer.is_world_process_zero():
-        processor.save_pretrained(cfg.run.output_dir)
-        with open(os.path.join(cfg.run.output_dir, "swap_stats.json"), "w") as f:
-            json.dump(dict(resumable.stats), f, indent=2)
-        with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
-            json.dump(trainer.state.log_history, f, indent=2)
+    with saving_final(trainer):  # a full disk: exit 1 naming the file and the free space
+        trainer.save_model(cfg.run.output_dir)
+        if trainer.is_world_process_zero():
+            processor.save_pretrained(cfg.run.output_dir)
+            with open(os.path.join(cfg.run.output_dir, "swap_stats.json"), "w") as f:
+                json.dump(dict(resumable.stats), f, indent=2)
+            with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
+                json.dump(trainer.state.log_history, f, indent=2)
     finish_wandb()
     print0(f"[pretrain] done: {cfg.run.output_dir}")
     close_process_group()

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -75,11 +76,22 @@ def test_gpu_check_runs_every_step_on_the_cpu_twin_of_the_gpu_image(tmp_path):
     report = tmp_path / "report"
     env = {**os.environ, "SCRATCH": str(tmp_path / "scratch")}
     env.pop("PYTHONPATH", None)  # the twin's interpreter sees the image's packages and the carried wheels only
-    done = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), "--dry-run", "--report", str(report)], env=env,
-                          capture_output=True, text=True, timeout=1800)
+    archive = tmp_path / "out" / "report.tar.gz"
+    done = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), "--dry-run", "--report", str(report),
+                           "--archive", str(archive)], env=env, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     assert done.stdout.splitlines()[-1] == "gpu_check: dry run passed"
     summary = (report / "summary.txt").read_text()
+    # the whole report comes back as one archive (the device tool returns a few files only)
+    assert os.listdir(archive.parent) == ["report.tar.gz"]
+    with tarfile.open(archive) as tar:
+        assert tar.extractfile("report/summary.txt").read().decode() == summary
+        assert {"report/preflight.json", "report/packing_test.log", "report/runs/tokenswap.log"} <= set(tar.getnames())
+    # value first: the exactness tests and the packed-vs-padded bench before any recipe run
+    names = [line.split()[1] for line in summary.splitlines()[1:-1]]
+    assert max(names.index(k) for k in ("flash_attention_2", "tokenswap_varlen_sdpa", "gpu_packing_tiny")) < \
+        min(names.index(r) for r in ("text", "tokenswap", "tokenswap_packed"))
+    assert names.index("tokenswap_packed") < names.index("tokenswap") < names.index("text")
     rows = {line.split()[1]: line for line in summary.splitlines()[1:-1]}
     for run in ("text", "tokenswap", "tokenswap_packed", "tokenswap_zero3", "tokenswap_qlora"):
         assert rows[run].split()[2] == "ok", rows[run]
@@ -96,15 +108,34 @@ def test_gpu_check_runs_every_step_on_the_cpu_twin_of_the_gpu_image(tmp_path):
     assert sum(f.stat().st_size for f in report.rglob("*") if f.is_file()) < 5 * 2**20
 
 
-def test_gpu_check_parts_stop_starting_steps_past_their_budget(tmp_path):
-    """A part ends inside one 600 s device command: a step that might overrun the budget is skipped, and said."""
+def test_gpu_check_part_1_fails_when_its_steps_do_not_fit_its_budget(tmp_path):
+    """Part 1 (exactness, packed-vs-padded benches) never overruns its share of the lease: a step that might is
+    skipped, said, and fails the part (its figures are what the lease is for)."""
     env = {**os.environ, "SCRATCH": str(tmp_path / "scratch"), "PART_BUDGET": "1"}
     env.pop("PYTHONPATH", None)
     done = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), "--dry-run", "--part", "1", "--report",
                            str(tmp_path / "report")], env=env, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 1, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     summary = (tmp_path / "report" / "summary.txt").read_text()
-    assert summary.count("skipped (part budget:") == 4 and "tokenswap_qlora" not in summary
+    assert summary.count("skipped (part budget:") == 2 and "tokenswap_packed" not in summary  # exactness, the bench
+    assert summary.splitlines()[-1].endswith("2 skipped for time (exactness, gpu_packing_tiny)")
+
+
+def test_gpu_check_part_2_runs_what_the_lease_has_left_and_says_what_it_skipped(tmp_path):
+    """--lease-left S: part 2 keeps 60 s for the way back and starts only the runs whose timeout fits the rest; the
+    others read "skipped (lease: ...)" and the part passes."""
+    env = {**os.environ, "SCRATCH": str(tmp_path / "scratch"), "STEP_TIMEOUT": "100"}
+    env.pop("PYTHONPATH", None)
+    archive = tmp_path / "out" / "part2.tar.gz"
+    done = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), "--dry-run", "--part", "2", "--lease-left", "61",
+                           "--report", str(tmp_path / "report"), "--archive", str(archive)], env=env,
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    summary = (tmp_path / "report" / "summary.txt").read_text()
+    assert summary.count("skipped (lease: ") == 5, summary  # every run but liger (skipped by the preflight: why)
+    assert "PART_BUDGET=1, the step may take 100 s" in summary and "flash_attention_2" not in summary
+    with tarfile.open(archive) as tar:
+        assert tar.extractfile("report/summary.txt").read().decode() == summary
 
 
 def test_faults_checks_the_checkout_it_is_run_from(tmp_path):

@@ -199,6 +199,8 @@ def _plain(value: Any) -> Any:
 def _coerce(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
     """Convert a YAML value to ``tp`` or record why it cannot be."""
     origin = get_origin(tp)
+    if tp in (dict, list, tuple):  # a bare `dict` (TrainingArguments' `lr_scheduler_kwargs: dict | str`) is checked too
+        origin = tp
     if tp is Any:
         return _plain(value)
     if origin in (typing.Union, types.UnionType):

@@ -136,3 +136,33 @@ def test_late_failures_are_config_errors_before_data_and_model(post, tiny_qwen2v
     err = capsys.readouterr().err
     assert e.value.code == 2 and message.format(t=tmp_path) in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (lambda t: ["run.seed=-1"], "`seed` must be a whole number in [0, 4294967295], got -1"),
+        (lambda t: ["run.seed=4294967296"], "`seed` must be a whole number in [0, 4294967295], got 4294967296"),
+        (lambda t: ["data.seed=-3"], "data: `seed` must be a whole number in [0, 4294967295], got -3"),
+        (lambda t: ["collator.swap_seed=-1"], "`swap_seed` must be a whole number in [0, 4294967295], got -1"),
+        (lambda t: ["train.lr_scheduler_kwargs=[1,2]"], "`train.lr_scheduler_kwargs` must be dict | str | None, got [1, 2]"),
+        (lambda t: ["train.lr_scheduler_kwargs=5"], "`train.lr_scheduler_kwargs` must be dict | str | None, got 5"),
+        (lambda t: [f"run.output_dir={_file(t / 'a-file')}"], "`output_dir` '{t}/a-file' is a file, not a folder"),
+        (lambda t: [f"run.output_dir={_file(t / 'a-file')}/run"], "`output_dir` '{t}/a-file/run' cannot be a folder: "
+                                                                 "'{t}/a-file' above it is a file"),
+    ],
+    ids=["seed-negative", "seed-past-32-bits", "data-seed-negative", "swap-seed-negative", "scheduler-kwargs-list",
+         "scheduler-kwargs-number", "output-dir-a-file", "output-dir-under-a-file"],
+)
+def test_values_the_run_would_fail_on_later_are_refused_when_the_config_is_read(post, tiny_qwen2vl, tmp_path, capsys,
+                                                                               extra, message):
+    with pytest.raises(SystemExit) as e:
+        parse_config(post.PostTrainConfig, argv(tmp_path, tiny_qwen2vl, *extra(tmp_path)))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message.format(t=tmp_path) in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 3
+
+
+def _file(path):
+    path.write_text("not a folder")
+    return path

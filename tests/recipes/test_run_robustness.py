@@ -7,6 +7,7 @@ second process is the point).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -348,3 +349,167 @@ def test_sigterm_to_the_whole_job_with_dataloader_workers_still_saves_and_resume
     run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest",
              "train.dataloader_num_workers=2")
     assert logs(out) == logs(reference)
+
+
+# ---------------------------------------------------------------------------- runs that end (issue 32)
+def _group_left(pgid: int) -> list[int]:
+    """The processes still in process group ``pgid`` (zombies included: an unreaped worker is still there)."""
+    left = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) == pgid:
+                    left.append(int(entry))
+            except ProcessLookupError:
+                continue
+    return left
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            kids += [int(k) for k in f.read().split()]
+    return kids
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
+    """The rest of ``proc``'s output once it exited; its group killed and the test failed if it hangs."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(f"the run was still alive {timeout:g} s later: {proc.communicate()[0][-3000:]}") from None
+
+
+def test_a_run_with_persistent_workers_ends_with_its_workers(tiny_qwen2vl, tiny_store, tmp_path):
+    # The persistent loader keeps its workers (which ignore SIGTERM) after training; at exit multiprocessing's
+    # SIGTERM-then-wait never ended: the run printed "done" and held the folder lock for ever.
+    out = tmp_path / "run"
+    proc = launch(out, tiny_qwen2vl, tiny_store.root, "train.max_steps=2", "train.dataloader_num_workers=2",
+                  "train.dataloader_persistent_workers=true", start_new_session=True)
+    said = _finish(proc)
+    assert proc.returncode == 0 and f"[post_train] done: {out}" in said, said[-3000:]
+    assert _group_left(proc.pid) == []  # no worker outlives the run, not even as a zombie
+
+
+def test_a_recipe_called_in_process_leaves_no_worker_behind(load_recipe, tiny_qwen2vl, tiny_store, tmp_path):
+    import multiprocessing
+
+    pre = load_recipe("pretrain")
+    pre.main(load_config(pre.PretrainConfig, "tiny/pretrain_tokenswap.yaml", [
+        f"run.output_dir={tmp_path / 'run'}", f"model.name_or_path={tiny_qwen2vl}", f"image_store={tiny_store.root}",
+        f"data.swap_dataset={ASSETS / 'swap_tiny.jsonl'}", "train.max_steps=1", "train.save_steps=1",
+        "train.dataloader_num_workers=2", "train.dataloader_persistent_workers=true"]))
+    assert multiprocessing.active_children() == []
+
+
+def test_sigterm_to_the_whole_job_before_the_first_batch_saves_exits_143_and_resumes_exactly(
+        post, tiny_qwen2vl, tiny_store, reference, tmp_path):
+    # Each worker holds its first batch until the job's SIGTERM is pending for it: the signal lands in the workers'
+    # start, before torch's handler (which dies of any SIGTERM not its parent's) could be replaced.
+    from tokenswap.training.workers import FAULT_WORKER_HOLD_ENV
+
+    out = tmp_path / "run"
+    proc = launch(out, tiny_qwen2vl, tiny_store.root, "train.dataloader_num_workers=2",
+                  env={FAULT_WORKER_HOLD_ENV: "120"}, start_new_session=True)
+    before = wait_for_line(proc, "waits for a SIGTERM before its first batch")
+    os.killpg(proc.pid, signal.SIGTERM)
+    said = "".join(before) + _finish(proc)
+    assert proc.returncode == PREEMPTED_EXIT, said[-3000:]
+    assert "Traceback" not in said and "exited unexpectedly" not in said
+    assert said.count("[tokenswap] SIGTERM: saving a checkpoint") == 1
+    assert "stopped by SIGTERM after step 1" in said
+    assert (out / "checkpoint-1" / COMPLETE_MARKER).is_file()
+    assert _group_left(proc.pid) == []  # no orphan worker
+    run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest")
+    assert logs(out) == logs(reference)
+
+
+def test_a_sigkill_of_a_run_with_workers_frees_the_folder_at_once(tiny_qwen2vl, tiny_store, tmp_path):
+    from tokenswap.files import FolderLock
+    from tokenswap.training.run_folder import LOCK_PREFIX
+
+    out = tmp_path / "run"
+    proc = launch(out, tiny_qwen2vl, tiny_store.root, "train.dataloader_num_workers=2", env={FAULT_PAUSE_ENV: "120@2"},
+                  start_new_session=True)
+    try:
+        wait_for_line(proc, "checkpoint-2 has trainer_state.json")  # mid-run: the workers are serving batches
+        workers = _children(proc.pid)
+        assert len(workers) >= 2
+        lock = str(out / f"{LOCK_PREFIX}-r000")
+        for pid in workers:  # the workers dropped their copy of the lock right after the fork
+            assert lock not in [os.path.realpath(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        proc.kill()
+        proc.wait()
+        # The first try, right after the holder died (its orphaned workers may still be alive), gets the lock.
+        FolderLock(out, 0, prefix=LOCK_PREFIX).acquire().release()
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the orphaned workers, if still there
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
+# ---------------------------------------------------------------------------- resume edges and final-save errors (issue 32)
+def test_a_checkpoint_without_its_weights_exits_2_naming_them_and_latest_skips_it(post, tiny_qwen2vl, tiny_store,
+                                                                                    reference, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    for name in ("log_history.json", "swap_stats.json"):
+        (out / name).unlink()
+    (out / "checkpoint-4" / "model.safetensors").unlink()
+    with pytest.raises(SystemExit) as e:
+        run_main(post, tmp_path / "other", tiny_qwen2vl, tiny_store.root,
+                 f"train.resume_from_checkpoint={out / 'checkpoint-4'}")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"`resume_from_checkpoint` {out / 'checkpoint-4'} holds no model weights (none of " \
+                                  "model.safetensors, " in err
+    assert "Traceback" not in err and "Restore them, or resume from another checkpoint-N" in err
+    # `latest` says so and resumes from the older complete checkpoint, exactly
+    run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest")
+    assert f"{out / 'checkpoint-4'} holds no model weights" in capsys.readouterr().out
+    assert logs(out) == logs(reference)
+
+
+def test_a_checkpoint_of_another_run_resumes_exactly_into_a_fresh_folder(post, tiny_qwen2vl, tiny_store, reference,
+                                                                        tmp_path, capsys):
+    # run.output_dir may change on resume (RESUME_MAY_CHANGE): the checkpoint's own config copy is what is compared,
+    # and the sample-id log up to the checkpoint comes from the checkpoint's run folder.
+    out = tmp_path / "fresh"
+    run_main(post, out, tiny_qwen2vl, tiny_store.root, f"train.resume_from_checkpoint={reference / 'checkpoint-2'}")
+    assert "starts as the first" in capsys.readouterr().out
+    assert logs(out) == logs(reference)
+    assert (out / "checkpoint-4" / COMPLETE_MARKER).is_file()
+    assert (reference / "sample_ids.rank0.txt").read_text() == (out / "sample_ids.rank0.txt").read_text()
+
+
+def _pages(path: Path) -> int:
+    """Bytes ``path`` takes on a tmpfs (whole 4 KiB pages per file)."""
+    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+    return sum(-(-p.stat().st_size // 4096) * 4096 for p in files)
+
+
+def test_a_full_disk_during_the_final_save_names_the_folder_file_and_free_space_and_resumes(
+        post, tiny_qwen2vl, tiny_store, reference, tmp_path):
+    # Room for both checkpoints and the run's own files, and half of the final model.safetensors.
+    room = _pages(reference / "checkpoint-2") + _pages(reference / "checkpoint-4") + 64 * 1024 + \
+        _pages(reference / "model.safetensors") // 2
+    disk = tmp_path / "disk"
+    if not _tmpfs(disk, room):
+        pytest.skip("needs root and mount -t tmpfs for a real full disk")
+    try:
+        out = disk / "run"
+        proc = launch(out, tiny_qwen2vl, tiny_store.root)
+        said = proc.communicate(timeout=300)[0]
+        assert proc.returncode == 1, said[-3000:]
+        line = said.split("error: ")[-1]
+        assert line.startswith(f"saving the trained model into {out} failed while writing {out / 'model.safetensors'}: "
+                               "[Errno 28] No space left on device (disk of "), said[-3000:]
+        assert " MiB free). The run's checkpoints are complete: free space on that disk" in line
+        assert "Traceback" not in said and len(line.strip().splitlines()) == 1
+        moved = tmp_path / "moved"
+        shutil.copytree(out, moved)
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+    run_main(post, moved, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest")
+    assert logs(moved) == logs(reference)

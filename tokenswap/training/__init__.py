@@ -12,6 +12,7 @@
       builders.py      config section in, library object out: image store, collator, gap callback
       tracking.py      W&B runs named {pair}-{arm} in group {pair}
       distributed.py   print on rank 0; end a multi-process run cleanly
+      workers.py       data-loader workers that outlive a job's SIGTERM and end with the run
 
 Recipes import from the module of each concern; every name is also importable from ``tokenswap.training``.
 """
@@ -32,6 +33,7 @@ from tokenswap.training.checkpoint import (
     CheckpointCallback,
     ResumableCollator,
     resolve_checkpoint,
+    saving_final,
     train,
     verify_checkpoint,
 )
@@ -113,6 +115,7 @@ __all__ = [
     "print0",
     "resolve_attn_implementation",
     "resolve_checkpoint",
+    "saving_final",
     "train",
     "trainer_section",
     "verify_checkpoint",

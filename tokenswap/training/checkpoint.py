@@ -29,6 +29,7 @@ from tokenswap.ranks import print0
 from tokenswap.training.callbacks import NoTargetsError
 from tokenswap.training.distributed import any_rank
 from tokenswap.training.run_folder import COMPLETE_MARKER, RUN_CONFIG
+from tokenswap.training.workers import end_loader_workers, ignore_sigterm_in_worker, protect_forks
 
 """Written into ``checkpoint-N`` after every rank finished saving it (see :class:`CheckpointCallback`)."""
 
@@ -72,6 +73,29 @@ def _checkpoint_complete(path: str) -> bool:
     return not _checkpoint_missing(path)
 
 
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
+            "adapter_model.safetensors", "adapter_model.bin")
+"""The files a checkpoint's weights are in (full weights, sharded, legacy pickles, LoRA adapters)."""
+
+
+def _weights_problem(path: str) -> str | None:
+    """What is wrong with the weights of a complete checkpoint (None when they are there)."""
+    names = set(os.listdir(path))
+    found = [n for n in _WEIGHTS if n in names]
+    if not found:
+        return f"holds no model weights (none of {', '.join(_WEIGHTS)})"
+    for index in (n for n in found if n.endswith(".index.json")):
+        try:
+            with open(os.path.join(path, index)) as f:
+                shards = set(json.load(f)["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            return f"has an unreadable {index} ({type(e).__name__}: {e})"
+        missing = sorted(shards - names)
+        if missing:
+            return f"lacks weight shards its {index} lists: {', '.join(missing[:3])}"
+    return None
+
+
 def _exit_2(message: str) -> None:
     print(f"error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(2)
@@ -95,6 +119,10 @@ def resolve_checkpoint(output_dir: str, resume: str | None) -> str | None:
                     f"{', '.join(missing)} (tokenswap writes them after the Trainer finished the folder: this one was "
                     "cut while saving, or not written by a tokenswap run). Give a complete checkpoint-N, or `latest` "
                     "for the newest complete one in run.output_dir")
+        problem = _weights_problem(resume)
+        if problem:
+            _exit_2(f"`resume_from_checkpoint` {resume} {problem}: they were deleted or moved after the save. Restore "
+                    "them, or resume from another checkpoint-N (`latest`: the newest complete one in run.output_dir)")
         verify_checkpoint(resume)
         return resume
     if not os.path.isdir(output_dir):
@@ -107,6 +135,10 @@ def resolve_checkpoint(output_dir: str, resume: str | None) -> str | None:
     for _, name in reversed(steps):
         path = os.path.join(output_dir, name)
         missing = _checkpoint_missing(path)
+        problem = None if missing else _weights_problem(path)
+        if problem:
+            print0(f"[tokenswap] {path} {problem}: skipped, resuming from an older checkpoint")
+            continue
         if not missing:
             verify_checkpoint(path)
             return path
@@ -199,7 +231,8 @@ def train(trainer, resume: str | None) -> None:
 
     A run stopped by SIGTERM (:class:`CheckpointCallback`) has saved a complete checkpoint at the step it stopped;
     it exits with :data:`PREEMPTED_EXIT` here instead of going on to save as if it had finished. A checkpoint save
-    that fails (disk full) exits 1 naming the folder, the file and the disk.
+    that fails (disk full) exits 1 naming the folder, the file and the disk. The data-loader workers are ended
+    before this returns or raises (:func:`~tokenswap.training.workers.end_loader_workers`).
     """
     if resume is not None and _weights_only(resume):
         print0(f"[tokenswap] warning: {resume} holds the weights only (saved with train.save_only_model: true; no "
@@ -222,6 +255,12 @@ def train(trainer, resume: str | None) -> None:
         except NoTargetsError as e:  # the data's fault, said in one message: not a traceback from the Trainer
             print(f"error: {e}", file=sys.stderr)
             raise SystemExit(1) from None
+        finally:
+            # The workers end with the training, however it ended: a persistent-workers loader (kept by the
+            # Trainer) or a traceback would keep them, which ignore SIGTERM, until an exit that waits for them
+            # for ever (tokenswap.training.workers).
+            protect_forks(False)
+            end_loader_workers()
     stopped = [cb.stopped_at for cb in trainer.callback_handler.callbacks
                if isinstance(cb, CheckpointCallback) and cb.stopped_at is not None]
     if stopped:
@@ -236,8 +275,73 @@ def _errno_of(e: BaseException) -> int | None:
     while e is not None:
         if isinstance(e, OSError) and e.errno:
             return e.errno
+        # safetensors' Rust writer: "I/O error: No space left on device (os error 28)"
+        if m := re.search(r"\(os error (\d+)\)", str(e)):
+            return int(m.group(1))
         e = e.__cause__ or e.__context__
     return None
+
+
+def _save_failure(e: BaseException, folder: str, output_dir: str, recursive: bool) -> tuple[str, str, str, str]:
+    """``(file, cause, disk, fix)`` of a failed save into ``folder``: the file written last (the exception's, else
+    the newest in ``folder``), the errno (found by a 1 MiB probe write where the exception carries none), the disk's
+    free space, and what to do."""
+    code = _errno_of(e)
+    if code is None:
+        probe = os.path.join(folder if os.path.isdir(folder) else output_dir, ".write-probe")
+        try:
+            with open(probe, "wb") as f:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as probe_error:
+            code = probe_error.errno
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(probe)
+    file = getattr(e, "filename", None) or _file_in_traceback(e, folder)
+    if file is None and os.path.isdir(folder):
+        if recursive:
+            files = [os.path.join(r, n) for r, _, names in os.walk(folder) for n in names]
+        else:
+            files = [os.path.join(folder, n) for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n))]
+        file = max(files, key=os.path.getmtime, default=None)
+    try:
+        free = f"{shutil.disk_usage(output_dir).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    cause = f"[Errno {code}] {os.strerror(code)}" if code else f"{type(e).__name__}: {' '.join(str(e).split())}"
+    fix = ("free space on that disk (or point run.output_dir at a larger one, or lower train.save_total_limit)"
+           if code in (errno.ENOSPC, errno.EDQUOT) else "fix the cause")
+    return file or "its files", cause, f"disk of {os.path.realpath(output_dir)}: {free}", fix
+
+
+def _file_in_traceback(e: BaseException, folder: str) -> str | None:
+    """The file under ``folder`` the innermost failing writer was writing, from its frame's arguments.
+
+    safetensors removes the part it wrote and its error names no file ("Error while serializing: I/O error: No
+    space left on device"), torch's zip writer says "unexpected pos": the writer's own frame
+    (``safetensors.torch.save_file(tensors, filename)``, ``torch.save(obj, f)``) still holds the path.
+    """
+    root = os.path.realpath(folder) + os.sep
+    frames = []
+    tb = e.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for name in ("filename", "f", "file", "path"):
+            value = frame.f_locals.get(name)
+            if isinstance(value, (str, os.PathLike)) and os.path.realpath(value).startswith(root):
+                return os.fspath(value)
+    return None
+
+
+def _save_errors() -> tuple[type[BaseException], ...]:
+    # torch's zip writer raises RuntimeError ("unexpected pos"), safetensors its own SafetensorError (no errno).
+    from safetensors import SafetensorError
+
+    return OSError, RuntimeError, SafetensorError
 
 
 def _guard_saves(trainer) -> None:
@@ -259,36 +363,12 @@ def _guard_saves(trainer) -> None:
         trainer.args.save_total_limit = None
         try:
             return save(*args, **kwargs)
-        except (OSError, RuntimeError) as e:
+        except _save_errors() as e:
             folder = os.path.join(trainer.args.output_dir, f"checkpoint-{trainer.state.global_step}")
-            code = _errno_of(e)
-            if code is None:
-                probe = os.path.join(folder if os.path.isdir(folder) else trainer.args.output_dir, ".write-probe")
-                try:
-                    with open(probe, "wb") as f:
-                        f.write(b"\0" * (1 << 20))
-                        f.flush()
-                        os.fsync(f.fileno())
-                except OSError as probe_error:
-                    code = probe_error.errno
-                finally:
-                    with contextlib.suppress(OSError):
-                        os.remove(probe)
-            file = getattr(e, "filename", None)
-            if file is None and os.path.isdir(folder):
-                files = [os.path.join(r, n) for r, _, names in os.walk(folder) for n in names]
-                file = max(files, key=os.path.getmtime, default=None)
-            try:
-                free = f"{shutil.disk_usage(trainer.args.output_dir).free / 2**20:.1f} MiB free"
-            except OSError:
-                free = "free space unknown"
-            cause = f"[Errno {code}] {os.strerror(code)}" if code else f"{type(e).__name__}: {' '.join(str(e).split())}"
-            fix = ("free space on that disk (or point run.output_dir at a larger one, or lower train.save_total_limit)"
-                   if code in (errno.ENOSPC, errno.EDQUOT) else "fix the cause")
-            print(f"error: saving {folder} failed while writing {file or 'its files'}: {cause} (disk of "
-                  f"{os.path.realpath(trainer.args.output_dir)}: {free}). The partial checkpoint has no tokenswap "
-                  f"record and is skipped on resume: {fix}, then relaunch with train.resume_from_checkpoint=latest",
-                  file=sys.stderr, flush=True)
+            file, cause, disk, fix = _save_failure(e, folder, trainer.args.output_dir, recursive=True)
+            print(f"error: saving {folder} failed while writing {file}: {cause} ({disk}). The partial checkpoint has "
+                  f"no tokenswap record and is skipped on resume: {fix}, then relaunch with "
+                  "train.resume_from_checkpoint=latest", file=sys.stderr, flush=True)
             raise SystemExit(1) from None
         finally:
             trainer.args.save_total_limit = limit
@@ -297,6 +377,26 @@ def _guard_saves(trainer) -> None:
     for cb in trainer.callback_handler.callbacks:
         if isinstance(cb, CheckpointCallback):
             cb.rotates = True
+
+
+@contextlib.contextmanager
+def saving_final(trainer):
+    """Around a recipe's final save (``save_model``, the processor, the stats): a failed write exits 1 in one line
+    naming the folder, the file, the errno and the free space, as a failed checkpoint save does.
+
+    The run's checkpoints are complete by then, so the same command with ``train.resume_from_checkpoint=latest``
+    (after freeing space) continues from the newest one and saves again.
+    """
+    output_dir = trainer.args.output_dir
+    try:
+        yield
+    except _save_errors() as e:
+        file, cause, disk, fix = _save_failure(e, output_dir, output_dir, recursive=False)
+        print(f"error: saving the trained model into {output_dir} failed while writing {file}: {cause} ({disk}). "
+              f"The run's checkpoints are complete: {fix}, then relaunch the same command with "
+              "train.resume_from_checkpoint=latest (it continues from the newest checkpoint and saves again)",
+              file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 class _DropMessages(logging.Filter):
@@ -369,10 +469,10 @@ class ResumableCollator:
     def __call__(self, examples):
         if os.getpid() != self.__dict__.get("_owner_pid", os.getpid()) and "_sigterm_ignored" not in self.__dict__:
             # In a data-loader worker. SIGTERM is the trainer's: it finishes its step, saves and stops
-            # (CheckpointCallback), and the loader then ends its workers. Slurm signals every process of a job, and
-            # a worker dying of it (torch's worker handler) fails the step the trainer is finishing.
-            if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            # (CheckpointCallback), and the run then ends its workers. Slurm signals every process of a job, and
+            # a worker dying of it (torch's worker handler) fails the step the trainer is finishing. Forked workers
+            # have had SIGTERM blocked since the fork (training.workers); from here on it is ignored.
+            ignore_sigterm_in_worker()
             self._sigterm_ignored = True
         before = dict(self.collator.stats)
         out = self.collator(examples)
@@ -414,14 +514,28 @@ class ResumableCollator:
         size = os.path.getsize(log) if log is not None and os.path.exists(log) else 0
         return {"log_bytes": size, "stats": dict(self.stats)}
 
-    def restore(self, state: dict, source: str = "the checkpoint state") -> None:
+    def restore(self, state: dict, source: str = "the checkpoint state", run_folder: str | None = None) -> None:
         """Rewind the sample-id log to ``state["log_bytes"]`` and the stats to ``state["stats"]``.
 
         A log shorter than the state records lost lines the checkpoint counted (a copied or truncated folder):
-        extending it would pad the log with NUL bytes, so that is an error naming both files.
+        extending it would pad the log with NUL bytes, so that is an error naming both files. A checkpoint of another
+        run folder (``run_folder``, a resume into a new ``run.output_dir``) brings that folder's log up to the
+        checkpoint: its first ``log_bytes`` bytes become this run's log.
         """
         log = self.log_ids_to
         want = int(state["log_bytes"])
+        if log is not None and run_folder is not None and \
+                os.path.realpath(run_folder) != os.path.realpath(os.path.dirname(os.path.abspath(log))):
+            theirs = os.path.join(run_folder, os.path.basename(log))
+            have = os.path.getsize(theirs) if os.path.exists(theirs) else None
+            if want > (have or 0):
+                _exit_2(f"{source} records {want} bytes of {theirs}, but that log "
+                        f"{'holds ' + str(have) + ' bytes' if have is not None else 'does not exist'}: the checkpoint's "
+                        "run folder lost the lines of batches that trained. Resume from the checkpoint where its run "
+                        "wrote it (with the log beside it), or start a new run")
+            with open(theirs, "rb") as f:
+                atomic_write(Path(log), f.read(want))
+            print0(f"[tokenswap] resuming another folder's checkpoint: {log} starts as the first {want} bytes of {theirs}")
         if log is not None:
             have = os.path.getsize(log) if os.path.exists(log) else None
             if want > (have or 0):
@@ -476,7 +590,7 @@ class CheckpointCallback(TrainerCallback):
                 saved = json.load(f)
             consumed = saved["consumed"]
             if collator is not None and saved.get("collator") is not None:
-                collator.restore(saved["collator"], source=path)
+                collator.restore(saved["collator"], source=path, run_folder=os.path.dirname(os.path.abspath(checkpoint)))
         return cls(collator, consumed)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -485,8 +599,10 @@ class CheckpointCallback(TrainerCallback):
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread only
             self._pid = os.getpid()
             self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            protect_forks(True)  # the data-loader workers forked from now on start with SIGTERM blocked
 
     def on_train_end(self, args, state, control, **kwargs):
+        protect_forks(False)
         if self._previous_handler is not None:
             signal.signal(signal.SIGTERM, self._previous_handler)
             self._previous_handler = None

@@ -8,6 +8,7 @@ Plain ``kw_only`` dataclasses mapped from YAML by :func:`tokenswap.config.parse_
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -24,6 +25,15 @@ def _ranges(obj, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] =
         if v is not None and not v >= 0:
             problems.append(f"`{name}` must be >= 0, got {v}")
     return problems
+
+
+_SEED_MAX = 2**32 - 1  # numpy's seeds (the Trainer's set_seed, the mixture order) are 32-bit and never negative
+
+
+def _seeds(obj, *names: str) -> list[str]:
+    """Problems of ``obj``'s seed fields: a seed numpy refuses would fail mid-launch, after the model loaded."""
+    return [f"`{name}` must be a whole number in [0, {_SEED_MAX}], got {getattr(obj, name)}" for name in names
+            if not 0 <= getattr(obj, name) <= _SEED_MAX]
 
 
 def _raise(problems: list[str]) -> None:
@@ -43,6 +53,20 @@ class RunConfig:
     """Where the swap images came from (generate, retrieve, embedded); logged as W&B config."""
     seed: int = 42
     """Model init / trainer seed. The data order comes from data.seed so arms stay paired."""
+
+    def __post_init__(self) -> None:
+        problems = _seeds(self, "seed")
+        if os.path.exists(self.output_dir) and not os.path.isdir(self.output_dir):
+            problems.append(f"`output_dir` {self.output_dir!r} is a file, not a folder; pass a folder path (or move "
+                            "the file away)")
+        else:
+            above = os.path.dirname(os.path.abspath(self.output_dir))
+            while not os.path.exists(above):
+                above = os.path.dirname(above)
+            if not os.path.isdir(above):
+                problems.append(f"`output_dir` {self.output_dir!r} cannot be a folder: {above!r} above it is a file; "
+                                "pass another folder path")
+        _raise(problems)
 
 
 @dataclass(kw_only=True)
@@ -171,7 +195,7 @@ class CollatorConfig:
             problems.append(f"`max_empty_step_share` must be in [0, 1], got {self.max_empty_step_share}")
         if self.max_length is not None and self.max_length < 16:
             problems.append(f"`max_length` must be >= 16 or null (no limit), got {self.max_length}")
-        _raise(problems)
+        _raise(problems + _seeds(self, "swap_seed"))
 
 
 @dataclass(kw_only=True)
@@ -192,7 +216,7 @@ class DataConfig:
     """Mixture order; the arms of a pair must share it."""
 
     def __post_init__(self) -> None:
-        _raise(_ranges(self, positive=("llava_limit", "swap_limit")))
+        _raise(_ranges(self, positive=("llava_limit", "swap_limit")) + _seeds(self, "seed"))
 
 
 @dataclass(kw_only=True)
