@@ -94,8 +94,12 @@ class DocsServer:
     @property
     def path(self) -> str:
         if not self.ready:
-            line = self.proc.stdout.readline()
-            assert line.strip() == "ready", f"the docs fork server did not start: {line}{self.proc.stdout.read()[-3000:]}"
+            # Imports may print first (bitsandbytes warns about its CPU kernels on some CPUs): skip to "ready".
+            # Never read to EOF here: a live server never closes its stdout, so that read would hang the suite.
+            said = []
+            while (line := self.proc.stdout.readline()) and line.strip() != "ready":
+                said.append(line)
+            assert line, f"the docs fork server exited ({self.proc.wait()}) before it was ready: {''.join(said)[-3000:]}"
             self.ready = True
         return self.sock
 
