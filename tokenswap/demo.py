@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # instruction set (AVX-512 and AVX2 round differently: each of these variables alone moves a matmul, a softmax or a
 # conv here), and float sums depend on the thread count. Every process of the demo runs on the AVX2 paths (any
 # x86-64 CPU since 2013 has them) with one thread; the runs go side by side instead (--jobs).
+# That is not enough across CPU vendors: an AMD EPYC gave other figures than the docs' table (docs/demo.md).
 NUMERICS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1"}
 SUBJECT = "toy_world"
