@@ -32,13 +32,13 @@ import numpy as np
 from PIL import Image
 
 from tokenswap.cli import main as tokenswap_main
-from tokenswap.data.items import MCItem
+from tokenswap.data.items import LETTERS, MCItem
 from tokenswap.data.tokenswap_bench import write_tokenswap_bench
 from tokenswap.eval.forms import CAPTION_PROMPT, rendered_word
+from tokenswap.swap import unit_hash as draw  # the scripted models' only source of chance
 from tokenswap.testing import LoadLLMServer
 
 DOCS = Path(__file__).resolve().parent
-LETTERS = "ABCD"
 CONCEPTS = ["cat", "dog", "car", "apple", "house", "tree", "bird", "fish", "chair", "clock", "horse", "boat",
             "bread", "shoe", "train", "flower", "lamp", "key", "cup", "bell", "moon", "drum", "kite", "egg",
             "bridge", "candle", "guitar", "hammer", "ladder", "lemon", "mirror", "pencil", "rabbit", "robot",
@@ -54,12 +54,6 @@ MODELS = {
     "model-e": (0.75, 0.78, 0.040, 0.05),
     "model-f": (0.70, 0.72, 0.025, 0.08),
 }
-
-
-def draw(*keys) -> float:
-    """A fixed uniform draw in [0, 1) per key: the scripted models' only source of chance."""
-    digest = hashlib.sha256("|".join(map(str, keys)).encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
 
 
 def picture(concept: str) -> Image.Image:
