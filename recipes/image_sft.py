@@ -140,6 +140,16 @@ def main(cfg: ImageSFTConfig) -> None:
     if cfg.collator.group_by_length:  # read sequentially (train.train_sampling_strategy, see ImageSFTConfig)
         train_dataset = group_by_length(train_dataset, args.per_device_train_batch_size, cfg.data.seed)
     print0(f"[image_sft] {cfg.run.pair}: {len(train_dataset)} puzzles ({cfg.data.style} style)")
+    heldout = None
+    if cfg.eval is not None:
+        # The held-out puzzles are known now: one that is also a training puzzle is refused before any model loads
+        # (every rank checks, so all of them stop), not after the whole training run.
+        with args.main_process_first(desc="crossmath eval data"):
+            heldout = crossmath_source(cfg.eval.data, os.path.join(cfg.run.output_dir, "eval_data"))
+        seen = {record["markdown_table"] for record in records}
+        overlap = [r["id"] for r in load_crossmath(heldout)[: cfg.eval.data.limit] if r["markdown_table"] in seen]
+        if overlap:
+            raise ValueError(f"eval puzzles {overlap[:5]} are also training puzzles; give eval.data another seed")
 
     # ------------------------------------------------------------------ model (after TrainingArguments: ZeRO-3 init)
     model, processor = load_model_and_processor(cfg.model, resume_from=resume, seed=cfg.run.seed)
@@ -181,12 +191,7 @@ def main(cfg: ImageSFTConfig) -> None:
     print0(f"[image_sft] saved: {cfg.run.output_dir}")
 
     # ------------------------------------------------------------------ held-out eval (image modality, rank 0)
-    if cfg.eval is not None and trainer.is_world_process_zero():
-        heldout = crossmath_source(cfg.eval.data, os.path.join(cfg.run.output_dir, "eval_data"))
-        seen = {record["markdown_table"] for record in records}
-        overlap = [r["id"] for r in load_crossmath(heldout)[: cfg.eval.data.limit] if r["markdown_table"] in seen]
-        if overlap:
-            raise ValueError(f"eval puzzles {overlap[:5]} are also training puzzles; give eval.data another seed")
+    if heldout is not None and trainer.is_world_process_zero():
         argv = ["eval", "--model", cfg.run.output_dir, "--data", str(heldout), "--modality", "image"]
         argv += ["--max-new-tokens", str(cfg.eval.max_new_tokens), "--batch-size", str(cfg.eval.batch_size)]
         argv += ["--out", os.path.join(cfg.run.output_dir, "eval")]

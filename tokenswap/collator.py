@@ -21,7 +21,7 @@ import os
 import unicodedata
 import warnings
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -99,6 +99,18 @@ class _ImageRef:
 
 class _SampleRefused(ValueError):
     """A sample :meth:`TokenSwapCollator._plan` refused (already counted and warned); the batch goes on without it."""
+
+
+@dataclass
+class _Assembled:
+    """A batch as :meth:`TokenSwapCollator._assemble` leaves it for encoding: per kept sample, its template text, its
+    learnable character ranges, its processed images in order, and its index in the batch."""
+
+    texts: list[str]
+    learn_ranges: list[list[tuple[int, int]]]
+    images: list[list[tuple[torch.Tensor, tuple[int, int, int]]]]
+    keep: list[int]
+    placeholder: bool = False  # every sample was refused: one row without targets stands in
 
 
 def _raise(error: Exception):
@@ -184,7 +196,6 @@ class TokenSwapCollator:
             default (Qwen2-VL / Qwen2.5-VL "You are a helpful assistant.", none for Qwen3-VL / Qwen3.5),
             which is what the released templates do. Set it only for a processor whose template was
             edited to insert another one; the template check at construction compares the two.
-            template does; must match the processor's template.
         epoch: current epoch, for policies with ``resample_each_epoch`` (see ``EpochCallback``).
         log_ids_to: append the sample ids of every batch to this file, one line per batch
             (how paired runs prove they saw the same samples in the same order). The lines of the last
@@ -550,98 +561,8 @@ class TokenSwapCollator:
                 f.write("".join(line + "\n" for line in lines))
 
     def _collate(self, examples: list[dict], arm: str) -> dict[str, torch.Tensor]:
-        plans: list[tuple | None] = []
-        for ex in examples:
-            try:
-                plans.append(self._plan(ex, arm))
-            except _SampleRefused:  # counted and warned in _plan
-                plans.append(None)
-        if self.pack_budget is None:  # packed: one line per pack, below
-            self._log_ids([" ".join(encode_sample_id(ex["id"]) for ex in examples)])
-        flat = [ref for plan in plans if plan is not None for s in plan[1] for (_, _, ref) in s]
-        pixels = self._pixels(flat)
-
-        texts: list[str] = []
-        learn_ranges: list[list[tuple[int, int]]] = []
-        sample_images: list[list[tuple[torch.Tensor, tuple[int, int, int]]]] = []
-        keep: list[int] = []
-        j = 0
-        for b, plan in enumerate(plans):
-            if plan is None:
-                continue
-            messages, slots = plan
-            rendered, images, dropped = [], [], False
-            for m, s in zip(messages, slots):
-                parts, pos = [], 0
-                for start, end, ref in s:
-                    got = pixels[j]
-                    j += 1
-                    if isinstance(got, Exception):
-                        if ref.concept is None:  # a native image is part of the sample: cannot become text
-                            if self.on_bad_image == "error":
-                                raise BadImageError(f"sample {examples[b]['id']!r}: {got}") from got
-                            if not dropped:
-                                self.stats["samples_dropped_bad_native_image"] += 1
-                            self._warn_once("native", f"sample {examples[b]['id']!r} skipped: {got}")
-                            dropped = True
-                            continue
-                        if isinstance(got, ImageMismatchError):  # the shard changed on disk, not a bad picture
-                            self.stats["concepts_text_hash_mismatch"] += 1
-                            self._warn_once("mismatch", str(got) + "; kept as text")
-                        else:
-                            self.stats["concepts_text_corrupt_image"] += 1
-                            self._warn_once("corrupt", str(got) + "; kept as text")
-                        continue
-                    if start > pos:
-                        parts.append({"type": "text", "text": m["content"][pos:start]})
-                    parts.append({"type": "image"})
-                    images.append(got)
-                    if ref.concept is not None:
-                        self.stats["concepts_swapped"] += 1
-                    pos = end
-                if pos < len(m["content"]):
-                    parts.append({"type": "text", "text": m["content"][pos:]})
-                rendered.append({"role": m["role"], "content": parts})
-            if dropped:
-                continue
-            try:
-                text, learn = self._render(rendered)
-            except ValueError as e:  # the family's template rejects it or would drop its images
-                self._skip_unrenderable(examples[b]["id"], e)
-                continue
-            texts.append(text)
-            learn_ranges.append(learn)
-            sample_images.append(images)
-            keep.append(b)
-        placeholder = not texts
-        if placeholder:
-            # Every sample was refused. Raising would stop a multi-day run for a few bad rows (for one,
-            # with a batch of 1); a row without targets adds nothing to the loss, which the Trainer
-            # divides by the targets of the whole step.
-            self.stats["batches_all_refused"] += 1
-            self._warn_once("all_refused", "every sample of a batch was refused; it became one row without targets")
-            text, _ = self._render([{"role": "user", "content": []}])
-            texts, learn_ranges, sample_images, keep = [text], [[]], [[]], [0]
-
-        rows_ids, rows_labels, rows_images = [], [], []
-        # A token is learned if any of its characters is: one that straddles the header and the answer
-        # (Qwen2's "\n\n" when the answer starts with "\n") carries answer text, so it is a target, as in
-        # transformers' return_assistant_tokens_mask.
-        encoded = self._encoder(texts, learn_ranges if self.learn == "assistant" else None)
-        for r, (ids, learnable) in enumerate(encoded):
-            images = sample_images[r]
-            counts = np.ones(len(ids), dtype=np.int64)
-            pad_pos = np.flatnonzero(ids == self._image_pad)
-            counts[pad_pos] = [t * h * w // self._merge**2 for _, (t, h, w) in images]
-            ids = np.repeat(ids, counts)
-            labels = np.where(np.repeat(learnable, counts), ids, -100)
-            labels[(ids == self._image_pad) | (ids == self._vision_start) | (ids == self._vision_end)] = -100
-            ids, labels, images = self._truncate(ids, labels, images, examples[keep[r]]["id"])
-            rows_ids.append(ids)
-            rows_labels.append(labels)
-            rows_images.append(images)
-        if placeholder:  # learn="all" would otherwise learn the placeholder's template text
-            rows_labels[0][:] = -100
+        batch = self._assemble(examples, arm)
+        rows_ids, rows_labels, rows_images = self._encode(batch, examples)
         if not any((labels != -100).any() for labels in rows_labels):
             # Nothing to learn in this batch (refused, or cut before any answer): counted here, and a run made of
             # such steps is stopped by tokenswap.training.EmptyStepCallback.
@@ -654,8 +575,111 @@ class TokenSwapCollator:
             self.stats["dummy_images"] += 1
         self.stats["images"] += len(batch_images)
         if self.pack_budget is not None:
-            return self._pack(rows_ids, rows_labels, rows_images, dummy, [examples[b]["id"] for b in keep])
+            return self._pack(rows_ids, rows_labels, rows_images, dummy, [examples[b]["id"] for b in batch.keep])
         return self._pad(rows_ids, rows_labels, batch_images, dummy)
+
+    def _assemble(self, examples: list[dict], arm: str) -> _Assembled:
+        """Each usable sample of the batch as template text, learnable ranges and processed images (refusals
+        counted); a batch whose every sample was refused becomes one placeholder row."""
+        plans: list[tuple | None] = []
+        for ex in examples:
+            try:
+                plans.append(self._plan(ex, arm))
+            except _SampleRefused:  # counted and warned in _plan
+                plans.append(None)
+        if self.pack_budget is None:  # packed: one line per pack, in _pack
+            self._log_ids([" ".join(encode_sample_id(ex["id"]) for ex in examples)])
+        flat = [ref for plan in plans if plan is not None for s in plan[1] for (_, _, ref) in s]
+        pixels = self._pixels(flat)
+        results = iter([pixels[i] for i in range(len(flat))])  # in the order of flat, which _interleave follows
+
+        out = _Assembled([], [], [], [])
+        for b, plan in enumerate(plans):
+            if plan is None:
+                continue
+            interleaved = self._interleave(examples[b]["id"], *plan, results)
+            if interleaved is None:
+                continue
+            rendered, images = interleaved
+            try:
+                text, learn = self._render(rendered)
+            except ValueError as e:  # the family's template rejects it or would drop its images
+                self._skip_unrenderable(examples[b]["id"], e)
+                continue
+            out.texts.append(text)
+            out.learn_ranges.append(learn)
+            out.images.append(images)
+            out.keep.append(b)
+        if not out.texts:
+            # Every sample was refused. Raising would stop a multi-day run for a few bad rows (for one,
+            # with a batch of 1); a row without targets adds nothing to the loss, which the Trainer
+            # divides by the targets of the whole step.
+            self.stats["batches_all_refused"] += 1
+            self._warn_once("all_refused", "every sample of a batch was refused; it became one row without targets")
+            text, _ = self._render([{"role": "user", "content": []}])
+            out = _Assembled([text], [[]], [[]], [0], placeholder=True)
+        return out
+
+    def _interleave(self, sid, messages: list[dict], slots: list[list[tuple]], results: Iterator
+                    ) -> tuple[list[dict], list[tuple[torch.Tensor, tuple[int, int, int]]]] | None:
+        """One sample's messages with an image part in place of each span whose image could be used (the next
+        ``results``, one per slot), and those images; None when a native image is unusable (sample dropped)."""
+        rendered, images, dropped = [], [], False
+        for m, s in zip(messages, slots):
+            parts, pos = [], 0
+            for start, end, ref in s:
+                got = next(results)  # consumed for every slot, also of a dropped sample: the next sample's follow
+                if isinstance(got, Exception):
+                    if ref.concept is None:  # a native image is part of the sample: cannot become text
+                        if self.on_bad_image == "error":
+                            raise BadImageError(f"sample {sid!r}: {got}") from got
+                        if not dropped:
+                            self.stats["samples_dropped_bad_native_image"] += 1
+                        self._warn_once("native", f"sample {sid!r} skipped: {got}")
+                        dropped = True
+                        continue
+                    if isinstance(got, ImageMismatchError):  # the shard changed on disk, not a bad picture
+                        self.stats["concepts_text_hash_mismatch"] += 1
+                        self._warn_once("mismatch", str(got) + "; kept as text")
+                    else:
+                        self.stats["concepts_text_corrupt_image"] += 1
+                        self._warn_once("corrupt", str(got) + "; kept as text")
+                    continue
+                if start > pos:
+                    parts.append({"type": "text", "text": m["content"][pos:start]})
+                parts.append({"type": "image"})
+                images.append(got)
+                if ref.concept is not None:
+                    self.stats["concepts_swapped"] += 1
+                pos = end
+            if pos < len(m["content"]):
+                parts.append({"type": "text", "text": m["content"][pos:]})
+            rendered.append({"role": m["role"], "content": parts})
+        return None if dropped else (rendered, images)
+
+    def _encode(self, batch: _Assembled, examples: list[dict]) -> tuple[list, list, list]:
+        """Token ids, labels and images of each row: one ``<|image_pad|>`` widened to each image's visual tokens,
+        vision tokens never learned, each row cut to the per-sample budget."""
+        rows_ids, rows_labels, rows_images = [], [], []
+        # A token is learned if any of its characters is: one that straddles the header and the answer
+        # (Qwen2's "\n\n" when the answer starts with "\n") carries answer text, so it is a target, as in
+        # transformers' return_assistant_tokens_mask.
+        encoded = self._encoder(batch.texts, batch.learn_ranges if self.learn == "assistant" else None)
+        for r, (ids, learnable) in enumerate(encoded):
+            images = batch.images[r]
+            counts = np.ones(len(ids), dtype=np.int64)
+            pad_pos = np.flatnonzero(ids == self._image_pad)
+            counts[pad_pos] = [t * h * w // self._merge**2 for _, (t, h, w) in images]
+            ids = np.repeat(ids, counts)
+            labels = np.where(np.repeat(learnable, counts), ids, -100)
+            labels[(ids == self._image_pad) | (ids == self._vision_start) | (ids == self._vision_end)] = -100
+            ids, labels, images = self._truncate(ids, labels, images, examples[batch.keep[r]]["id"])
+            rows_ids.append(ids)
+            rows_labels.append(labels)
+            rows_images.append(images)
+        if batch.placeholder:  # learn="all" would otherwise learn the placeholder's template text
+            rows_labels[0][:] = -100
+        return rows_ids, rows_labels, rows_images
 
     def _truncate(self, ids, labels, images, sid):
         limit = self._cut_at

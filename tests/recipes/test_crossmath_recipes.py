@@ -260,3 +260,15 @@ def test_grpo_from_sft_checkpoint(grpo, sft_out, tmp_path, monkeypatch):
 def test_grpo_refuses_trainer_keys_it_would_ignore(grpo, override, match):
     with pytest.raises(ConfigError, match=match):
         load_config(grpo.GRPORecipeConfig, "tiny/grpo_crossmath.yaml", [override])
+
+
+def test_image_sft_refuses_held_out_puzzles_seen_in_training_before_it_trains(image_sft, tiny_qwen2vl, tmp_path):
+    """The overlap is known once both puzzle sets are: it stops the run before the model loads (issue 37), with the
+    message it gave after training."""
+    out = tmp_path / "overlap"
+    cfg = load_config(image_sft.ImageSFTConfig, "tiny/image_sft_crossmath.yaml",
+                      [f"run.output_dir={out}", f"model.name_or_path={tiny_qwen2vl}", "eval.data.seed=0"])
+    with pytest.raises(ValueError, match=r"eval puzzles \[.+\] are also training puzzles; give eval\.data another seed"):
+        image_sft.main(cfg)
+    assert (out / "eval_data").is_dir() and (out / "train_data").is_dir()
+    assert not list(out.glob("checkpoint-*")) and not (out / "log_history.json").exists()  # nothing was trained

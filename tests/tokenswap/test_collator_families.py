@@ -72,6 +72,25 @@ def test_family_of_model_types_configs_and_processors(family_processor):
     assert family_of(AutoConfig.for_model("qwen3_5")).name == "qwen3_5"
 
 
+# sha256 of the released templates as transcribed (the values of families.py's string constants before they moved to
+# tokenswap/assets/chat_templates/): a template one byte off (an editor's final newline) renders other token ids.
+RELEASED_TEMPLATE_SHA256 = {
+    "qwen2_vl": "a0bc6f6fc7a29a80017a433e8f03a1cc1236e838a944a2d034295a60c4f2fddb",
+    "qwen3_vl": "3636d0f0bd6bef02654cdffdc447b79cb2cef8ab02cc75267345946291a489e4",
+    "qwen3_5": "a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715",
+}
+
+
+def test_the_released_templates_are_package_data_byte_for_byte():
+    import hashlib
+    from importlib import resources
+
+    for name, digest in RELEASED_TEMPLATE_SHA256.items():
+        asset = (resources.files("tokenswap") / "assets" / "chat_templates" / f"{name}.jinja").read_bytes()
+        assert FAMILIES[name].chat_template.encode() == asset
+        assert hashlib.sha256(asset).hexdigest() == digest, f"{name}.jinja is not the released template any more"
+
+
 def test_unsupported_family_names_the_supported_ones(tiny_store):
     with pytest.raises(UnsupportedFamilyError, match="qwen2_vl, qwen2_5_vl, qwen3_vl.*qwen3_5"):
         family_of("llava")

@@ -175,15 +175,14 @@ def build_args(out: Path, base_url: str, *extra: str) -> list[str]:
 
 
 def build_files(out: Path) -> dict:
-    """What a build holds: candidate chunks, dataset shards and the plan byte for byte, the store row by row.
-
-    (Store shards are numbered in commit order: a judge batch committed by the rerun gets the next number, so its
-    rows, not its file names, are what an uninterrupted build must equal.)
+    """What a build holds: candidate chunks, store shards, rejected lists, dataset shards and the plan byte for byte
+    (a judge batch the rerun commits keeps the shard name it has in an uninterrupted build), and the store row by row.
     """
     from tokenswap.store.image_store import ImageStore
 
     files = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*"))
-             if p.is_file() and p.relative_to(out).as_posix().startswith(("dataset/", "state/candidates/part-"))}
+             if p.is_file() and p.relative_to(out).as_posix().startswith(
+                 ("dataset/", "store/", "state/candidates/part-", "state/images/rejected-"))}
     files["state/plan.json"] = (out / "state" / "plan.json").read_bytes()
     store = ImageStore(out / "store")
     files["store rows"] = sorted((k, im.image_id, im.source, json.dumps(im.meta, sort_keys=True))

@@ -14,6 +14,7 @@ import math
 import os
 from collections import Counter
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -331,70 +332,15 @@ def shape_counts(stats: list[PuzzleStats]) -> dict[str, dict]:
     return out
 
 
-RELEASED_SHAPE: dict[str, dict] = {
-    "all": {
-        "n": 250,
-        "blank_position": [1103, 782, 1284],
-        "blank_position_se": [0.00792, 0.00752, 0.00875],
-        "digits": [889, 3353, 1053],
-        "digits_se": [0.00423, 0.00967, 0.01105],
-        "operators": [966, 891, 426, 290],
-        "operators_se": [0.00985, 0.0093, 0.00585, 0.00413],
-        "rows": [11.312, 2.7387],
-        "cols": [12.048, 3.0163],
-        "density": [0.3166, 0.0653],
-        "crossings": [9.696, 3.5038],
-        "rows_min": 5,
-        "five_rows": 4,
-    },
-    "easy": {
-        "n": 90,
-        "blank_position": [310, 299, 332],
-        "blank_position_se": [0.0172, 0.0161, 0.01745],
-        "digits": [327, 1197, 414],
-        "digits_se": [0.00733, 0.01666, 0.01904],
-        "operators": [337, 333, 165, 106],
-        "operators_se": [0.0144, 0.01423, 0.00884, 0.00742],
-        "rows": [11.2889, 2.7242],
-        "cols": [12.2222, 2.8865],
-        "density": [0.3161, 0.0642],
-        "crossings": [9.8333, 3.5672],
-        "rows_min": 5,
-        "five_rows": 2,
-    },
-    "medium": {
-        "n": 85,
-        "blank_position": [364, 182, 471],
-        "blank_position_se": [0.0129, 0.00925, 0.01485],
-        "digits": [282, 1121, 314],
-        "digits_se": [0.00651, 0.01601, 0.01835],
-        "operators": [343, 269, 133, 89],
-        "operators_se": [0.01683, 0.01511, 0.0111, 0.00673],
-        "rows": [11.2118, 2.8623],
-        "cols": [11.6824, 3.0481],
-        "density": [0.3181, 0.0744],
-        "crossings": [9.2353, 3.4457],
-        "rows_min": 5,
-        "five_rows": 2,
-    },
-    "hard": {
-        "n": 75,
-        "blank_position": [429, 301, 481],
-        "blank_position_se": [0.01166, 0.01003, 0.0117],
-        "digits": [280, 1035, 325],
-        "digits_se": [0.00817, 0.01733, 0.0199],
-        "operators": [286, 289, 128, 95],
-        "operators_se": [0.01978, 0.01909, 0.01063, 0.00716],
-        "rows": [11.4533, 2.6421],
-        "cols": [12.2533, 3.1326],
-        "density": [0.3156, 0.0557],
-        "crossings": [10.0533, 3.4831],
-        "rows_min": 7,
-        "five_rows": 0,
-    },
-}
+def _released_shape() -> dict[str, dict]:
+    path = resources.files("tokenswap") / "assets" / "crossmath" / "released_shape.json"
+    return json.loads(path.read_bytes())["shape_counts"]
+
+
+RELEASED_SHAPE: dict[str, dict] = _released_shape()
 """``shape_counts`` of the released test set (github ``xuyige/CrossMath`` 0e8bef7, Original file, 250 puzzles),
-so that tests and the report can compare without the release at hand."""
+so that tests and the report can compare without the release at hand; kept as data in
+``tokenswap/assets/crossmath/released_shape.json``."""
 
 
 def proportion_z(x1: int, n1: int, x2: int, n2: int) -> float:

@@ -405,10 +405,9 @@ class StoreWriter:
             tmp.unlink()  # left by a writer killed mid-write; its rows were never committed
         if rank == 0 or not (self.root / "store.json").exists():
             self._update_info(info or {})
-        self._seq = 1 + max(
-            (int(m.group(2)) for p in _list_shards(self.root) if (m := _SHARD.search(p.name)) and int(m.group(1)) == rank),
-            default=-1,
-        )
+        self._taken = {
+            int(m.group(2)) for p in _list_shards(self.root) if (m := _SHARD.search(p.name)) and int(m.group(1)) == rank
+        }
 
     def _update_info(self, extra: dict) -> None:
         path = self.root / "store.json"
@@ -470,23 +469,37 @@ class StoreWriter:
             self.flush()
         return image_id or None
 
-    def flush(self) -> None:
-        """Commit queued rows as one new shard (atomic)."""
+    def flush(self, shard: int | None = None) -> None:
+        """Commit queued rows as one new shard (atomic).
+
+        Args:
+            shard: its number (a writer that numbers its shards by what they hold, so that a batch redone after a
+                failure keeps its name); default the next after this rank's highest. Shards are immutable: a
+                number this rank has committed is refused (:meth:`free_shard` says whether one is).
+        """
         if not self._rows:
             return
+        number = self.next_shard if shard is None else shard
+        if number in self._taken:
+            raise ValueError(f"shard {number} of rank {self.rank} is committed in {self.root}; shards are immutable: "
+                             "commit the rows under another number (StoreWriter.free_shard)")
         table = pa.Table.from_pylist(self._rows, schema=SCHEMA)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, SCHEMA) as writer:
             writer.write_table(table)
-        path = self.root / "shards" / f"part-r{self.rank:03d}-{self._seq:06d}.arrow"
+        path = self.root / "shards" / f"part-r{self.rank:03d}-{number:06d}.arrow"
         atomic_write(path, sink.getvalue().to_pybytes())
-        self._seq += 1
+        self._taken.add(number)
         self._rows = []
 
     @property
     def next_shard(self) -> int:
-        """Sequence number the next :meth:`flush` commits (a redone flush after a kill reuses it)."""
-        return self._seq
+        """Number a plain :meth:`flush` commits: one past this rank's highest (a redone flush after a kill reuses it)."""
+        return max(self._taken, default=-1) + 1
+
+    def free_shard(self, wanted: int) -> int:
+        """``wanted`` if this rank has not committed a shard of that number, else :attr:`next_shard`."""
+        return self.next_shard if wanted in self._taken else wanted
 
     def close(self) -> None:
         self.flush()

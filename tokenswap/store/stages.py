@@ -12,8 +12,9 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from tokenswap.concepts import Concept, validate_concepts
 from tokenswap.errors import IncompleteRunError, InputError
@@ -239,6 +240,108 @@ def _collect_concepts(state: Path) -> dict[str, tuple[str, int, int]]:
     return dict(sorted(contexts.items()))
 
 
+@dataclass
+class _Found:
+    """One image a source found for a concept, with the judge's verdict in ``meta`` once it has one."""
+
+    image: Any
+    score: float
+    meta: dict
+    source: str
+
+
+@dataclass
+class _ToJudge:
+    """A job of the images stage: one found image the judge is asked about."""
+
+    key: str
+    image: Any
+
+
+@dataclass
+class _Batch:
+    """A job of the images stage: a concept batch, every source's images fetched; committed as shard ``shard``."""
+
+    shard: int
+    keys: list[str]
+    found: dict[str, list[_Found]]
+    rejected: list[dict]
+
+
+def _batches(mine: list[str], attempted: ImageStore | None, size: int) -> list[tuple[int, list[str]]]:
+    """``(shard number, concepts to fetch)`` of each batch of this rank's concepts that the store does not hold yet.
+
+    Batches are cut from all of the rank's concepts and numbered by position, not in commit order, so a build that
+    redoes a failed batch names every shard as an uninterrupted build does.
+    """
+    out = []
+    for number, b in enumerate(range(0, len(mine), size)):
+        todo = [k for k in mine[b : b + size] if attempted is None or not attempted.attempted(k)]
+        if todo:
+            out.append((number, todo))
+    return out
+
+
+def _open_sources(cfg: StoreBuildConfig, state: Path, folder: Path, rank: int) -> list:
+    """The configured image sources, a retrieval index built (and the corpus items it refused recorded)."""
+    sources = [SOURCE_BUILDERS[name](cfg, state) for name in cfg.sources]
+    for source in sources:
+        if isinstance(source, RetrievalSource):
+            source.build_index(progress=cfg.progress and rank == 0)
+            atomic_write(folder / "rejected-corpus.json", json.dumps(source.index_rejected).encode())
+    return sources
+
+
+def _fetch(batches: list[tuple[int, list[str]]], sources: list, judge_images: bool, info: dict
+           ) -> Iterator[_ToJudge | _Batch]:
+    """Fetch each batch from every source: a :class:`_ToJudge` per image (when judged), then the :class:`_Batch`."""
+    for shard, batch in batches:
+        found: dict[str, list[_Found]] = {k: [] for k in batch}
+        for source in sources:
+            t0 = time.perf_counter()
+            result = source.images_for(batch)
+            dt = time.perf_counter() - t0
+            info["source_s"] += dt
+            info["by_source"][source.name] = info["by_source"].get(source.name, 0.0) + dt
+            for key in batch:
+                found[key] += [_Found(img, score, dict(meta), source.name) for img, score, meta in result.get(key, [])]
+        rejected = [r for s in sources for r in s.rejected]
+        for s in sources:
+            s.rejected.clear()
+        if judge_images:
+            for key in batch:
+                for f in found[key]:
+                    yield _ToJudge(key, f.image)
+        yield _Batch(shard, batch, found, rejected)
+
+
+def _commit(batch: _Batch, verdicts: list[dict] | None, drop_invalid: bool, writer: StoreWriter, folder: Path,
+            rank: int) -> int:
+    """Write one batch as its store shard (verdicts, in job order, put into each image's meta); its image count."""
+    found = batch.found
+    if verdicts is not None:
+        it = iter(verdicts)
+        for key in batch.keys:
+            for f in found[key]:
+                f.meta["judge"] = next(it)
+            found[key] = [f for f in found[key] if not (drop_invalid and f.meta["judge"]["valid"] is False)]
+    n_images = 0
+    for key in batch.keys:
+        if not found[key]:
+            writer.add(key, None, source="none", score=0.0)
+        for f in found[key]:
+            writer.add(key, f.image, source=f.source, score=f.score, meta=f.meta)
+            n_images += 1
+    # A name already taken means a folder resumed with another concept_batch_size (the plan does not pin it): the
+    # batch then takes the next free number, as a committed shard is never overwritten.
+    shard = writer.free_shard(batch.shard)
+    # Named after the batch's shard: a batch redone after a kill or a failure overwrites its own list, so every
+    # rejection is counted once.
+    atomic_write(folder / f"rejected-r{rank:03d}-{shard:06d}.json", json.dumps(batch.rejected).encode())
+    writer.flush(shard=shard)
+    return n_images
+
+
 def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, world: int) -> dict:
     """Fetch every concept's images from each source, judge them (many requests in flight) and commit batch by batch.
 
@@ -246,7 +349,8 @@ def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, worl
     at a time across batch boundaries (the next batch's images are fetched while the judge answers).
     Verdicts come back in order, so every shard is byte-identical to a build with one request in flight.
     A batch with a failed judge request is not committed (a rerun fetches and judges it again, the
-    answers so far from the cache); the stage records the failures and raises :class:`RequestsFailed`.
+    answers so far from the cache, and commits it under the shard name it would have had); the stage
+    records the failures and raises :class:`RequestsFailed`.
     """
     from tokenswap.inference import map_ordered
     from tokenswap.inference.progress import RequestProgress
@@ -263,7 +367,8 @@ def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, worl
     contexts = _collect_concepts(state)
     mine = [k for k in contexts if _owner(k, world) == rank]
     attempted = ImageStore(store_dir) if (store_dir / "store.json").exists() else None
-    todo = [k for k in mine if attempted is None or not attempted.attempted(k)]
+    batches = _batches(mine, attempted, cfg.concept_batch_size)
+    todo = [k for _, batch in batches for k in batch]
     info = {"concepts": len(mine), "fetched": len(todo), "source_s": 0.0, "judge_s": 0.0, "by_source": {}}
     build_info = {"build": {"tool": "tokenswap build-store", "sources": list(cfg.sources)}}
     if not todo:
@@ -271,11 +376,7 @@ def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, worl
             StoreWriter(store_dir, rank=0, info=build_info).close()  # an empty but valid store
         _write_marker(done, info)
         return info
-    sources = [SOURCE_BUILDERS[name](cfg, state) for name in cfg.sources]
-    for source in sources:
-        if isinstance(source, RetrievalSource):
-            source.build_index(progress=cfg.progress and rank == 0)
-            atomic_write(folder / "rejected-corpus.json", json.dumps(source.index_rejected).encode())
+    sources = _open_sources(cfg, state, folder, rank)
     judge = None
     if cfg.judge is not None:
         from .judge import ValidityJudge
@@ -290,34 +391,11 @@ def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, worl
     bar = RequestProgress(len(todo), f"[r{rank}] images", cfg.progress and rank == 0,
                           [judge.chat_model if judge else None])
 
-    def jobs() -> Iterator[tuple]:
-        """("image", key, i, img, ...) per image to judge, then ("batch", keys, found, rejected) per batch."""
-        for b in range(0, len(todo), cfg.concept_batch_size):
-            batch = todo[b : b + cfg.concept_batch_size]
-            found: dict[str, list[tuple]] = {k: [] for k in batch}
-            for source in sources:
-                t0 = time.perf_counter()
-                result = source.images_for(batch)
-                dt = time.perf_counter() - t0
-                info["source_s"] += dt
-                info["by_source"][source.name] = info["by_source"].get(source.name, 0.0) + dt
-                for key in batch:
-                    found[key] += [(img, score, dict(meta), source.name) for img, score, meta in result.get(key, [])]
-            rejected = [r for s in sources for r in s.rejected]
-            for s in sources:
-                s.rejected.clear()
-            if judge is not None:
-                for key in batch:
-                    for img, _, _, _ in found[key]:
-                        yield ("image", key, img)
-            yield ("batch", batch, found, rejected)
-
-    def verdict(job: tuple) -> dict | None:
-        if job[0] != "image":
+    def verdict(job: _ToJudge | _Batch) -> dict | None:
+        if isinstance(job, _Batch):
             return None
-        _, key, img = job
-        text, start, end = contexts[key]
-        return judge.judge(text, start, end, key, img)
+        text, start, end = contexts[job.key]
+        return judge.judge(text, start, end, job.key, job.image)
 
     n_images = 0
     failed: list[dict] = []
@@ -326,43 +404,23 @@ def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, worl
     t_loop = time.perf_counter()
     commit_s = 0.0
     concurrency = request_concurrency(cfg.judge.llm) if judge is not None else 1
-    for outcome in map_ordered(verdict, jobs(), concurrency):
+    for outcome in map_ordered(verdict, _fetch(batches, sources, judge is not None, info), concurrency):
         job = outcome.item
-        if job[0] == "image":
+        if isinstance(job, _ToJudge):
             if not outcome.ok:
                 if not isinstance(outcome.error, LLMRequestError):
                     raise outcome.error
                 batch_failed = True
-                failed.append({"concept": job[1], "error": str(outcome.error)[:500]})
+                failed.append({"concept": job.key, "error": str(outcome.error)[:500]})
             verdicts.append(outcome.value)
             continue
-        _, batch, found, rejected = job
-        if batch_failed:  # not committed: a rerun fetches and judges this batch again
-            verdicts, batch_failed = [], False
-            continue
-        t0 = time.perf_counter()
-        if judge is not None:
-            it = iter(verdicts)
-            for key in batch:
-                kept = []
-                for img, score, meta, name in found[key]:
-                    meta["judge"] = next(it)
-                    if not (cfg.judge.drop_invalid and meta["judge"]["valid"] is False):
-                        kept.append((img, score, meta, name))
-                found[key] = kept
-            verdicts = []
-        for key in batch:
-            if not found[key]:
-                writer.add(key, None, source="none", score=0.0)
-            for img, score, meta, name in found[key]:
-                writer.add(key, img, source=name, score=score, meta=meta)
-                n_images += 1
-        # Named after the shard about to be committed: a batch redone after a kill overwrites its
-        # own list, so every rejection is counted once.
-        atomic_write(folder / f"rejected-r{rank:03d}-{writer.next_shard:06d}.json", json.dumps(rejected).encode())
-        writer.flush()
-        commit_s += time.perf_counter() - t0
-        bar.update(len(batch))
+        if not batch_failed:  # else not committed: a rerun fetches and judges this batch again
+            t0 = time.perf_counter()
+            n_images += _commit(job, verdicts if judge is not None else None,
+                                judge is not None and cfg.judge.drop_invalid, writer, folder, rank)
+            commit_s += time.perf_counter() - t0
+            bar.update(len(job.keys))
+        verdicts, batch_failed = [], False
     bar.close()
     if judge is not None:
         # The time the stage waited for verdicts: the loop's wall time less fetching and committing.

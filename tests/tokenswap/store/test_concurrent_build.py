@@ -13,8 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tokenswap.config import load_config
 from tokenswap.store.build import StoreBuildConfig, build_store
+from tokenswap.store.stages import RequestsFailed
 from tokenswap.testing import LoadLLMServer, concept_reply
 
 REPO = Path(__file__).resolve().parents[3]
@@ -146,3 +149,77 @@ def test_a_rank_with_failed_requests_stops_the_others_at_the_barrier_and_the_rer
         single = build(tmp_path / "one", server.base_url, 8, rows=32)
     final = json.loads((out / "report.json").read_text())
     assert final["complete"] is True and {k: final[k] for k in COUNTS} == {k: single[k] for k in COUNTS}
+
+
+def whole_folder(out: Path) -> dict[str, bytes | object]:
+    """Every file of a build folder by name, with what of it may differ between two builds of one config set aside.
+
+    Set aside, each for a stated reason (everything else is compared byte for byte):
+    - ``report.json`` and the stages' ``done-*`` markers: the fields that describe the run, not the output (its
+      wall times, and the requests, fetches and writes *this run* made: documented as this run's counts, so a rerun
+      that retried one batch rightly counts one batch), and ``output_dir`` (each folder's own path);
+    - ``state/cache/*.jsonl``: an append-only log whose lines come in the order answers arrived (already random with
+      many requests in flight), compared as a sorted list of lines;
+    - ``.build-lock-*``: the holder tag of whichever process held the folder last (its pid and start time).
+    """
+    run_fields = {"output_dir", "time_s", "source_s", "source_s_by_name", "by_source", "judge_s", "overhead_s",
+                  "overhead_frac_of_total", "llm", "llm_requests", "llm_extraction", "fetched", "images"}
+
+    def product(value):
+        if isinstance(value, dict):
+            return {k: product(v) for k, v in value.items() if k not in run_fields}
+        return [product(v) for v in value] if isinstance(value, list) else value
+
+    files: dict[str, bytes | object] = {}
+    for p in sorted(out.rglob("*")):
+        rel = p.relative_to(out).as_posix()
+        if not p.is_file():
+            continue
+        if rel == "report.json" or "/done-" in rel:
+            files[rel] = product(json.loads(p.read_bytes()))
+        elif rel.startswith("state/cache/"):
+            files[rel] = sorted(p.read_bytes().splitlines())
+        elif rel.startswith(".build-lock"):
+            files[rel] = "(holder tag)"
+        else:
+            files[rel] = p.read_bytes()
+    return files
+
+
+def test_a_build_rerun_after_failed_extract_and_judge_batches_equals_an_uninterrupted_one_file_for_file(tmp_path):
+    """Issue 38: shards were numbered in commit order, so a judge batch that failed and was redone took the last
+    number and every later batch moved up one; shard (and rejected-list) names follow the batch, not the run."""
+    import pyarrow as pa
+
+    with LoadLLMServer(concept_reply, latency=random_delay) as server:
+        build(tmp_path / "ref", server.base_url, 8)
+        # A concept of the first batch (not the last: only a failure before other batches can renumber them).
+        first = pa.ipc.open_stream(pa.memory_map(str(tmp_path / "ref/store/shards/part-r000-000000.arrow"))).read_all()
+        assert len(list((tmp_path / "ref/store/shards").iterdir())) >= 3
+        doomed = next(c for c, im in zip(first.column("concept").to_pylist(), first.column("image").to_pylist()) if im)
+
+        def failing(stage: str):
+            def reply(payload):
+                text = json.dumps(payload)
+                if stage == "extract" and payload["messages"][0]["role"] == "system" and "apple" in text.lower():
+                    raise ConnectionError("scripted drop")
+                if stage == "judge" and f'The phrase was \\"{doomed}\\"' in text:
+                    raise ConnectionError("scripted drop")
+                return concept_reply(payload)
+            return reply
+
+        out = tmp_path / "out"
+        retries = ["extractor.llm.max_retries=0", "judge.llm.max_retries=0"]
+        for stage in ("extract", "judge"):
+            server.reply = failing(stage)
+            with pytest.raises(RequestsFailed, match="request\\(s\\) failed for good"):
+                build_store(load_config(StoreBuildConfig, "store_generate.yaml",
+                                        overrides(out, server.base_url, 8) + retries))
+            report = json.loads((out / "report.json").read_text())
+            assert report["complete"] is False and report["ranks"][{"extract": "extract", "judge": "images"}[stage]]
+        assert (out / "state/images/failed-r000.json").exists()  # the judge batch really failed
+        server.reply = concept_reply
+        build_store(load_config(StoreBuildConfig, "store_generate.yaml", overrides(out, server.base_url, 8) + retries))
+    a, b = whole_folder(tmp_path / "ref"), whole_folder(out)
+    assert sorted(a) == sorted(b)
+    assert [(k, a[k], b[k]) if isinstance(a[k], dict) else k for k in a if a[k] != b[k]] == []

@@ -264,3 +264,20 @@ def test_concurrent_atomic_writes_of_one_file_never_rename_each_others_file_away
     assert not errors, errors[:1]
     assert json.loads(path.read_text())["i"] == 299  # a whole file, the last write of one writer
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_writer_commits_the_shard_number_asked_for_and_never_overwrites_a_committed_one(tmp_path):
+    """The store build numbers a batch's shard by its position (a redone batch keeps its name); a number already
+    committed is refused, and free_shard gives the next free one instead."""
+    w = StoreWriter(tmp_path, rank=1)
+    w.add("apple", None, source="none")
+    w.flush(shard=3)
+    assert [p.name for p in (tmp_path / "shards").iterdir()] == ["part-r001-000003.arrow"]
+    assert (w.next_shard, w.free_shard(3), w.free_shard(1)) == (4, 4, 1)
+    w.add("pear", None, source="none")
+    with pytest.raises(ValueError, match="shard 3 of rank 1 is committed"):
+        w.flush(shard=3)
+    again = StoreWriter(tmp_path, rank=1)  # a resumed writer knows what is committed
+    assert (again.free_shard(3), StoreWriter(tmp_path, rank=0).free_shard(3)) == (4, 3)
+    w.flush(shard=w.free_shard(3))
+    assert ImageStore(tmp_path).attempted("apple") and ImageStore(tmp_path).attempted("pear")
