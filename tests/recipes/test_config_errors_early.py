@@ -94,8 +94,9 @@ def test_a_packed_attention_kernel_that_cannot_run_here_is_a_config_error(post, 
 def test_resampling_swaps_each_epoch_with_persistent_workers_is_a_config_error(post, tiny_qwen2vl, tmp_path, capsys):
     # The workers would keep the first epoch's collator: every epoch would silently reuse the first draw.
     with pytest.raises(SystemExit) as e:
-        run_recipe(post.main, post.PostTrainConfig, [*argv(tmp_path, tiny_qwen2vl), "collator.resample_each_epoch=true",
-                   "train.dataloader_num_workers=2", "train.dataloader_persistent_workers=true"])
+        run_recipe(post.main, post.PostTrainConfig, [*argv(tmp_path, tiny_qwen2vl),
+                   "collator.resample_each_epoch=true", "train.dataloader_num_workers=2",
+                   "train.dataloader_persistent_workers=true"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "train.dataloader_persistent_workers: false" in err
 

@@ -153,8 +153,8 @@ def test_a_value_the_trainer_rejects(planted, tiny_qwen2vl, capfd):
 # ---------------------------------------------------------------------------- the run folder
 def test_a_run_folder_held_by_another_run(planted, tiny_qwen2vl, capfd):
     out = planted / "run"
-    code = (f"from tokenswap.training import hold_output_dir; hold_output_dir({str(out)!r}); print('held', flush=True);"
-            " import time; time.sleep(600)")
+    code = (f"from tokenswap.training import hold_output_dir; hold_output_dir({str(out)!r}); "
+            "print('held', flush=True); import time; time.sleep(600)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
@@ -280,3 +280,30 @@ def test_a_sigterm_stop(planted, tiny_qwen2vl, capfd, monkeypatch):
     assert_ends(result, PREEMPTED_EXIT, f"[tokenswap] stopped by SIGTERM after step 2: {masked(out / 'checkpoint-2')} "
                                         "is complete", "out")
     assert "error: " not in result[2]
+
+
+# ---------------------------------------------------------------------------- a launch of two processes
+def test_a_two_rank_launch_on_a_held_folder_ends_on_both_ranks_with_exit_1(planted, tiny_qwen2vl, free_port):
+    out = planted / "run"
+    code = (f"from tokenswap.training import hold_output_dir; hold_output_dir({str(out)!r}); "
+            "print('held', flush=True); import time; time.sleep(600)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        launch = subprocess.run(
+            [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+             str(ROOT / "configs/accelerate/cpu_2proc.yaml"), "--main_process_port", str(free_port), str(RECIPE),
+             *overrides(out, tiny_qwen2vl)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        holder.kill()
+        holder.wait()
+    said = launch.stdout + launch.stderr
+    assert launch.returncode == 1, said[-3000:]
+    assert not [s for s in SECRETS if s in said], said[-3000:]
+    errors = [x for x in said.splitlines() if "error: " in x and "Traceback" not in x]
+    # rank 0 names the holder; rank 1 ends with the same status, pointing at rank 0's line (before: silently)
+    assert any(x.startswith(f"error: {masked(out)} is used by a training run by another process (pid {holder.pid} ")
+               for x in errors), said[-3000:]
+    assert any(x.startswith(f"error: rank 0 could not take {masked(out)} for this run") for x in errors), said[-3000:]
+    assert not (out / "tokenswap_config.json").exists()  # the refused launch wrote nothing

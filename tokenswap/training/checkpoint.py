@@ -108,13 +108,14 @@ def resolve_checkpoint(output_dir: str, resume: str | None) -> str | None:
         missing = _checkpoint_missing(resume)
         if missing:
             raise InputError(f"`resume_from_checkpoint` {resume} is not a complete tokenswap checkpoint: missing "
-                    f"{', '.join(missing)} (tokenswap writes them after the Trainer finished the folder: this one was "
-                    "cut while saving, or not written by a tokenswap run). Give a complete checkpoint-N, or `latest` "
-                    "for the newest complete one in run.output_dir")
+                             f"{', '.join(missing)} (tokenswap writes them after the Trainer finished the folder: "
+                             "this one was cut while saving, or not written by a tokenswap run). Give a complete "
+                             "checkpoint-N, or `latest` for the newest complete one in run.output_dir")
         problem = _weights_problem(resume)
         if problem:
-            raise InputError(f"`resume_from_checkpoint` {resume} {problem}: they were deleted or moved after the save. Restore "
-                    "them, or resume from another checkpoint-N (`latest`: the newest complete one in run.output_dir)")
+            raise InputError(f"`resume_from_checkpoint` {resume} {problem}: they were deleted or moved after the "
+                             "save. Restore them, or resume from another checkpoint-N (`latest`: the newest complete "
+                             "one in run.output_dir)")
         verify_checkpoint(resume)
         return resume
     if not os.path.isdir(output_dir):
@@ -185,9 +186,10 @@ def verify_checkpoint(path: str) -> None:
             reason = _unpickling_reason(str(e))
             imports = re.search(r"GLOBAL ([\w.]+)", reason)
             if imports:
-                raise InputError(f"{file} is not a safe checkpoint file: it asks to import {imports.group(1)}, which a "
-                        "checkpoint of tensors never does, and it was not loaded. The Trainer did not write it as "
-                        f"is (tampered or replaced): do not load it in any other way; {older}") from None
+                raise InputError(f"{file} is not a safe checkpoint file: it asks to import {imports.group(1)}, which "
+                                 "a checkpoint of tensors never does, and it was not loaded. The Trainer did not "
+                                 "write it as is (tampered or replaced): do not load it in any other way; "
+                                 f"{older}") from None
             raise InputError(f"{file} is damaged (not a readable torch file: {reason}); the checkpoint cannot be "
                              f"resumed: {older}") from None
         except (OSError, ValueError, RuntimeError, SafetensorError, EOFError) as e:
@@ -382,8 +384,8 @@ def saving_final(trainer):
         file, cause, disk, fix = _save_failure(e, output_dir, output_dir, recursive=False)
         raise IncompleteRunError(
             f"saving the trained model into {output_dir} failed while writing {file}: {cause} ({disk}). The run's "
-            f"checkpoints are complete: {fix}, then relaunch the same command with train.resume_from_checkpoint=latest "
-            "(it continues from the newest checkpoint and saves again)") from None
+            f"checkpoints are complete: {fix}, then relaunch the same command with "
+            "train.resume_from_checkpoint=latest (it continues from the newest checkpoint and saves again)") from None
 
 
 class _DropMessages(logging.Filter):

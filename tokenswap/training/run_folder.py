@@ -52,8 +52,9 @@ def hold_output_dir(output_dir: str, args=None) -> None:
     Two runs writing one folder interleave their sample-id logs, checkpoints and config (each would end with a
     mix of both), so the second is refused before it writes anything. Rank 0 holds the lock (the other ranks of a
     launch share its folder); its answer reaches every rank, so a refused launch raises on all of them together
-    (rank 0 the refusal, the others one line pointing at it) instead of leaving ranks waiting at a collective. Call it after ``TrainingArguments`` exist (multi-process runs
-    then have their process group). The lock lives in ``.train-lock-r000``; a killed holder releases it at once.
+    (rank 0 the refusal, the others one line pointing at it) instead of leaving ranks waiting at a collective. Call
+    it after ``TrainingArguments`` exist (multi-process runs then have their process group). The lock lives in
+    ``.train-lock-r000``; a killed holder releases it at once.
     """
     if args is not None:
         args.device  # noqa: B018 - sets up the process group of a multi-process run, which the answer travels on
