@@ -38,6 +38,7 @@ from tokenswap.crossmath.training_data import (
     load_training_records,
     sft_example,
 )
+from tokenswap.errors import InputError
 from tokenswap.packing import group_by_length
 from tokenswap.ranks import print0, rank_and_world
 from tokenswap.throughput import ThroughputCallback, ThroughputConfig
@@ -150,7 +151,7 @@ def main(cfg: ImageSFTConfig) -> None:
         seen = {record["markdown_table"] for record in records}
         overlap = [r["id"] for r in load_crossmath(heldout)[: cfg.eval.data.limit] if r["markdown_table"] in seen]
         if overlap:
-            raise ValueError(f"eval puzzles {overlap[:5]} are also training puzzles; give eval.data another seed")
+            raise InputError(f"eval puzzles {overlap[:5]} are also training puzzles; give eval.data another seed")
 
     # ------------------------------------------------------------------ model (after TrainingArguments: ZeRO-3 init)
     model, processor = load_model_and_processor(cfg.model, resume_from=resume, seed=cfg.run.seed)
