@@ -32,13 +32,14 @@ from typing import Literal
 from transformers import set_seed
 from trl import GRPOConfig, GRPOTrainer
 
-from tokenswap.config import config_to_dict, parse_config
+from tokenswap.config import config_to_dict
 from tokenswap.crossmath import REWARDS, get_hop_weighted_reward
 from tokenswap.crossmath.training_data import CrossMathDataConfig, grpo_dataset, load_training_records
 from tokenswap.ranks import print0
 from tokenswap.training.checkpoint import CheckpointCallback, resolve_checkpoint, saving_final, train
 from tokenswap.training.config import ModelConfig, RunConfig, WandbConfig
-from tokenswap.training.distributed import close_process_group, end_script
+from tokenswap.training.distributed import close_process_group
+from tokenswap.training.entry import run_recipe
 from tokenswap.training.model import check_inputs, load_model_and_processor, peft_lora_config
 from tokenswap.training.run_folder import check_resume_settings, hold_output_dir, write_run_config
 from tokenswap.training.tracking import finish_wandb, init_wandb
@@ -162,5 +163,4 @@ def main(cfg: GRPORecipeConfig) -> None:
 
 
 if __name__ == "__main__":
-    main(parse_config(GRPORecipeConfig))
-    end_script()  # after gloo: ends the process without finalizing (tokenswap.training.end_script)
+    run_recipe(main, GRPORecipeConfig)  # errors: one line and an exit status, as tokenswap.cli.main gives them

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from transformers import Trainer
 
 from tokenswap.attention import use_packed_attention
-from tokenswap.config import config_to_dict, parse_config
+from tokenswap.config import config_to_dict
 from tokenswap.crossmath import load_crossmath
 from tokenswap.crossmath.cli import cli_main as crossmath_cli
 from tokenswap.crossmath.training_data import (
@@ -38,8 +38,9 @@ from tokenswap.crossmath.training_data import (
     load_training_records,
     sft_example,
 )
+from tokenswap.errors import InputError
 from tokenswap.packing import group_by_length
-from tokenswap.ranks import print0
+from tokenswap.ranks import print0, rank_and_world
 from tokenswap.throughput import ThroughputCallback, ThroughputConfig
 from tokenswap.training.builders import build_collator
 from tokenswap.training.callbacks import EmptyStepCallback, install_first
@@ -51,7 +52,8 @@ from tokenswap.training.checkpoint import (
     train,
 )
 from tokenswap.training.config import CollatorConfig, ModelConfig, RunConfig, WandbConfig
-from tokenswap.training.distributed import close_process_group, end_script
+from tokenswap.training.distributed import close_process_group
+from tokenswap.training.entry import run_recipe
 from tokenswap.training.model import check_inputs, load_model_and_processor
 from tokenswap.training.run_folder import check_resume_settings, hold_output_dir, write_run_config
 from tokenswap.training.tracking import finish_wandb, init_wandb
@@ -124,7 +126,7 @@ def main(cfg: ImageSFTConfig) -> None:
     os.makedirs(cfg.run.output_dir, exist_ok=True)
     args = build_training_arguments(cfg.train, cfg.run)
     check_inputs(cfg.model, packing=cfg.collator.packing, device="cpu" if args.use_cpu else None, collator=cfg.collator)
-    rank = int(os.environ.get("RANK", "0"))
+    rank, _ = rank_and_world()
     hold_output_dir(cfg.run.output_dir, args)  # one run per folder: a second one exits 1 naming the holder
     resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
     check_resume_settings(config_to_dict(cfg), resume)  # changed settings: exit 2, each difference named
@@ -149,7 +151,7 @@ def main(cfg: ImageSFTConfig) -> None:
         seen = {record["markdown_table"] for record in records}
         overlap = [r["id"] for r in load_crossmath(heldout)[: cfg.eval.data.limit] if r["markdown_table"] in seen]
         if overlap:
-            raise ValueError(f"eval puzzles {overlap[:5]} are also training puzzles; give eval.data another seed")
+            raise InputError(f"eval puzzles {overlap[:5]} are also training puzzles; give eval.data another seed")
 
     # ------------------------------------------------------------------ model (after TrainingArguments: ZeRO-3 init)
     model, processor = load_model_and_processor(cfg.model, resume_from=resume, seed=cfg.run.seed)
@@ -205,5 +207,4 @@ def main(cfg: ImageSFTConfig) -> None:
 
 
 if __name__ == "__main__":
-    main(parse_config(ImageSFTConfig))
-    end_script()  # after gloo: ends the process without finalizing (tokenswap.training.end_script)
+    run_recipe(main, ImageSFTConfig)  # errors: one line and an exit status, as tokenswap.cli.main gives them

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from transformers import Trainer
 
 from tokenswap.attention import use_packed_attention
-from tokenswap.config import config_to_dict, parse_config
+from tokenswap.config import config_to_dict
 from tokenswap.data.llava import load_llava
 from tokenswap.data.mixture import paired_mixture
 from tokenswap.data.schema import load_samples
 from tokenswap.packing import group_by_length
-from tokenswap.ranks import print0
+from tokenswap.ranks import print0, rank_and_world
 from tokenswap.throughput import ThroughputCallback, ThroughputConfig
 from tokenswap.training.builders import build_collator, build_gap_callback, build_image_store
 from tokenswap.training.callbacks import EmptyStepCallback, EpochCallback, SwapStatsCallback, install_first
@@ -42,7 +42,8 @@ from tokenswap.training.checkpoint import (
     train,
 )
 from tokenswap.training.config import CollatorConfig, DataConfig, GapEvalConfig, ModelConfig, RunConfig, WandbConfig
-from tokenswap.training.distributed import close_process_group, end_script
+from tokenswap.training.distributed import close_process_group
+from tokenswap.training.entry import run_recipe
 from tokenswap.training.model import check_inputs, load_model_and_processor
 from tokenswap.training.run_folder import check_resume_settings, hold_output_dir, write_run_config
 from tokenswap.training.tracking import finish_wandb, init_wandb
@@ -89,7 +90,7 @@ def main(cfg: PostTrainConfig) -> None:
     data_paths = {f"data.{k}": getattr(cfg.data, k) for k in ("llava_json", "llava_image_root", "swap_dataset")}
     check_inputs(cfg.model, packing=cfg.collator.packing, image_store=store_root, paths=data_paths,
                  device="cpu" if args.use_cpu else None, collator=cfg.collator, args=args, gap_eval=cfg.gap_eval)
-    rank = int(os.environ.get("RANK", "0"))
+    rank, _ = rank_and_world()
     hold_output_dir(cfg.run.output_dir, args)  # one run per folder: a second one exits 1 naming the holder
     resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
     check_resume_settings(config_to_dict(cfg), resume)  # changed settings: exit 2, each difference named
@@ -149,5 +150,4 @@ def main(cfg: PostTrainConfig) -> None:
 
 
 if __name__ == "__main__":
-    main(parse_config(PostTrainConfig))
-    end_script()  # after gloo: ends the process without finalizing (tokenswap.training.end_script)
+    run_recipe(main, PostTrainConfig)  # errors: one line and an exit status, as tokenswap.cli.main gives them

@@ -1,7 +1,8 @@
 """The ``tokenswap`` command.
 
-Each subcommand lives next to the code it drives and exposes ``cli_main(argv) -> int``; this file routes and
-maps the errors every subcommand may raise, once, to one line and an exit status:
+Each subcommand lives next to the code it drives and exposes ``cli_main(argv) -> int``; this file routes, and
+maps the errors every subcommand may raise to one line and an exit status with
+:func:`tokenswap.errors.exit_status` (the recipes' entry, ``tokenswap.training.run_recipe``, uses the same one):
 
 * :class:`~tokenswap.errors.InputError` (a file, folder, flag or field the command cannot use; the evaluators'
   backend errors and the leaderboard's input errors are ones) and a missing file: exit status 2, before any work
@@ -19,7 +20,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from tokenswap.errors import BusyError, IncompleteRunError, InputError
+from tokenswap.errors import exit_status
 
 # subcommand -> (module, one-line help). A plain dict: adding a command is one line here.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -59,29 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(name: str, rest: list[str]) -> int:
     module = importlib.import_module(COMMANDS[name][0])
-    try:
-        return int(module.cli_main(rest) or 0)
-    except InputError as e:
-        print(f"tokenswap {name}: error: {e}", file=sys.stderr)
-        return 2
-    except (IncompleteRunError, BusyError) as e:
-        print(f"tokenswap {name}: error: {e}", file=sys.stderr)
-        return 1
-    except FileExistsError as e:  # an output folder's path taken by a file, found where a command makes the folder
-        print(f"tokenswap {name}: error: {e.filename!r} exists and is not a folder; pass a folder path (or move the "
-              "file away)", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
-        print(f"tokenswap {name}: error: {e.args[-1] if e.filename is None else f'{e.strerror}: {e.filename!r}'}",
-              file=sys.stderr)
-        return 2
-    except OSError as e:
-        # transformers/huggingface_hub report a missing local checkpoint as an invalid repo id.
-        if "Repo id must be" not in str(e):
-            raise
-        print(f"tokenswap {name}: error: a model or dataset path does not exist locally and is not a hub id "
-              f"({str(e).splitlines()[0]})", file=sys.stderr)
-        return 2
+    return exit_status(lambda: module.cli_main(rest), prefix=f"tokenswap {name}: ")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 ``parse_config(PostTrainConfig)`` reads ``--config NAME.yaml`` (a bare name resolves inside
 ``configs/``) and any ``section.key=value`` overrides, checks every key and type against the
 dataclass tree, collects all problems and raises one :class:`ConfigError` that names each key
-and how to fix it. ``--help`` lists every field with the docstring written under it, so the
-CLI is derived from the dataclasses and never mirrored by hand.
+and how to fix it. :func:`usage` (a recipe's ``--help``) lists every field with the docstring written under
+it, so the CLI is derived from the dataclasses and never mirrored by hand.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import yaml
 from tokenswap.errors import InputError
 
 # Masking by field name lives in the one redaction every sink uses; kept importable here.
-from tokenswap.redaction import mask_secrets, redact, redact_argv
+from tokenswap.redaction import mask_secrets, redact_argv
 
 __all__ = ["ConfigError", "config_to_dict", "field_docs", "flatten_dict", "load_config", "parse_config",
            "resolve_config_path", "split_argv", "usage"]
@@ -43,9 +43,9 @@ class ConfigError(InputError):
     def __init__(self, problems: list[str], source: str = "config"):
         self.problems = problems
         if len(problems) == 1:
-            super().__init__(f"1 problem(s) in {source}: {problems[0]}")
+            super().__init__(f"1 problem in {source}: {problems[0]}")
         else:
-            super().__init__(f"{len(problems)} problem(s) in {source}:\n" + "\n".join(f"  - {p}" for p in problems))
+            super().__init__(f"{len(problems)} problems in {source}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 def resolve_config_path(name: str | os.PathLike) -> Path:
@@ -463,23 +463,18 @@ def usage(cls: type) -> str:
 
 
 def parse_config(cls: type[T], argv: list[str] | None = None) -> T:
-    """Command line -> config: ``[--config PATH_OR_NAME] [section.key=value ...] [--help]``, for the recipes.
+    """Command line -> config: ``[--config PATH_OR_NAME] [section.key=value ...]``, for the recipes.
 
-    Problems are printed (every one, with its fix) and the process exits with status 2. The ``tokenswap``
-    subcommands call :func:`split_argv` and :func:`load_config` instead, so that ``tokenswap.cli.main`` prints
-    the :class:`ConfigError` (an :class:`~tokenswap.errors.InputError`) as every other input error.
+    Every problem is raised at once as one :class:`ConfigError` (an :class:`~tokenswap.errors.InputError`), a
+    config file that is not found as a ``FileNotFoundError``; the recipes' entry
+    (:func:`tokenswap.training.run_recipe`) prints it and exits 2, as ``tokenswap.cli.main`` does for the
+    subcommands, and answers ``--help`` with :func:`usage` before this is called. A secret-named override's value
+    is remembered for redaction first, since a problem may quote it.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in argv or "--help" in argv:
-        print(usage(cls))
-        raise SystemExit(0)
-    try:
-        path, overrides = split_argv(argv)
-        return load_config(cls, path, overrides)
-    except (ConfigError, FileNotFoundError) as e:
-        redact_argv(argv)  # remembers a secret-named override's value: a problem may quote it
-        print(f"error: {redact(str(e))}", file=sys.stderr)
-        raise SystemExit(2) from None
+    redact_argv(argv)
+    path, overrides = split_argv(argv)
+    return load_config(cls, path, overrides)
 
 
 def split_argv(argv: list[str]) -> tuple[str | None, list[str]]:

@@ -1,18 +1,33 @@
-"""The errors every room raises for what a user must fix, so that one place (``tokenswap.cli.main``) maps them.
+"""The errors every room raises for what a user must fix, and the one mapping of them to a line and an exit status.
 
 * :class:`InputError`: an input file, folder, flag or field a command cannot use; the message names it and the
   fix. ``tokenswap`` prints it as one line and exits with status 2, before any work where it can.
 * :class:`IncompleteRunError`: the work ran but some of it could not be done (requests that failed for good
-  beyond the allowed share); what was done is kept and the same command resumes. Exit status 1.
+  beyond the allowed share, a training run whose steps had nothing to learn, a save that failed); what was done is
+  kept and the same command resumes. Exit status 1.
 * :class:`BusyError`: another process holds what the command needs (an output folder's lock); nothing was done,
   the same command works once the holder is gone. Exit status 1.
+* :class:`PreemptedError`: a training run stopped by SIGTERM after saving a complete checkpoint; relaunching the
+  same command continues it. Exit status :data:`PREEMPTED_EXIT` (143).
+
+:func:`exit_status` is the mapping, the one place an error becomes an exit status: ``tokenswap.cli.main`` runs
+every subcommand through it and ``tokenswap.training.run_recipe`` every recipe, each inside the redacting output
+streams of :mod:`tokenswap.redaction`. Every room raises; no room prints ``error:`` or exits by itself.
 
 This module imports nothing of tokenswap: it is the ground floor every other room may use.
 """
 
 from __future__ import annotations
 
-__all__ = ["BusyError", "IncompleteRunError", "InputError"]
+import sys
+from collections.abc import Callable
+
+__all__ = ["PREEMPTED_EXIT", "BusyError", "IncompleteRunError", "InputError", "PreemptedError", "exit_status"]
+
+PREEMPTED_EXIT = 143
+"""Exit status after a SIGTERM stop (128 + 15, what a process killed by SIGTERM reports): the run saved a complete
+checkpoint and did not finish, so a scheduler that requeues on failure relaunches it, and nothing downstream reads
+the folder as a finished run."""
 
 
 class InputError(ValueError):
@@ -25,3 +40,48 @@ class IncompleteRunError(RuntimeError):
 
 class BusyError(RuntimeError):
     """Another process holds what this command needs (a folder's lock); the message names it (exit status 1)."""
+
+
+class PreemptedError(RuntimeError):
+    """A run stopped by SIGTERM with a complete checkpoint saved (exit status :data:`PREEMPTED_EXIT`).
+
+    Not an error of the user's: the run's main process has already said where it stopped and how to continue (on
+    stdout, where a run's progress goes), so :func:`exit_status` prints nothing more for it.
+    """
+
+
+def exit_status(run: Callable[[], int | None], prefix: str = "") -> int:
+    """``run()``'s exit status (``None`` is 0), with the errors a user acts on mapped to one line on stderr.
+
+    The line is ``{prefix}error: {message}`` (``prefix`` names the command: ``"tokenswap eval: "``; the recipes
+    print the bare ``error: ...``). :class:`InputError`, a missing file or folder, and a local model path that does
+    not exist are 2; :class:`IncompleteRunError` and :class:`BusyError` are 1; :class:`PreemptedError` is
+    :data:`PREEMPTED_EXIT`. Anything else propagates (a bug is a traceback). The caller installs the redacting
+    streams around this call, so the line goes out with known secrets masked.
+    """
+    def say(message: str) -> None:
+        print(f"{prefix}error: {message}", file=sys.stderr, flush=True)
+
+    try:
+        return int(run() or 0)
+    except InputError as e:
+        say(str(e))
+        return 2
+    except (IncompleteRunError, BusyError) as e:
+        say(str(e))
+        return 1
+    except PreemptedError:
+        sys.stdout.flush()
+        return PREEMPTED_EXIT
+    except FileExistsError as e:  # an output folder's path taken by a file, found where a command makes the folder
+        say(f"{e.filename!r} exists and is not a folder; pass a folder path (or move the file away)")
+        return 2
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
+        say(e.args[-1] if e.filename is None else f"{e.strerror}: {e.filename!r}")
+        return 2
+    except OSError as e:
+        # transformers/huggingface_hub report a missing local checkpoint as an invalid repo id.
+        if "Repo id must be" not in str(e):
+            raise
+        say(f"a model or dataset path does not exist locally and is not a hub id ({str(e).splitlines()[0]})")
+        return 2

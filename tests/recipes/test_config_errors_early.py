@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenswap.config import parse_config
+from tokenswap.training import run_recipe
 
 
 def cli_main(argv):
@@ -38,8 +38,8 @@ def argv(tmp_path, model, *extra):
     ids=["eval-without-eval-set", "resume-missing", "scheduler-kwargs-not-a-dict"],
 )
 def test_trainer_settings_the_run_cannot_use_are_config_errors(post, tiny_qwen2vl, tmp_path, capsys, extra, message):
-    with pytest.raises(SystemExit) as e:
-        post.main(parse_config(post.PostTrainConfig, argv(tmp_path, tiny_qwen2vl, *extra)))
+    with pytest.raises(SystemExit) as e:  # the recipe's own entry: the one line and the exit status it maps
+        run_recipe(post.main, post.PostTrainConfig, argv(tmp_path, tiny_qwen2vl, *extra))
     err = capsys.readouterr().err
     assert e.value.code == 2 and message in err
     assert "Repo id must" not in err and "Traceback" not in err
@@ -55,9 +55,9 @@ def test_trainer_settings_the_run_cannot_use_are_config_errors(post, tiny_qwen2v
 )
 def test_settings_the_model_or_machine_cannot_run_stop_before_data_and_model(post, tiny_family, tmp_path, capsys,
                                                                             extra, message):
-    cfg = parse_config(post.PostTrainConfig, argv(tmp_path, tiny_family("qwen3_5"), *extra))
     with pytest.raises(SystemExit) as e:
-        post.main(cfg)  # the data files do not exist: reaching them would raise FileNotFoundError instead
+        # the data files do not exist: reaching them would raise FileNotFoundError instead
+        run_recipe(post.main, post.PostTrainConfig, argv(tmp_path, tiny_family("qwen3_5"), *extra))
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
@@ -72,22 +72,20 @@ def test_missing_data_and_a_missing_or_damaged_store_are_named_together_before_a
                                                                                       capsys):
     (tmp_path / "store").mkdir()
     (tmp_path / "store" / "store.json").write_text("[1, 2]")
-    cfg = parse_config(post.PostTrainConfig, [*argv(tmp_path, tiny_qwen2vl), "run.arm=tokenswap",
-                                              f"image_store={tmp_path / 'store'}"])
     with pytest.raises(SystemExit) as e:
-        post.main(cfg)
+        run_recipe(post.main, post.PostTrainConfig, [*argv(tmp_path, tiny_qwen2vl), "run.arm=tokenswap",
+                   f"image_store={tmp_path / 'store'}"])
     err = capsys.readouterr().err
-    assert e.value.code == 2 and "3 problem(s) in the run inputs" in err
+    assert e.value.code == 2 and "3 problems in the run inputs" in err
     assert f"`data.llava_json` '{tmp_path / 'absent.json'}' does not exist" in err
     assert f"`data.swap_dataset` '{tmp_path / 'absent.jsonl'}' does not exist" in err
     assert "`image_store`: " in err and "expected a JSON object" in err
 
 
 def test_a_packed_attention_kernel_that_cannot_run_here_is_a_config_error(post, tiny_qwen2vl, tmp_path, capsys):
-    cfg = parse_config(post.PostTrainConfig, [*argv(tmp_path, tiny_qwen2vl), "collator.packing=true",
-                                              "model.attn_implementation=varlen"])
     with pytest.raises(SystemExit) as e:
-        post.main(cfg)
+        run_recipe(post.main, post.PostTrainConfig, [*argv(tmp_path, tiny_qwen2vl), "collator.packing=true",
+                   "model.attn_implementation=varlen"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "model.attn_implementation=varlen cannot run packed rows here" in err
     assert "model.attn_implementation=auto" in err
@@ -95,11 +93,10 @@ def test_a_packed_attention_kernel_that_cannot_run_here_is_a_config_error(post, 
 
 def test_resampling_swaps_each_epoch_with_persistent_workers_is_a_config_error(post, tiny_qwen2vl, tmp_path, capsys):
     # The workers would keep the first epoch's collator: every epoch would silently reuse the first draw.
-    cfg = parse_config(post.PostTrainConfig, [*argv(tmp_path, tiny_qwen2vl), "collator.resample_each_epoch=true",
-                                              "train.dataloader_num_workers=2",
-                                              "train.dataloader_persistent_workers=true"])
     with pytest.raises(SystemExit) as e:
-        post.main(cfg)
+        run_recipe(post.main, post.PostTrainConfig, [*argv(tmp_path, tiny_qwen2vl),
+                   "collator.resample_each_epoch=true", "train.dataloader_num_workers=2",
+                   "train.dataloader_persistent_workers=true"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "train.dataloader_persistent_workers: false" in err
 
@@ -130,9 +127,8 @@ def _empty_bench(root):
 )
 def test_late_failures_are_config_errors_before_data_and_model(post, tiny_qwen2vl, tmp_path, capsys, extra, message):
     # Each used to surface after the data and the model loaded (the data files here do not even exist), or not at all.
-    cfg = parse_config(post.PostTrainConfig, [*argv(tmp_path, tiny_qwen2vl), *extra(tmp_path)])
     with pytest.raises(SystemExit) as e:
-        post.main(cfg)
+        run_recipe(post.main, post.PostTrainConfig, [*argv(tmp_path, tiny_qwen2vl), *extra(tmp_path)])
     err = capsys.readouterr().err
     assert e.value.code == 2 and message.format(t=tmp_path) in err, err
     assert "Traceback" not in err
@@ -157,7 +153,7 @@ def test_late_failures_are_config_errors_before_data_and_model(post, tiny_qwen2v
 def test_values_the_run_would_fail_on_later_are_refused_when_the_config_is_read(post, tiny_qwen2vl, tmp_path, capsys,
                                                                                extra, message):
     with pytest.raises(SystemExit) as e:
-        parse_config(post.PostTrainConfig, argv(tmp_path, tiny_qwen2vl, *extra(tmp_path)))
+        run_recipe(post.main, post.PostTrainConfig, argv(tmp_path, tiny_qwen2vl, *extra(tmp_path)))
     err = capsys.readouterr().err
     assert e.value.code == 2 and message.format(t=tmp_path) in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) <= 3

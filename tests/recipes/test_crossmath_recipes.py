@@ -12,11 +12,12 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from tokenswap.config import ConfigError, load_config, parse_config
+from tokenswap.config import ConfigError, load_config
 from tokenswap.crossmath import gold_answer, gold_hops, load_crossmath
 from tokenswap.crossmath.rewards import completion_text
 from tokenswap.crossmath.training_data import load_training_records, sft_example
 from tokenswap.packing import group_by_length, text_lengths
+from tokenswap.training import run_recipe
 
 
 def log_history(out: Path) -> list[dict]:
@@ -174,9 +175,9 @@ def test_image_sft_collator_keys_that_apply_still_load(image_sft, capsys):
     assert cfg.collator.packing and cfg.collator.group_by_length
     # Every problem at once, each naming its key, printed as a config error (exit 2) from the command line.
     with pytest.raises(SystemExit) as exit_info:
-        parse_config(image_sft.ImageSFTConfig, ["--config", "tiny/image_sft_crossmath.yaml", "collator.swap_seed=3",
-                                                "collator.group_by_length=true",
-                                                "train.train_sampling_strategy=group_by_length"])
+        run_recipe(image_sft.main, image_sft.ImageSFTConfig, ["--config", "tiny/image_sft_crossmath.yaml",
+                                                              "collator.swap_seed=3", "collator.group_by_length=true",
+                                                              "train.train_sampling_strategy=group_by_length"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "`collator.swap_seed` has no effect in image SFT" in err

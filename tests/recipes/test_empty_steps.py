@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tokenswap.config import load_config
+from tokenswap.training import run_recipe
 
 ASSETS = Path(__file__).resolve().parents[2] / "tests" / "assets"
 
@@ -26,7 +27,7 @@ def overrides(out, model, *extra):
 def test_a_run_where_every_sample_is_refused_stops_at_its_first_step(post, tiny_qwen2vl, tmp_path, capsys):
     out = tmp_path / "out"
     with pytest.warns(UserWarning, match="skipped"), pytest.raises(SystemExit) as e:
-        post.main(load_config(post.PostTrainConfig, "tiny/post_text.yaml", overrides(out, tiny_qwen2vl)))
+        run_recipe(post.main, post.PostTrainConfig, ["--config", "tiny/post_text.yaml", *overrides(out, tiny_qwen2vl)])
     err = capsys.readouterr().err
     assert e.value.code == 1
     assert "step 1 of 4 had no target token on any rank" in err and "samples_skipped_too_long" in err

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from tokenswap.config import load_config
-from tokenswap.training import COMPLETE_MARKER, PREEMPTED_EXIT
+from tokenswap.training import COMPLETE_MARKER, PREEMPTED_EXIT, run_recipe
 from tokenswap.training.checkpoint import FAULT_PAUSE_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +63,11 @@ def run_main(post, out, model, store, *extra):
     post.main(load_config(post.PostTrainConfig, CONFIG, overrides(out, model, store, *extra)))
 
 
+def run_entry(post, out, model, store, *extra):
+    """The recipe as its ``__main__`` runs it: a refusal is one line on stderr and ``SystemExit`` with its status."""
+    run_recipe(post.main, post.PostTrainConfig, ["--config", CONFIG, *overrides(out, model, store, *extra)])
+
+
 def launch(out, model, store, *extra, env=None, **kw) -> subprocess.Popen:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT), **(env or {})}
     cmd = [sys.executable, str(ROOT / "recipes" / "post_train.py"), "--config", CONFIG,
@@ -94,7 +99,7 @@ def test_a_second_run_on_a_busy_output_dir_exits_1_naming_the_holder(post, tiny_
         ids_before = (out / "sample_ids.rank0.txt").read_bytes()
         for extra in ((), ("run.arm=text",)):  # the same config, and another arm into the same folder
             with pytest.raises(SystemExit) as e:
-                run_main(post, out, tiny_qwen2vl, tiny_store.root, *extra)
+                run_entry(post, out, tiny_qwen2vl, tiny_store.root, *extra)
             err = capsys.readouterr().err
             assert e.value.code == 1, err
             assert f"{out} is used by a training run by another process (pid {first.pid} on host " \
@@ -134,7 +139,7 @@ def test_an_explicit_checkpoint_without_tokenswaps_record_exits_2_naming_what_is
     cut = tmp_path / "copy" / "checkpoint-2"
     (cut / COMPLETE_MARKER).unlink()
     with pytest.raises(SystemExit) as e:
-        run_main(post, out, tiny_qwen2vl, tiny_store.root, f"train.resume_from_checkpoint={cut}")
+        run_entry(post, out, tiny_qwen2vl, tiny_store.root, f"train.resume_from_checkpoint={cut}")
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"`resume_from_checkpoint` {cut} is not a complete tokenswap checkpoint: missing " \
                                   f"{COMPLETE_MARKER}" in err
@@ -165,7 +170,7 @@ def test_a_resume_with_changed_settings_exits_2_naming_each_difference(post, tin
     saved = (out / "tokenswap_config.json").read_text()
     changed = ("collator.swap_prob=0.5", "data.seed=3", "collator.max_length=256", "run.arm=text")
     with pytest.raises(SystemExit) as e:
-        run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest", *changed)
+        run_entry(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest", *changed)
     err = capsys.readouterr().err
     assert e.value.code == 2, err
     for difference in ("collator.swap_prob: was 1.0, now 0.5", "data.seed: was 0, now 3",
@@ -274,7 +279,7 @@ def test_a_damaged_or_tampered_checkpoint_exits_2_naming_the_file(post, tiny_qwe
         data = (ckpt / file).read_bytes()
         (ckpt / file).write_bytes(data[: len(data) // 2])
     with pytest.raises(SystemExit) as e:
-        run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest")
+        run_entry(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest")
     err = capsys.readouterr().err
     assert e.value.code == 2 and str(ckpt / file) in err, err
     assert "Traceback" not in err
@@ -459,8 +464,8 @@ def test_a_checkpoint_without_its_weights_exits_2_naming_them_and_latest_skips_i
         (out / name).unlink()
     (out / "checkpoint-4" / "model.safetensors").unlink()
     with pytest.raises(SystemExit) as e:
-        run_main(post, tmp_path / "other", tiny_qwen2vl, tiny_store.root,
-                 f"train.resume_from_checkpoint={out / 'checkpoint-4'}")
+        run_entry(post, tmp_path / "other", tiny_qwen2vl, tiny_store.root,
+                  f"train.resume_from_checkpoint={out / 'checkpoint-4'}")
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"`resume_from_checkpoint` {out / 'checkpoint-4'} holds no model weights (none of " \
                                   "model.safetensors, " in err

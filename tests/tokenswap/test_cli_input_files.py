@@ -439,7 +439,7 @@ def test_build_store_resume_on_damaged_state(store_build, tmp_path, capsys, dama
 
 @pytest.mark.parametrize("argv, message", [
     (["--config", "{t}/none.yaml"], "config '{t}/none.yaml' not found as a path"),
-    (["--config", "{t}/list.yaml"], "1 problem(s) in {t}/list.yaml: the top level must be a mapping, got list"),
+    (["--config", "{t}/list.yaml"], "1 problem in {t}/list.yaml: the top level must be a mapping, got list"),
     (["--config", "store_embedded.yaml", "samples_per_shard=abc"], "`samples_per_shard` must be an integer, got 'abc'"),
 ], ids=["missing", "list", "wrong-type"])
 def test_build_store_config_problems_are_one_line_through_main(tmp_path, capsys, argv, message):

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 import pytest
 
 from tokenswap.config import CONFIG_DIR, ConfigError, field_docs, load_config, parse_config, resolve_config_path
+
+
+def run_recipe(main, cls, argv):
+    """A recipe's ``__main__`` entry (imported here only: it loads the training room, torch included)."""
+    from tokenswap.training.entry import run_recipe
+
+    run_recipe(main, cls, argv)
 
 
 @dataclass(kw_only=True)
@@ -127,7 +135,7 @@ def test_every_problem_is_reported_in_one_error(tmp_path):
         load_config(Toy, path, ["use_cpu=maybe"])
     assert len(problems_of(e)) == 6, problems_of(e)
     message = str(e.value)
-    assert message.startswith(f"6 problem(s) in {path}:")
+    assert message.startswith(f"6 problems in {path}:\n  - ")
     for needle in ("stepz", "`mode`", "`optim.lr`", "`tags`", "`use_cpu`", "`name` is required"):
         assert needle in message
 
@@ -162,8 +170,8 @@ def test_repo_configs_resolve_from_any_directory(tmp_path, monkeypatch):
 
 
 def test_help_lists_field_docstrings(capsys):
-    with pytest.raises(SystemExit) as e:
-        parse_config(Toy, ["--help"])
+    with pytest.raises(SystemExit) as e:  # a recipe's entry answers --help without running the recipe
+        run_recipe(lambda cfg: pytest.fail("--help ran the recipe"), Toy, ["--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "Toy fields:" in out
@@ -182,19 +190,28 @@ def test_help_lists_field_docstrings(capsys):
     ],
 )
 def test_cli_errors(argv, match, capsys):
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(ConfigError, match=re.escape(match)):
         parse_config(Toy, argv)
+    with pytest.raises(SystemExit) as e:  # through a recipe's entry: one line, exit 2
+        run_recipe(lambda cfg: pytest.fail("ran on a bad command line"), Toy, argv)
     assert e.value.code == 2
-    assert match in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: 1 problem in command line: {match}") and err.count("\n") == 1
 
 
 def test_cli_reports_every_config_problem_and_exits_2(capsys):
     with pytest.raises(SystemExit) as e:
-        parse_config(Toy, ["steps=abc", "nmae=x"])
+        run_recipe(lambda cfg: pytest.fail("ran on a bad config"), Toy, ["steps=abc", "nmae=x"])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "3 problem(s)" in err and "`steps` must be an integer" in err and "did you mean `name`" in err
-    assert "`name` is required" in err
+    assert err.startswith("error: 3 problems in ") and "`steps` must be an integer" in err
+    assert "did you mean `name`" in err and "`name` is required" in err and "problem(s)" not in err
+
+
+def test_a_config_error_counts_its_problems_in_words():
+    assert str(ConfigError(["`a` is wrong"], "c.yaml")) == "1 problem in c.yaml: `a` is wrong"
+    assert str(ConfigError(["`a` is wrong", "`b` is wrong"], "c.yaml")) == \
+        "2 problems in c.yaml:\n  - `a` is wrong\n  - `b` is wrong"
 
 
 # ---------------------------------------------------------------------------- YAML 1.1 booleans

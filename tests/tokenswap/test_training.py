@@ -12,7 +12,8 @@ import pytest
 import torch
 from transformers import TrainingArguments
 
-from tokenswap.config import ConfigError, load_config, parse_config
+from tokenswap.config import ConfigError, load_config
+from tokenswap.errors import BusyError, InputError
 from tokenswap.training import (
     COMPLETE_MARKER,
     TRAINER_OWNED,
@@ -24,6 +25,7 @@ from tokenswap.training import (
     build_training_arguments,
     load_model_and_processor,
     resolve_checkpoint,
+    run_recipe,
     trainer_section,
 )
 
@@ -97,7 +99,7 @@ def test_deprecated_gradient_checkpointing_alias_is_honoured():
 
 def test_help_lists_every_trainer_field_with_its_documentation(capsys):
     with pytest.raises(SystemExit) as e:
-        parse_config(Recipe, ["--help"])
+        run_recipe(lambda cfg: pytest.fail("--help ran the recipe"), Recipe, ["--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
     for name in ("use_liger_kernel", "push_to_hub", "include_num_input_tokens_seen", "torch_compile", "deepspeed"):
@@ -117,12 +119,18 @@ def test_training_arguments_carry_the_run_and_the_recipe_values(tmp_path):
 
 
 def test_a_value_the_trainer_rejects_exits_2_with_the_config_error(tmp_path, capsys):
-    cfg = load_config(Recipe, None, ["train.use_cpu=true", "train.bf16=false", "train.load_best_model_at_end=true",
-                                     "train.save_strategy=epoch"])
-    with pytest.raises(SystemExit) as e:
+    argv = ["train.use_cpu=true", "train.bf16=false", "train.load_best_model_at_end=true", "train.save_strategy=epoch"]
+    cfg = load_config(Recipe, None, argv)
+    with pytest.raises(ConfigError, match=r"^1 problem in train \(TrainingArguments\): train: "):
         build_training_arguments(cfg.train, RunConfig(output_dir=str(tmp_path), pair="p", arm="text"))
+
+    def main(cfg):
+        build_training_arguments(cfg.train, RunConfig(output_dir=str(tmp_path), pair="p", arm="text"))
+
+    with pytest.raises(SystemExit) as e:  # through a recipe's entry: one line, exit 2
+        run_recipe(main, Recipe, argv)
     assert e.value.code == 2
-    assert "error: 1 problem(s) in train (TrainingArguments)" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith("error: 1 problem in train (TrainingArguments): train: ")
 
 
 def test_grpo_section_reaches_trl(tmp_path):
@@ -282,9 +290,8 @@ def test_latest_skips_checkpoints_without_tokenswaps_record_saying_so_and_none_i
 def test_an_explicit_incomplete_checkpoint_exits_2_naming_what_is_missing(tmp_path, capsys):
     two = _checkpoint(tmp_path, 6, marker=True)
     (two / COMPLETE_MARKER).write_text(json.dumps({"world_size": 2, "global_step": 6}))
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(InputError, match="missing tokenswap_state.rank1.json"):
         resolve_checkpoint(str(tmp_path), str(two))
-    assert e.value.code == 2 and "missing tokenswap_state.rank1.json" in capsys.readouterr().err
 
 
 def test_latest_considers_only_folders_named_checkpoint_and_a_number(tmp_path):
@@ -303,13 +310,12 @@ def test_a_state_recording_more_log_than_the_log_holds_is_an_error_never_nul_pad
     log = tmp_path / "sample_ids.rank0.txt"
     log.write_text("a\nb\n")
     wrapped = ResumableCollator(TokenSwapCollator(tiny_processor, dummy_image=False), log_ids_to=str(log))
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(InputError) as e:
         wrapped.restore({"log_bytes": 100, "stats": {}}, source="checkpoint-4/tokenswap_state.rank0.json")
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and str(log) in err and "checkpoint-4/tokenswap_state.rank0.json" in err
+    assert str(log) in str(e.value) and "checkpoint-4/tokenswap_state.rank0.json" in str(e.value)
     assert log.read_bytes() == b"a\nb\n"  # untouched: no NUL bytes
     log.unlink()
-    with pytest.raises(SystemExit):  # a log that is gone lost every line the state counts
+    with pytest.raises(InputError):  # a log that is gone lost every line the state counts
         wrapped.restore({"log_bytes": 4, "stats": {}})
 
 
@@ -376,9 +382,8 @@ def test_a_dead_holder_never_locks_the_output_dir(tmp_path, capsys):
                               env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(SystemExit) as e:
+        with pytest.raises(BusyError, match=rf"\(pid {holder.pid} on host"):
             hold_output_dir(str(out))
-        assert e.value.code == 1 and f"(pid {holder.pid} on host" in capsys.readouterr().err
     finally:
         holder.kill()  # SIGKILL: no clean-up of any kind ran
         holder.wait()

@@ -11,8 +11,10 @@
       callbacks.py     swap epochs, swap statistics, the stop for steps with no target
       builders.py      config section in, library object out: image store, collator, gap callback
       tracking.py      W&B runs named {pair}-{arm} in group {pair}
-      distributed.py   print on rank 0; end a multi-process run cleanly
+      distributed.py   agree across the ranks (any_rank); end a multi-process run cleanly (print0 lives in
+                       tokenswap/ranks.py and is re-exported here)
       workers.py       data-loader workers that outlive a job's SIGTERM and end with the run
+      entry.py         run_recipe: a recipe's __main__, its errors mapped as tokenswap.cli.main maps them
 
 Recipes import from the module of each concern; every name is also importable from ``tokenswap.training``.
 """
@@ -47,6 +49,7 @@ from tokenswap.training.config import (
     WandbConfig,
 )
 from tokenswap.training.distributed import at_script_end, close_process_group, end_script
+from tokenswap.training.entry import run_recipe
 from tokenswap.training.model import (
     check_inputs,
     load_model_and_processor,
@@ -115,6 +118,7 @@ __all__ = [
     "print0",
     "resolve_attn_implementation",
     "resolve_checkpoint",
+    "run_recipe",
     "saving_final",
     "train",
     "trainer_section",

@@ -6,6 +6,7 @@ import torch
 from transformers import TrainerCallback
 
 from tokenswap.collator import TokenSwapCollator
+from tokenswap.errors import IncompleteRunError
 from tokenswap.ranks import print0
 
 
@@ -60,8 +61,9 @@ class SwapStatsCallback(TrainerCallback):
             state.log_history[-1].update({k: v for k, v in logs.items() if k.startswith("swap/")})
 
 
-class NoTargetsError(RuntimeError):
-    """Too many optimizer steps of a run had no target token (see :class:`EmptyStepCallback`)."""
+class NoTargetsError(IncompleteRunError):
+    """Too many optimizer steps of a run had no target token (see :class:`EmptyStepCallback`): the run stopped
+    without training what it was asked to (exit status 1, one line, through the recipe's entry)."""
 
 
 class EmptyStepCallback(TrainerCallback):

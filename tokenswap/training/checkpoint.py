@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import signal
-import sys
 import threading
 import time
 from collections import Counter
@@ -24,14 +23,12 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from tokenswap.errors import PREEMPTED_EXIT, IncompleteRunError, InputError, PreemptedError
 from tokenswap.files import atomic_write
-from tokenswap.ranks import print0
-from tokenswap.training.callbacks import NoTargetsError
+from tokenswap.ranks import print0, rank_and_world
 from tokenswap.training.distributed import any_rank
 from tokenswap.training.run_folder import COMPLETE_MARKER, RUN_CONFIG
 from tokenswap.training.workers import end_loader_workers, ignore_sigterm_in_worker, protect_forks
-
-"""Written into ``checkpoint-N`` after every rank finished saving it (see :class:`CheckpointCallback`)."""
 
 FAULT_PAUSE_ENV = "TOKENSWAP_FAULT_SAVE_PAUSE_S"
 """Fault injection (benchmarks/faults.py, tests): ``S`` or ``S@STEP``, seconds each save (or only the save of
@@ -96,33 +93,29 @@ def _weights_problem(path: str) -> str | None:
     return None
 
 
-def _exit_2(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
-
-
 def resolve_checkpoint(output_dir: str, resume: str | None) -> str | None:
     """The checkpoint to resume from, checked: ``"latest"`` -> the newest *complete* ``checkpoint-N`` in
     ``output_dir`` (None if there is none yet); a path -> that path, if complete.
 
     A run killed while saving leaves a partial ``checkpoint-N`` (no tokenswap record): ``latest`` skips it, says
     what it lacks, and the resumed run writes that step's checkpoint again over it. An explicit path that is not
-    complete exits 2 naming what is missing. The chosen checkpoint's files are then read back
-    (:func:`verify_checkpoint`): a damaged or unsafe file exits 2 naming it, before any weights load.
+    complete is an ``InputError`` (exit 2) naming what is missing. The chosen checkpoint's files are then read back
+    (:func:`verify_checkpoint`): a damaged or unsafe file is one naming it, before any weights load.
     """
     if resume is None:
         return None
     if resume != "latest":
         missing = _checkpoint_missing(resume)
         if missing:
-            _exit_2(f"`resume_from_checkpoint` {resume} is not a complete tokenswap checkpoint: missing "
-                    f"{', '.join(missing)} (tokenswap writes them after the Trainer finished the folder: this one was "
-                    "cut while saving, or not written by a tokenswap run). Give a complete checkpoint-N, or `latest` "
-                    "for the newest complete one in run.output_dir")
+            raise InputError(f"`resume_from_checkpoint` {resume} is not a complete tokenswap checkpoint: missing "
+                             f"{', '.join(missing)} (tokenswap writes them after the Trainer finished the folder: "
+                             "this one was cut while saving, or not written by a tokenswap run). Give a complete "
+                             "checkpoint-N, or `latest` for the newest complete one in run.output_dir")
         problem = _weights_problem(resume)
         if problem:
-            _exit_2(f"`resume_from_checkpoint` {resume} {problem}: they were deleted or moved after the save. Restore "
-                    "them, or resume from another checkpoint-N (`latest`: the newest complete one in run.output_dir)")
+            raise InputError(f"`resume_from_checkpoint` {resume} {problem}: they were deleted or moved after the "
+                             "save. Restore them, or resume from another checkpoint-N (`latest`: the newest complete "
+                             "one in run.output_dir)")
         verify_checkpoint(resume)
         return resume
     if not os.path.isdir(output_dir):
@@ -153,7 +146,8 @@ _NOT_LOADED = {"training_args.bin"}  # the Trainer never loads it on resume (it 
 
 
 def verify_checkpoint(path: str) -> None:
-    """Read back every file a resume loads from ``path``; exit 2 naming the first damaged or unsafe one.
+    """Read back every file a resume loads from ``path``; an ``InputError`` (exit 2) names the first damaged or
+    unsafe one.
 
     JSON files must parse, safetensors headers must match their file sizes, and the Trainer's pickles
     (optimizer, scheduler, RNG state, scaler, ``pytorch_model.bin``) must load with torch's weights-only
@@ -192,14 +186,16 @@ def verify_checkpoint(path: str) -> None:
             reason = _unpickling_reason(str(e))
             imports = re.search(r"GLOBAL ([\w.]+)", reason)
             if imports:
-                _exit_2(f"{file} is not a safe checkpoint file: it asks to import {imports.group(1)}, which a "
-                        "checkpoint of tensors never does, and it was not loaded. The Trainer did not write it as "
-                        f"is (tampered or replaced): do not load it in any other way; {older}")
-            _exit_2(f"{file} is damaged (not a readable torch file: {reason}); the checkpoint cannot be resumed: "
-                    f"{older}")
+                raise InputError(f"{file} is not a safe checkpoint file: it asks to import {imports.group(1)}, which "
+                                 "a checkpoint of tensors never does, and it was not loaded. The Trainer did not "
+                                 "write it as is (tampered or replaced): do not load it in any other way; "
+                                 f"{older}") from None
+            raise InputError(f"{file} is damaged (not a readable torch file: {reason}); the checkpoint cannot be "
+                             f"resumed: {older}") from None
         except (OSError, ValueError, RuntimeError, SafetensorError, EOFError) as e:
             detail = " ".join(str(e).split())[:300]
-            _exit_2(f"{file} is damaged ({type(e).__name__}: {detail}); the checkpoint cannot be resumed: {older}")
+            raise InputError(f"{file} is damaged ({type(e).__name__}: {detail}); the checkpoint cannot be resumed: "
+                             f"{older}") from None
 
 
 def _unpickling_reason(message: str) -> str:
@@ -208,12 +204,6 @@ def _unpickling_reason(message: str) -> str:
     lines = [line.split("WeightsUnpickler error:")[-1].strip() for line in lines
              if not line.startswith("Check the documentation")]
     return " ".join(line for line in lines if line)[:300] or "refused by the weights-only unpickler"
-
-
-PREEMPTED_EXIT = 143
-"""Exit status after a SIGTERM stop (128 + 15, what a process killed by SIGTERM reports): the run saved a complete
-checkpoint and did not finish, so a scheduler that requeues on failure relaunches it, and nothing downstream reads
-the folder as a finished run."""
 
 
 def _weights_only(checkpoint: str) -> bool:
@@ -230,9 +220,11 @@ def train(trainer, resume: str | None) -> None:
     loaded instead, and the recipe goes on to save as if the run had just finished.
 
     A run stopped by SIGTERM (:class:`CheckpointCallback`) has saved a complete checkpoint at the step it stopped;
-    it exits with :data:`PREEMPTED_EXIT` here instead of going on to save as if it had finished. A checkpoint save
-    that fails (disk full) exits 1 naming the folder, the file and the disk. The data-loader workers are ended
-    before this returns or raises (:func:`~tokenswap.training.workers.end_loader_workers`).
+    it raises :class:`~tokenswap.errors.PreemptedError` here (exit :data:`PREEMPTED_EXIT` through the recipe's
+    entry) instead of going on to save as if it had finished. A checkpoint save that fails (disk full) is an
+    ``IncompleteRunError`` (exit 1) naming the folder, the file and the disk, and so is a run whose steps had nothing
+    to learn (:class:`~tokenswap.training.callbacks.NoTargetsError`). The data-loader workers are ended before this
+    returns or raises (:func:`~tokenswap.training.workers.end_loader_workers`).
     """
     if resume is not None and _weights_only(resume):
         print0(f"[tokenswap] warning: {resume} holds the weights only (saved with train.save_only_model: true; no "
@@ -251,10 +243,7 @@ def train(trainer, resume: str | None) -> None:
                 trainer.state = state
                 return
         try:
-            trainer.train(resume_from_checkpoint=resume)
-        except NoTargetsError as e:  # the data's fault, said in one message: not a traceback from the Trainer
-            print(f"error: {e}", file=sys.stderr)
-            raise SystemExit(1) from None
+            trainer.train(resume_from_checkpoint=resume)  # a NoTargetsError goes to the entry: one line, exit 1
         finally:
             # The workers end with the training, however it ended: a persistent-workers loader (kept by the
             # Trainer) or a traceback would keep them, which ignore SIGTERM, until an exit that waits for them
@@ -265,10 +254,10 @@ def train(trainer, resume: str | None) -> None:
                if isinstance(cb, CheckpointCallback) and cb.stopped_at is not None]
     if stopped:
         folder = os.path.join(trainer.args.output_dir, f"checkpoint-{stopped[0]}")
-        print0(f"[tokenswap] stopped by SIGTERM after step {stopped[0]}: {folder} is complete; relaunch the same "
-               f"command with train.resume_from_checkpoint=latest to continue (exit {PREEMPTED_EXIT})")
-        sys.stdout.flush()
-        raise SystemExit(PREEMPTED_EXIT)
+        notice = (f"[tokenswap] stopped by SIGTERM after step {stopped[0]}: {folder} is complete; relaunch the same "
+                  f"command with train.resume_from_checkpoint=latest to continue (exit {PREEMPTED_EXIT})")
+        print0(notice)
+        raise PreemptedError(notice)
 
 
 def _errno_of(e: BaseException) -> int | None:
@@ -366,10 +355,10 @@ def _guard_saves(trainer) -> None:
         except _save_errors() as e:
             folder = os.path.join(trainer.args.output_dir, f"checkpoint-{trainer.state.global_step}")
             file, cause, disk, fix = _save_failure(e, folder, trainer.args.output_dir, recursive=True)
-            print(f"error: saving {folder} failed while writing {file}: {cause} ({disk}). The partial checkpoint has "
-                  f"no tokenswap record and is skipped on resume: {fix}, then relaunch with "
-                  "train.resume_from_checkpoint=latest", file=sys.stderr, flush=True)
-            raise SystemExit(1) from None
+            raise IncompleteRunError(
+                f"saving {folder} failed while writing {file}: {cause} ({disk}). The partial checkpoint has no "
+                f"tokenswap record and is skipped on resume: {fix}, then relaunch with "
+                "train.resume_from_checkpoint=latest") from None
         finally:
             trainer.args.save_total_limit = limit
 
@@ -381,8 +370,9 @@ def _guard_saves(trainer) -> None:
 
 @contextlib.contextmanager
 def saving_final(trainer):
-    """Around a recipe's final save (``save_model``, the processor, the stats): a failed write exits 1 in one line
-    naming the folder, the file, the errno and the free space, as a failed checkpoint save does.
+    """Around a recipe's final save (``save_model``, the processor, the stats): a failed write is an
+    ``IncompleteRunError`` (exit 1, one line) naming the folder, the file, the errno and the free space, as a failed
+    checkpoint save is.
 
     The run's checkpoints are complete by then, so the same command with ``train.resume_from_checkpoint=latest``
     (after freeing space) continues from the newest one and saves again.
@@ -392,11 +382,10 @@ def saving_final(trainer):
         yield
     except _save_errors() as e:
         file, cause, disk, fix = _save_failure(e, output_dir, output_dir, recursive=False)
-        print(f"error: saving the trained model into {output_dir} failed while writing {file}: {cause} ({disk}). "
-              f"The run's checkpoints are complete: {fix}, then relaunch the same command with "
-              "train.resume_from_checkpoint=latest (it continues from the newest checkpoint and saves again)",
-              file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+        raise IncompleteRunError(
+            f"saving the trained model into {output_dir} failed while writing {file}: {cause} ({disk}). The run's "
+            f"checkpoints are complete: {fix}, then relaunch the same command with "
+            "train.resume_from_checkpoint=latest (it continues from the newest checkpoint and saves again)") from None
 
 
 class _DropMessages(logging.Filter):
@@ -529,20 +518,21 @@ class ResumableCollator:
             theirs = os.path.join(run_folder, os.path.basename(log))
             have = os.path.getsize(theirs) if os.path.exists(theirs) else None
             if want > (have or 0):
-                _exit_2(f"{source} records {want} bytes of {theirs}, but that log "
-                        f"{'holds ' + str(have) + ' bytes' if have is not None else 'does not exist'}: the checkpoint's "
-                        "run folder lost the lines of batches that trained. Resume from the checkpoint where its run "
-                        "wrote it (with the log beside it), or start a new run")
+                raise InputError(f"{source} records {want} bytes of {theirs}, but that log "
+                                 f"{'holds ' + str(have) + ' bytes' if have is not None else 'does not exist'}: the "
+                                 "checkpoint's run folder lost the lines of batches that trained. Resume from the "
+                                 "checkpoint where its run wrote it (with the log beside it), or start a new run")
             with open(theirs, "rb") as f:
                 atomic_write(Path(log), f.read(want))
             print0(f"[tokenswap] resuming another folder's checkpoint: {log} starts as the first {want} bytes of {theirs}")
         if log is not None:
             have = os.path.getsize(log) if os.path.exists(log) else None
             if want > (have or 0):
-                _exit_2(f"{source} records {want} bytes of {log}, but the log "
-                        f"{'holds ' + str(have) + ' bytes' if have is not None else 'does not exist'}: lines of batches "
-                        "that trained are gone (the folder was copied or the log truncated). Restore the log from "
-                        "where the run wrote it, or start the run again in a new run.output_dir")
+                raise InputError(f"{source} records {want} bytes of {log}, but the log "
+                                 f"{'holds ' + str(have) + ' bytes' if have is not None else 'does not exist'}: lines "
+                                 "of batches that trained are gone (the folder was copied or the log truncated). "
+                                 "Restore the log from where the run wrote it, or start the run again in a new "
+                                 "run.output_dir")
             if have is not None:
                 with open(log, "r+b") as f:
                     f.truncate(want)
@@ -579,7 +569,7 @@ class CheckpointCallback(TrainerCallback):
     @classmethod
     def resuming(cls, collator: ResumableCollator | None, checkpoint: str | None) -> CheckpointCallback:
         """The callback for a run resuming from ``checkpoint`` (rewinds ``collator`` to that point)."""
-        rank = int(os.environ.get("RANK", "0"))
+        rank, _ = rank_and_world()
         consumed = 0
         if checkpoint is None and collator is not None:
             # A fresh run in a used output_dir: the log starts empty, not after an earlier run's lines.
@@ -633,7 +623,7 @@ class CheckpointCallback(TrainerCallback):
         import torch.distributed as dist
 
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        rank = int(os.environ.get("RANK", "0"))
+        rank, _ = rank_and_world()
         seconds, _, at = (os.environ.get(FAULT_PAUSE_ENV) or "0").partition("@")
         pause = float(seconds) if not at or int(at) == state.global_step else 0.0
         if pause > 0:  # fault injection: hold the window between the Trainer's files and tokenswap's record open

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -134,7 +133,7 @@ def check_inputs(
 ) -> None:
     """A run's inputs checked against its settings before any data or weights load.
 
-    Like :func:`tokenswap.config.parse_config`, every problem is printed with its fix and the process exits with 2:
+    Like :func:`tokenswap.config.parse_config`, every problem is raised with its fix in one ``ConfigError`` (exit 2):
     a local path that does not exist (``paths``: config key -> path, None skipped), an image store that is missing or
     damaged, a model folder that is missing, a family tokenswap does not support, or ``collator.packing`` for a family
     whose samples cannot be separated in a packed row (Qwen3.5), or a ``model.attn_implementation`` named that
@@ -188,8 +187,7 @@ def check_inputs(
         except ValueError as e:
             problems.append(str(e))
     if problems:
-        print(f"error: {ConfigError(problems, 'the run inputs')}", file=sys.stderr)
-        raise SystemExit(2)
+        raise ConfigError(problems, "the run inputs")
 
 
 def _quantization_config(cfg: ModelConfig):

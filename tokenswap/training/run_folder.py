@@ -1,9 +1,11 @@
 """One training run per output folder, and a resume that keeps the settings the run started with.
 
 :func:`hold_output_dir` locks ``run.output_dir`` for the whole run (``tokenswap build-store``'s folder lock: a
-kernel ``flock`` a killed holder drops at once); a second run on the folder exits 1 naming the holder.
-:func:`check_resume_settings` refuses, with exit 2 and every difference named, a resume whose settings would
-change the sample stream or the bookkeeping of the run it continues; :data:`RESUME_MAY_CHANGE` lists what may.
+kernel ``flock`` a killed holder drops at once); a second run on the folder is refused naming the holder (a
+:class:`RunLockedError`, a ``BusyError``: exit 1). :func:`check_resume_settings` refuses, with an ``InputError``
+(exit 2) naming every difference, a resume whose settings would change the sample stream or the bookkeeping of
+the run it continues; :data:`RESUME_MAY_CHANGE` lists what may. The recipe's entry
+(:func:`tokenswap.training.run_recipe`) prints the error and exits.
 :func:`write_run_config` writes the resolved config (secrets masked) into the folder.
 """
 
@@ -16,14 +18,18 @@ import sys
 from pathlib import Path
 
 from tokenswap.config import flatten_dict
-from tokenswap.errors import InputError
+from tokenswap.errors import BusyError, InputError
 from tokenswap.files import FolderLock, FolderLockedError, atomic_write, remove_dead_temporaries
+from tokenswap.ranks import rank_and_world
 from tokenswap.training.distributed import max_over_ranks
 
 RUN_CONFIG = "tokenswap_config.json"
-# Written into a checkpoint last, by every rank (tokenswap.training.checkpoint): the checkpoint is then complete.
-COMPLETE_MARKER = "tokenswap_complete.json"
 """The resolved config of a run, in its output folder and in each of its checkpoints."""
+
+COMPLETE_MARKER = "tokenswap_complete.json"
+"""Written into ``checkpoint-N`` last, after every rank finished saving it
+(:class:`~tokenswap.training.checkpoint.CheckpointCallback`): the checkpoint is then complete. It lives here, beside
+:data:`RUN_CONFIG`, because the resume check reads it too and ``checkpoint`` imports this module, not the reverse."""
 
 LOCK_PREFIX = ".train-lock"
 """``<output_dir>/.train-lock-r000``: the lock file of :func:`hold_output_dir` (it names its last holder)."""
@@ -39,43 +45,48 @@ _HELD: dict[str, FolderLock] = {}
 
 
 def hold_output_dir(output_dir: str, args=None) -> None:
-    """Lock ``output_dir`` for this run until the process ends; exit 1 naming the holder if another run has it
-    (exit 2 if the lock file cannot be made: a read-only disk, a folder or a symlink in its place).
+    """Lock ``output_dir`` for this run until the process ends; a :class:`RunLockedError` (exit 1) naming the
+    holder if another run has it, an ``InputError`` (exit 2) if the lock file cannot be made (a read-only disk, a
+    folder or a symlink in its place).
 
     Two runs writing one folder interleave their sample-id logs, checkpoints and config (each would end with a
     mix of both), so the second is refused before it writes anything. Rank 0 holds the lock (the other ranks of a
-    launch share its folder); its answer reaches every rank, so a refused launch exits 1 on all of them together
-    instead of leaving ranks waiting at a collective. Call it after ``TrainingArguments`` exist (multi-process runs
-    then have their process group). The lock lives in ``.train-lock-r000``; a killed holder releases it at once.
+    launch share its folder); its answer reaches every rank, so a refused launch raises on all of them together
+    (rank 0 the refusal, the others one line pointing at it) instead of leaving ranks waiting at a collective. Call
+    it after ``TrainingArguments`` exist (multi-process runs then have their process group). The lock lives in
+    ``.train-lock-r000``; a killed holder releases it at once.
     """
     if args is not None:
         args.device  # noqa: B018 - sets up the process group of a multi-process run, which the answer travels on
     os.makedirs(output_dir, exist_ok=True)
-    refused, code = "", 0
+    refused: Exception | None = None
+    code = 0
     key = os.path.realpath(output_dir)
-    if int(os.environ.get("RANK", "0")) == 0 and key not in _HELD:
+    rank, _ = rank_and_world()
+    if rank == 0 and key not in _HELD:
         lock = FolderLock(Path(output_dir), 0, prefix=LOCK_PREFIX, doing="used by a training run",
                           error=RunLockedError, what="run")
         try:
             _HELD[key] = lock.acquire()
         except RunLockedError as e:
-            refused, code = str(e), 1
+            refused, code = e, 1
         except InputError as e:  # the lock file cannot be one (a read-only disk, a folder or a symlink there)
-            refused, code = str(e), 2
+            refused, code = e, 2
         else:
             # Nobody else writes this folder now: what a killed writer left half-written goes.
             remove_dead_temporaries(output_dir)
     code = max_over_ranks(code, args)
-    if code:
-        if refused:
-            print(f"error: {refused}", file=sys.stderr, flush=True)
-        raise SystemExit(code)
+    if refused is not None:
+        raise refused
+    if code:  # another rank's refusal (rank 0 said why): this rank ends with the same exit status
+        error = BusyError if code == 1 else InputError
+        raise error(f"rank 0 could not take {output_dir} for this run (its error above says why)")
 
 
 def write_run_config(output_dir: str, config: dict) -> None:
     """Write ``config`` (from :func:`tokenswap.config.config_to_dict`: secrets masked) as the run's
     :data:`RUN_CONFIG` (rank 0); each checkpoint gets a copy (:class:`~tokenswap.training.CheckpointCallback`)."""
-    if int(os.environ.get("RANK", "0")) == 0:
+    if rank_and_world()[0] == 0:
         atomic_write(Path(output_dir) / RUN_CONFIG, json.dumps(config, indent=2).encode())
 
 
@@ -105,9 +116,8 @@ def _saved_config(checkpoint: str) -> tuple[str, dict] | None:
             try:
                 return str(path), json.loads(path.read_text())
             except ValueError as e:
-                print(f"error: {path} is not valid JSON ({e}); it records the settings {checkpoint} was trained with: "
-                      "restore it, or resume from another checkpoint", file=sys.stderr)
-                raise SystemExit(2) from None
+                raise InputError(f"{path} is not valid JSON ({e}); it records the settings {checkpoint} was trained "
+                                 "with: restore it, or resume from another checkpoint") from None
     return None
 
 
@@ -120,7 +130,8 @@ def resume_differences(saved: dict, now: dict) -> list[str]:
 
 
 def check_resume_settings(config: dict, checkpoint: str | None) -> None:
-    """Exit 2, naming every difference, when ``config`` would continue ``checkpoint`` with other settings.
+    """An ``InputError`` (exit 2) naming every difference, when ``config`` would continue ``checkpoint`` with
+    other settings.
 
     ``config`` is this launch's :func:`~tokenswap.config.config_to_dict`; the run's own is the checkpoint's copy of
     :data:`RUN_CONFIG` (or, for checkpoints written before copies, the one in its run folder). The number of
@@ -140,13 +151,12 @@ def check_resume_settings(config: dict, checkpoint: str | None) -> None:
         world = json.loads((Path(checkpoint) / COMPLETE_MARKER).read_text()).get("world_size")
     except (OSError, ValueError, AttributeError):
         world = None
-    now_world = int(os.environ.get("WORLD_SIZE", "1"))
+    _, now_world = rank_and_world()
     if world is not None and int(world) != now_world:
         problems.append(f"processes (WORLD_SIZE): was {world}, now {now_world}")
     if problems:
         what = where if found is not None else checkpoint
-        print(f"error: {checkpoint} was trained with other settings ({'; '.join(problems)}); resuming would train the "
-              f"rest of the run on another sample stream while {RUN_CONFIG} claimed one (the run's settings: {what}). "
-              "Resume with the original settings, or start a new run in another run.output_dir. A resume may change "
-              f"only: {', '.join(RESUME_MAY_CHANGE)}", file=sys.stderr, flush=True)
-        raise SystemExit(2)
+        raise InputError(f"{checkpoint} was trained with other settings ({'; '.join(problems)}); resuming would train "
+                         f"the rest of the run on another sample stream while {RUN_CONFIG} claimed one (the run's "
+                         f"settings: {what}). Resume with the original settings, or start a new run in another "
+                         f"run.output_dir. A resume may change only: {', '.join(RESUME_MAY_CHANGE)}")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
+from tokenswap.ranks import rank_and_world
 from tokenswap.training.config import RunConfig, WandbConfig
 
 
@@ -17,7 +17,7 @@ def init_wandb(cfg: WandbConfig, run: RunConfig, stage: str, config: dict, repor
     "Command" and ``args`` in its metadata) when the run starts, so ``wandb.init`` sees it with its secrets masked
     (a ``train.hub_token=...`` override, URL credentials: :func:`tokenswap.redaction.redacted_argv`).
     """
-    if "wandb" not in report_to or int(os.environ.get("RANK", "0")) != 0:
+    if "wandb" not in report_to or rank_and_world()[0] != 0:
         return
     import wandb
 

@@ -15,13 +15,14 @@ import importlib.util
 import json
 import math
 import os
-import sys
 import typing
 from typing import Any
 
 import torch
 from transformers import TrainingArguments
 
+from tokenswap.errors import InputError
+from tokenswap.ranks import rank_and_world
 from tokenswap.training.config import RunConfig
 
 TRAINER_OWNED: dict[str, str] = {
@@ -242,7 +243,8 @@ def build_training_arguments(train, run: RunConfig, **recipe: Any):
     Multi-process CPU runs need a gloo ``PartialState`` built before the arguments (and reused by the
     Trainer); DeepSpeed needs ``ACCELERATE_USE_DEEPSPEED`` before any state exists. ``recipe`` holds the
     values the recipe owns (``train_sampling_strategy``, ...). Like :func:`tokenswap.config.parse_config`,
-    a value ``TrainingArguments`` rejects is printed as a config problem and the process exits with 2.
+    a value ``TrainingArguments`` rejects is raised as a :class:`~tokenswap.config.ConfigError` (exit status 2
+    through the recipe's entry), as are settings this machine cannot run (fp16 on CPU, liger without its package).
     """
     from accelerate import PartialState
 
@@ -251,16 +253,14 @@ def build_training_arguments(train, run: RunConfig, **recipe: Any):
     kwargs = {f.name: getattr(train, f.name) for f in dataclasses.fields(train)}
     if kwargs.get("use_liger_kernel") and importlib.util.find_spec("liger_kernel") is None:
         # liger-kernel 0.8.5 patches every family tokenswap supports (qwen2_vl ... qwen3_5_moe); it needs Triton + CUDA.
-        print("error: train.use_liger_kernel needs liger-kernel: pip install 'tokenswap[gpu]'", file=sys.stderr)
-        raise SystemExit(2)
+        raise InputError("train.use_liger_kernel needs liger-kernel: pip install 'tokenswap[gpu]'")
     if kwargs.get("fp16") and (kwargs.get("use_cpu") or not torch.cuda.is_available()):
         # Accepted by TrainingArguments on CPU, where it does not give the fp16 training the user asked for.
-        print("error: train.fp16 needs a CUDA GPU and this run has none (or train.use_cpu is set); on CPU set "
-              "train.fp16: false (train.bf16: true for mixed precision)", file=sys.stderr)
-        raise SystemExit(2)
+        raise InputError("train.fp16 needs a CUDA GPU and this run has none (or train.use_cpu is set); on CPU set "
+                         "train.fp16: false (train.bf16: true for mixed precision)")
     if kwargs.get("deepspeed"):
         os.environ.setdefault("ACCELERATE_USE_DEEPSPEED", "true")
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    _, world = rank_and_world()
     if world > 1 and (kwargs.get("use_cpu") or not torch.cuda.is_available()):
         # CPU ranks talk over gloo; the Trainer must reuse this state instead of building its own.
         PartialState(cpu=not kwargs.get("deepspeed"), backend="gloo")
@@ -269,7 +269,7 @@ def build_training_arguments(train, run: RunConfig, **recipe: Any):
             with open(given) as f:
                 given = json.load(f)
         kwargs["accelerator_config"] = {**given, "use_configured_state": True}
-    from tokenswap.redaction import mask_secrets, redact
+    from tokenswap.redaction import mask_secrets
 
     mask_secrets(kwargs)  # remembers hub_token and URL credentials: masked wherever they would be printed
     try:
@@ -281,7 +281,5 @@ def build_training_arguments(train, run: RunConfig, **recipe: Any):
             **kwargs,
             **recipe,
         )
-    except (ValueError, TypeError) as e:
-        err = ConfigError([f"train: {e}"], f"train ({train.ARGS_CLASS.__name__})")
-        print(f"error: {redact(str(err))}", file=sys.stderr)  # TrainingArguments' message may quote a value
-        raise SystemExit(2) from None
+    except (ValueError, TypeError) as e:  # the message may quote a value: mask_secrets remembered the secrets
+        raise ConfigError([f"train: {e}"], f"train ({train.ARGS_CLASS.__name__})") from None
