@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 from tokenswap.concepts import Concept, validate_concepts
 from tokenswap.errors import IncompleteRunError, InputError
-from tokenswap.files import atomic_write, read_json, read_json_object
+from tokenswap.files import atomic_write, iter_jsonl, read_json, read_json_object, read_jsonl
 from tokenswap.inference.types import LLMRequestError
 from tokenswap.redaction import redact_data
 from tokenswap.store.build_config import FIXTURE, DataConfig, StoreBuildConfig
@@ -49,17 +49,13 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
     atomic_write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    """The rows of a build's own JSONL file; a damaged one is a ValueError naming the file and line."""
-    from tokenswap.data.magpie import MalformedLine, jsonl_rows
+DAMAGED_FIX = "this build file is damaged: build again in a new output_dir"
 
-    rows = []
-    for _, row in jsonl_rows(path):
-        if isinstance(row, MalformedLine):
-            # Written atomically by the build, so a disk or a hand broke it: its part cannot be trusted to resume.
-            raise ValueError(f"{row}; this build file is damaged: build again in a new output_dir") from None
-        rows.append(row)
-    return rows
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """The rows of a build's own JSONL file; a damaged one is an InputError naming ``file:line``."""
+    # Written atomically by the build, so a disk or a hand broke it: its part cannot be trusted to resume.
+    return read_jsonl(path, "build file", DAMAGED_FIX)
 
 
 MARKER_FIX = "delete it and rerun: the stage redoes only what it had not committed, and writes it again"
@@ -566,16 +562,14 @@ def read_swap_dataset(path: str | os.PathLike) -> list[dict]:
     """All samples of a swap dataset folder (``dataset/``), shard by shard in name order.
 
     Raises:
-        ValueError: a torn or non-UTF-8 line, or a bad sample; names the shard file and line.
+        InputError: a torn or non-UTF-8 line (names ``shard:line``).
+        ValueError: a bad sample; names the shard file and line.
     """
-    from tokenswap.data.magpie import MalformedLine, jsonl_rows
     from tokenswap.data.schema import check_sample
 
     rows = []
     for part in _parts(Path(path)):
-        for where, row in jsonl_rows(part):  # a torn or non-UTF-8 line is named by file and line
-            if isinstance(row, MalformedLine):
-                raise row
+        for where, row in iter_jsonl(part, "swap dataset shard", DAMAGED_FIX):
             check_sample(row, where)
             rows.append(row)
     return rows
