@@ -18,10 +18,10 @@ from tokenswap.files import (
     FolderLockedError,
     atomic_write,
     cut_torn_tail,
+    iter_jsonl,
     json_loads,
     read_json,
     read_json_object,
-    iter_jsonl,
     read_jsonl,
     remove_dead_temporaries,
 )

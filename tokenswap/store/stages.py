@@ -19,10 +19,11 @@ from typing import Any, NoReturn
 from tokenswap.concepts import Concept, validate_concepts
 from tokenswap.errors import IncompleteRunError, InputError
 from tokenswap.files import atomic_write, iter_jsonl, read_json, read_json_object, read_jsonl
-from tokenswap.inference.types import LLMRequestError
+from tokenswap.inference.types import LLMRequestError, RequestStats
 from tokenswap.redaction import redact_data
 from tokenswap.store.build_config import FIXTURE, DataConfig, StoreBuildConfig
 from tokenswap.store.builders import SOURCE_BUILDERS, _build_extractor, build_chat_model
+from tokenswap.store.extract import LLMConceptExtractor
 from tokenswap.swap import unit_hash
 
 from .image_store import ImageStore, StoreWriter
@@ -213,11 +214,9 @@ def _stage_extract(cfg: StoreBuildConfig, state: Path, rank: int, world: int) ->
     # Every rank reads every row, so each rank's count is the whole source's.
     info: dict = {"samples_read": counts["samples_read"], "malformed_skipped": data_stats.get("malformed", 0)}
     extractor = holder.get("extractor")
-    stats = getattr(extractor, "stats", None)  # only the LLM extractor keeps stats
-    if stats is not None:
-        info["llm_extraction"] = vars(stats).copy()
-        client = getattr(getattr(extractor, "chat_model", None), "stats", None)
-        info["llm_requests"] = {**(client.as_dict() if client is not None else {}), "stage_wall_s": time.perf_counter() - t0}
+    if isinstance(extractor, LLMConceptExtractor):  # the lexicon asks no model
+        info["llm_extraction"] = vars(extractor.stats).copy()
+        info["llm_requests"] = {**extractor.chat_model.stats.as_dict(), "stage_wall_s": time.perf_counter() - t0}
     if failed:
         _stop_on_failed_requests(folder, rank, info, failed, "failed_rows", "extraction", failed[0]["id"],
                                  "their chunks")
@@ -521,12 +520,8 @@ def _llm_report(extract_markers: list[dict], image_markers: list[dict]) -> dict:
         rows = [m["llm_requests"] for m in markers if "llm_requests" in m]
         if not rows:
             continue
-        total: dict = {}
-        for row in rows:
-            for k, v in row.items():
-                if k in ("in_flight", "limit", "wall_s", "stage_wall_s"):
-                    continue
-                total[k] = max(total.get(k, 0), v) if k == "max_in_flight" else total.get(k, 0) + v
+        total = RequestStats.merge({k: v for k, v in row.items() if k not in ("in_flight", "limit", "wall_s",
+                                                                             "stage_wall_s")} for row in rows)
         total["wall_s"] = max(r.get("stage_wall_s", 0.0) for r in rows)
         out[stage] = total
     return out
