@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenswap.errors import InputError
+from tokenswap.files import iter_jsonl
 
 __all__ = ["MAGPIE_HUB_ID", "ROLE_MAP", "fixture_path", "iter_magpie", "magpie_to_sample"]
 
@@ -90,8 +91,6 @@ def _load_raw(path: str, split: str, streaming: bool) -> Iterator[tuple[str, Any
     whole file on one truncated or non-UTF-8 line, here such a line is one bad row (an :class:`InputError`
     yielded in its place), which :func:`iter_magpie` raises or skips and counts.
     """
-    from tokenswap.files import iter_jsonl
-
     local = Path(path)
     if local.is_file() and local.suffix.lower() == ".jsonl":
         return iter_jsonl(local, "Magpie data", yield_malformed=True)
