@@ -420,9 +420,7 @@ def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, worl
     if judge is not None:
         # The time the stage waited for verdicts: the loop's wall time less fetching and committing.
         info["judge_s"] = max(0.0, time.perf_counter() - t_loop - info["source_s"] - commit_s)
-        stats = getattr(judge.chat_model, "stats", None)
-        info["llm_requests"] = {**(stats.as_dict() if stats is not None else {}),
-                                "stage_wall_s": time.perf_counter() - t_loop}
+        info["llm_requests"] = {**judge.chat_model.stats.as_dict(), "stage_wall_s": time.perf_counter() - t_loop}
     info["images"] = n_images
     if failed:
         _stop_on_failed_requests(folder, rank, info, failed, "failed_concepts", "judge",
