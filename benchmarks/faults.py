@@ -608,7 +608,7 @@ def section_data(t: Tally, work: Path) -> None:
         t.add("data", f"Magpie {what}, skip_malformed=true", ok,
               f"rc={proc.returncode} skipped={report.get('rows_malformed_skipped')} {proc.stderr[-200:]}")
     strict = run(store_cmd(work / "store-malformed-strict", f"data.path={path}", "data.max_samples=null"), 300)
-    t.add("data", "Magpie truncated line, skip_malformed=false", strict.returncode == 2 and "line 2" in strict.stderr,
+    t.add("data", "Magpie truncated line, skip_malformed=false", strict.returncode == 2 and f"{path.name}:2" in strict.stderr,
           f"rc={strict.returncode} {strict.stderr[-200:]}")
 
     def expect_error(what: str, fn: Callable, *needles: str) -> None:
@@ -626,10 +626,10 @@ def section_data(t: Tally, work: Path) -> None:
     swap = work / "swap-bad-span.jsonl"
     swap.write_text(json.dumps(good) + "\n" + json.dumps({**good, "id": "s1", "concepts": [
         {"message": 0, "start": 2, "end": 50, "key": "cat"}]}) + "\n")
-    expect_error("swap dataset span out of range", lambda: load_samples(str(swap)), "line 2", "s1", "out of range")
+    expect_error("swap dataset span out of range", lambda: load_samples(str(swap)), f"{swap.name}:2", "s1", "out of range")
     torn = work / "swap-torn.jsonl"
     torn.write_text(json.dumps(good) + "\n" + json.dumps(good)[:40] + "\n")
-    expect_error("swap dataset torn last line", lambda: load_samples(str(torn)), "line 2", "not valid JSON")
+    expect_error("swap dataset torn last line", lambda: load_samples(str(torn)), f"{torn.name}:2", "not valid JSON")
     empty = work / "llava-empty.json"
     empty.write_text("")
     expect_error("empty LLaVA file", lambda: load_llava(empty), "llava-empty.json", "empty")
@@ -1456,7 +1456,7 @@ def section_malformed(t: Tally, work: Path) -> None:
     # what is not true (an earlier build said "nothing was written" next to the state/plan.json it had written).
     out = work / "store-hostile-rows-strict"
     strict = run(store_cmd(out, f"data.path={path}", "data.max_samples=null"), 300)
-    named = strict.returncode == 2 and str(path.name) in strict.stderr and "line 2" in strict.stderr
+    named = strict.returncode == 2 and f"{path.name}:2" in strict.stderr
     false_claim = "nothing was written" in strict.stderr and any(p.is_file() for p in out.rglob("*"))
     t.add("malformed", "Magpie lone surrogate, skip_malformed=false: exit 2 naming file and line, no false claim",
           named and not false_claim, f"rc={strict.returncode} {strict.stderr[-300:]}")

@@ -7,9 +7,11 @@
 * :class:`FolderLock`: one job per output folder, an exclusive ``flock`` released by the kernel when its holder
   dies. Processes forked while it is held (data-loader workers) drop their copy at once, so a killed holder
   frees the folder at once, not when its orphaned workers notice. The lock file is never followed as a symlink.
-* :func:`read_json` / :func:`read_jsonl` / :func:`json_loads`: a missing, unreadable, empty, truncated or
-  hostile file (nesting Python's parser cannot take, integers past its digit limit) is an :class:`InputError`
-  naming the file and the fix, not a traceback.
+* :func:`read_json` / :func:`iter_jsonl` / :func:`read_jsonl` / :func:`json_loads`: a missing, unreadable, empty,
+  truncated or hostile file (nesting Python's parser cannot take, integers past its digit limit) is an
+  :class:`InputError` naming the file (and ``path:line``) and the fix, not a traceback. :func:`iter_jsonl` is the
+  one JSONL reader of user and build files: the data loaders, the store build, CrossMath, REST and the
+  leaderboard all read through it.
 
 Only :mod:`tokenswap.errors` is imported: this is the ground floor.
 """
@@ -25,7 +27,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ __all__ = [
     "cut_torn_tail",
     "json_loads",
     "glob_escape",
+    "iter_jsonl",
     "read_json",
     "read_json_object",
     "read_jsonl",
@@ -250,12 +253,8 @@ def read_json(path: str | os.PathLike, what: str, fix: str = "restore or regener
     :class:`InputError` naming the file, what it is and ``fix`` (``json``'s own error names no file)."""
     try:
         raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{what} {str(path)!r} does not exist; {fix}") from None
-    except IsADirectoryError:
-        raise InputError(f"{what} {str(path)!r} is a folder, not a file; {fix}") from None
     except OSError as e:
-        raise InputError(f"{what} {str(path)!r} cannot be read ({e.strerror or e}); {fix}") from None
+        raise _unreadable(path, what, fix, e) from None
     if not raw.strip():
         raise InputError(f"{what} {str(path)!r} is empty; {fix}")
     try:
@@ -267,6 +266,14 @@ def read_json(path: str | os.PathLike, what: str, fix: str = "restore or regener
                          f"{fix}") from None
 
 
+def _unreadable(path: str | os.PathLike, what: str, fix: str, e: OSError) -> InputError:
+    if isinstance(e, FileNotFoundError):
+        return InputError(f"{what} {str(path)!r} does not exist; {fix}")
+    if isinstance(e, IsADirectoryError):
+        return InputError(f"{what} {str(path)!r} is a folder, not a file; {fix}")
+    return InputError(f"{what} {str(path)!r} cannot be read ({e.strerror or e}); {fix}")
+
+
 def read_json_object(path: str | os.PathLike, what: str, fix: str = "restore or regenerate it") -> dict:
     """:func:`read_json` of a file that must hold one JSON object."""
     value = read_json(path, what, fix)
@@ -275,43 +282,64 @@ def read_json_object(path: str | os.PathLike, what: str, fix: str = "restore or 
     return value
 
 
-def read_jsonl(path: str | os.PathLike, what: str, fix: str = "restore or regenerate it",
-               parse: Callable[[dict], Any] | None = None) -> list:
-    """The JSON objects of a JSONL file, one per non-blank line; a line that is no JSON object is an
-    :class:`InputError` naming ``path:line`` and ``fix``.
+def _line_problem(raw: bytes) -> tuple[dict | None, str | None]:
+    """``(object, None)`` for a line holding a JSON object, else ``(None, what is wrong with it)``."""
+    try:
+        row = json_loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return None, f"is not UTF-8 text (byte {e.start} of the line)"
+    except ValueError as e:
+        return None, f"is not valid JSON ({_problem(e)}; a run killed mid-write?)"
+    if not isinstance(row, dict):
+        return None, f"holds a JSON {type(row).__name__}, not an object"
+    return row, None
 
-    ``parse`` turns each object into what is returned (``RestItem.from_dict``); a ``ValueError`` it raises
-    becomes an :class:`InputError` naming ``path:line``, its message and ``fix``.
+
+def iter_jsonl(path: str | os.PathLike, what: str, fix: str = "restore or regenerate it", *,
+               parse: Callable[[dict], Any] | None = None, yield_malformed: bool = False) -> Iterator[tuple[str, Any]]:
+    """``(where, row)`` for each non-blank line of a JSONL file, read line by line (a file of any size streams);
+    ``where`` is ``"path:line"``, the one way every message names a line.
+
+    Every refusal is an :class:`InputError` naming the file (and ``path:line``) and ``fix``: a file that is
+    missing or unreadable, a line that is not UTF-8, not valid JSON or no JSON object. ``parse`` turns each object
+    into what is yielded (``RestItem.from_dict``); a ``ValueError`` it raises becomes an InputError naming
+    ``path:line``, its message and ``fix``.
+
+    Args:
+        yield_malformed: a line that is no JSON object is yielded as ``(where, InputError)`` (its message names
+            the line and what is wrong, without ``fix``) instead of raising, so a caller that skips and counts
+            bad rows (``data.skip_malformed``) sees each one where it is; ``parse`` is not called on it.
 
     Lines end at ``\\n`` only: ``json.dumps(..., ensure_ascii=False)`` writes U+2028, U+0085 and the other
     characters ``str.splitlines`` also breaks at raw inside strings, so a record holding one is still one line.
     """
     try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{what} {str(path)!r} does not exist; {fix}") from None
-    except UnicodeDecodeError as e:
-        raise InputError(f"{what} {str(path)!r} is not UTF-8 text (byte {e.start}); {fix}") from None
+        f = open(path, "rb")  # opened apart from the `with`: only the open's own errors say the file is unreadable
     except OSError as e:
-        raise InputError(f"{what} {str(path)!r} cannot be read ({e.strerror or e}); {fix}") from None
-    rows = []
-    for number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json_loads(line)
-        except ValueError as e:
-            raise InputError(f"{what} {path}:{number} is not valid JSON ({_problem(e)}; a run killed mid-write?); "
-                             f"{fix}") from None
-        if not isinstance(row, dict):
-            raise InputError(f"{what} {path}:{number} holds a JSON {type(row).__name__}, not an object; {fix}")
-        if parse is not None:
-            try:
-                row = parse(row)
-            except ValueError as e:
-                raise InputError(f"{what} {path}:{number}: {e}; {fix}") from None
-        rows.append(row)
-    return rows
+        raise _unreadable(path, what, fix, e) from None
+    with f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            where = f"{path}:{number}"
+            row, problem = _line_problem(raw.removesuffix(b"\n"))
+            if problem is not None:
+                if yield_malformed:
+                    yield where, InputError(f"{what} {where} {problem}")
+                    continue
+                raise InputError(f"{what} {where} {problem}; {fix}")
+            if parse is not None:
+                try:
+                    row = parse(row)
+                except ValueError as e:
+                    raise InputError(f"{what} {where}: {e}; {fix}") from None
+            yield where, row
+
+
+def read_jsonl(path: str | os.PathLike, what: str, fix: str = "restore or regenerate it",
+               parse: Callable[[dict], Any] | None = None) -> list:
+    """The rows of :func:`iter_jsonl` (refusing any bad line), as a list in file order."""
+    return [row for _, row in iter_jsonl(path, what, fix, parse=parse)]
 
 
 def cut_torn_tail(path: str | os.PathLike) -> int:

@@ -2,7 +2,8 @@
 
 ``accelerate launch`` and ``torchrun`` set ``RANK`` and ``WORLD_SIZE`` before any process group exists; the store
 build synchronises through files and never makes one, and a bare ``PartialState()`` on CPU reports every process
-as rank 0 of 1, so the environment is the one answer every room can use. Imports nothing of tokenswap.
+as rank 0 of 1, so the environment is the one answer every room can use. This is the one module that reads
+``RANK`` / ``WORLD_SIZE`` (``tests/tokenswap/test_ranks.py`` holds every other to it). Imports nothing of tokenswap.
 """
 
 from __future__ import annotations
@@ -19,5 +20,5 @@ def rank_and_world() -> tuple[int, int]:
 
 def print0(*args, **kwargs) -> None:
     """``print`` on the main process only (flushed: the line must not wait for a buffer on a long run)."""
-    if int(os.environ.get("RANK", "0")) == 0:
+    if rank_and_world()[0] == 0:
         print(*args, **kwargs, flush=True)

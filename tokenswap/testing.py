@@ -8,7 +8,7 @@ and released chat template, its real image and video processors (Qwen3-VL / Qwen
 either a byte-level BPE trained locally on a few sentences (small and fast) or, with
 ``tokenizer="qwen"``, Qwen2's real 151,643-rank vocabulary (:mod:`tokenswap.qwen_tokenizer`).
 :func:`build_tiny_qwen2vl` is the original Qwen2-VL kit most tests use. Nothing is downloaded.
-:class:`ScriptedLLMServer` is a misbehaving OpenAI-compatible server on 127.0.0.1 for the LLM client's tests;
+:class:`ScriptedChatModel` is a chat model in process whose replies a test scripts; :class:`ScriptedLLMServer` is a misbehaving OpenAI-compatible server on 127.0.0.1 for the LLM client's tests;
 :class:`LoadLLMServer` one with a latency, a capacity and a rate limit, that counts what is in flight.
 
 One module although it is long (~690 lines): it is the test kit (tiny checkpoints of every family, the
@@ -27,6 +27,7 @@ __all__ = [
     "QWEN2VL_SPECIAL_TOKENS",
     "LoadLLMServer",
     "concept_reply",
+    "ScriptedChatModel",
     "ScriptedLLMServer",
     "TINY_FAMILIES",
     "TINY_MOE_FAMILIES",
@@ -560,6 +561,44 @@ def llm_reply(body: bytes, status: int = 200, headers: dict | None = None, lengt
         h.wfile.flush()
 
     return send
+
+
+class ScriptedChatModel:
+    """A :class:`~tokenswap.inference.ChatModel` in process whose replies come from :meth:`answer`, for tests.
+
+    Subclass it and override :meth:`answer` (or pass ``answer``); ``stats`` counts every call as a reply, as an
+    endpoint's client counts a request answered, so code that reads a model's statistics reads these too.
+
+    Args:
+        answer: ``messages -> reply text``; default: the subclass's :meth:`answer`.
+    """
+
+    def __init__(self, answer=None):
+        from tokenswap.inference.types import RequestStats
+
+        self._answer = answer
+        self.stats = RequestStats(limit=1)
+
+    def answer(self, messages: list[dict]) -> str:
+        return self._answer(messages)
+
+    def chat(self, messages: list[dict]) -> str:
+        return self.request(messages).text
+
+    def request(self, messages: list[dict], *, max_tokens: int | None = None, temperature: float | None = None,
+                top_logprobs: int | None = None, extra_body: dict | None = None, use_cache: bool = True):
+        from tokenswap.inference.types import Reply
+
+        self.stats._start()
+        try:
+            text = self.answer(messages)
+        except BaseException:
+            self.stats.add(errors=1)
+            raise
+        finally:
+            self.stats._end()
+        self.stats.add(replies=1)
+        return Reply(text=text)
 
 
 class ScriptedLLMServer:

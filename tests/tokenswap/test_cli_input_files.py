@@ -133,7 +133,7 @@ def test_crossmath_eval_on_a_folder_with_two_jsonl_files(tiny_qwen2vl, generated
 @pytest.mark.parametrize("damage, message", [
     (lambda f: cut(f, 0.7), "{f}:2 is not valid JSON (Unterminated string"),
     (lambda f: f.write_text(f.read_text() + "42\n"), "{f}:3 holds a JSON int, not an object"),
-    (lambda f: f.write_bytes(b'{"a": "\xff"}\n'), "{f}' is not UTF-8 text (byte 7)"),
+    (lambda f: f.write_bytes(b'{"a": "\xff"}\n'), "{f}:1 is not UTF-8 text (byte 7 of the line)"),
     (lambda f: rewrite_jsonl(f, lambda rows: rows[0].update(markdown_answer=7)),
      "record 0 of {f}: 'markdown_answer' must be a string as in the release, got int"),
     (lambda f: f.write_text(f.read_text() * 2), "records 0 and 2 are both puzzle 'crossmath_0_000000'"),
@@ -428,13 +428,19 @@ def store_build(tmp_path_factory):
     (lambda b: (b / "state" / "plan.json").write_text("[]"), "build plan '{b}/state/plan.json' holds a JSON list"),
     (lambda b: [m.write_text('{"n') for m in (b / "state").rglob("done-*.json")],
      "done marker '{b}/state/candidates/done-r000.json' is not valid JSON"),
-], ids=["plan-cut", "plan-list", "done-marker-cut"])
+    # The dataset stage reads the candidate chunks again: a cut one is the same InputError as every JSONL's.
+    (lambda b: [cut(b / "state" / "candidates" / "part-r000-000000.jsonl", 0.5),
+                shutil.rmtree(b / "state" / "dataset"), shutil.rmtree(b / "dataset")],
+     "build file {b}/state/candidates/part-r000-000000.jsonl:"),
+], ids=["plan-cut", "plan-list", "done-marker-cut", "candidate-chunk-cut"])
 def test_build_store_resume_on_damaged_state(store_build, tmp_path, capsys, damage, message):
     build = Path(shutil.copytree(store_build, tmp_path / "b"))
     damage(build)
     argv = ["build-store", "--config", "store_embedded.yaml", f"output_dir={build}", "data.max_samples=20"]
     code, err = run_cli(argv, capsys)
     assert_refused(code, err, message.format(b=build))
+    if "candidates/part-" in message:
+        assert " is not valid JSON (" in err and "this build file is damaged: build again in a new output_dir" in err
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -669,13 +669,6 @@ def test_a_think_block_left_in_the_content_is_not_the_answer(tmp_path):
         ("Answer: B", "Maybe A, or D.", "B")}
 
 
-def test_old_generation_imports_are_the_inference_room():
-    import tokenswap.eval.generation as old
-    import tokenswap.inference.hf as hf
-
-    assert all(getattr(old, name) is getattr(hf, name) for name in old.__all__)
-
-
 def test_qwen3_5_thinking_settings_by_benchmark_and_scorer(tmp_path):
     import math
 

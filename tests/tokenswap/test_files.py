@@ -18,6 +18,7 @@ from tokenswap.files import (
     FolderLockedError,
     atomic_write,
     cut_torn_tail,
+    iter_jsonl,
     json_loads,
     read_json,
     read_json_object,
@@ -177,8 +178,57 @@ def test_read_json_object_and_jsonl(tmp_path):
     assert json_loads(json.dumps({"k": [1, 2]})) == {"k": [1, 2]}
     with pytest.raises(ValueError):
         json_loads("9" * 5000)
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    # A missing file is an input to fix like any other (exit 2 through tokenswap.cli.main), not an OSError.
+    with pytest.raises(InputError, match=r"records '.*nope.jsonl' does not exist; restore or regenerate it"):
         read_jsonl(Path(tmp_path / "nope.jsonl"), "records")
+    with pytest.raises(InputError, match=r"run file '.*nope.json' does not exist; delete it"):
+        read_json(tmp_path / "nope.json", "run file", "delete it")
+
+
+def test_iter_jsonl_names_each_line_and_yields_bad_ones_when_asked(tmp_path):
+    lines = tmp_path / "x.jsonl"
+    lines.write_bytes(b'{"a": 1}\n\n[2]\n{"b": "\xff"}\n{"c": \n{"d": 4}')
+    got = list(iter_jsonl(lines, "records", "fix it", yield_malformed=True))
+    assert [where for where, _ in got] == [f"{lines}:{n}" for n in (1, 3, 4, 5, 6)]
+    assert got[0][1] == {"a": 1} and got[-1][1] == {"d": 4}
+    assert [str(row) for _, row in got[1:4]] == [
+        f"records {lines}:3 holds a JSON list, not an object",
+        f"records {lines}:4 is not UTF-8 text (byte 7 of the line)",
+        f"records {lines}:5 is not valid JSON (Expecting value at line 1, column 7; a run killed mid-write?)",
+    ]
+    assert all(isinstance(row, InputError) for _, row in got[1:4])
+    with pytest.raises(InputError, match=r"records .*x.jsonl:3 holds a JSON list, not an object; fix it"):
+        list(iter_jsonl(lines, "records", "fix it"))
+
+
+def _damaged_jsonl(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    good = {"id": "s0", "messages": [{"role": "user", "content": "a cat"}, {"role": "assistant", "content": "ok"}],
+            "concepts": [], "images": [], "uuid": "u0",
+            "conversations": [{"from": "human", "value": "a cat"}, {"from": "gpt", "value": "ok"}]}
+    path.write_text(json.dumps(good) + "\n" + json.dumps(good)[:30] + "\n")
+    return path
+
+
+def test_every_jsonl_reader_refuses_a_damaged_line_with_one_error(tmp_path):
+    # One damaged line gave a MalformedLine (a ValueError) in the Magpie, sample and build readers and an
+    # InputError in the others; now every reader goes through iter_jsonl and names `path:2` the same way.
+    from tokenswap.crossmath.data import read_jsonl as read_crossmath
+    from tokenswap.data.magpie import iter_magpie
+    from tokenswap.data.schema import load_samples
+    from tokenswap.store.stages import read_swap_dataset
+
+    damaged = _damaged_jsonl(tmp_path / "data" / "part-r000-000000.jsonl")
+    readers = {
+        "crossmath": lambda: read_crossmath(damaged),
+        "magpie": lambda: list(iter_magpie(str(damaged), streaming=False)),
+        "samples": lambda: load_samples(str(damaged)),
+        "swap dataset": lambda: read_swap_dataset(damaged.parent),
+    }
+    for name, read in readers.items():
+        with pytest.raises(InputError) as err:
+            read()
+        assert f"{damaged}:2 is not valid JSON (Unterminated string" in str(err.value), name
 
 
 def test_read_jsonl_keeps_a_record_whose_string_holds_a_line_separator(tmp_path):

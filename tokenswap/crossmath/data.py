@@ -114,7 +114,7 @@ def read_jsonl(path: str | os.PathLike, repair: bool = False, fix: str = READ_FI
         The records in file order.
 
     Raises:
-        InputError: if a line is not a JSON object (names ``path:line`` and the fix); the file is not UTF-8.
+        InputError: a line that is not UTF-8 or no JSON object (names ``path:line`` and the fix).
     """
     if repair:
         cut_torn_tail(path)

@@ -16,12 +16,14 @@ fixture). Other columns of the raw data are ignored.
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from tokenswap.errors import InputError
+from tokenswap.files import iter_jsonl
 
 __all__ = ["MAGPIE_HUB_ID", "ROLE_MAP", "fixture_path", "iter_magpie", "magpie_to_sample"]
 
@@ -38,7 +40,7 @@ def magpie_to_sample(row: dict[str, Any], index: int | None = None, where: str |
     Args:
         row: ``{"uuid", "conversations": [{"from", "value"}]}`` (extra keys ignored).
         index: the row's position in its source, used in error messages.
-        where: names the row in error messages instead of ``index`` (e.g. ``"data.jsonl line 7"``).
+        where: names the row in error messages instead of ``index`` (e.g. ``"data.jsonl:7"``).
 
     Raises:
         ValueError: a missing or mistyped field, or a string that is not text; the message names the row and
@@ -82,41 +84,16 @@ def magpie_to_sample(row: dict[str, Any], index: int | None = None, where: str |
     return {"id": uuid, "messages": messages, "concepts": [], "images": []}
 
 
-class MalformedLine(ValueError):
-    """A JSONL line that is not one JSON object (truncated, not UTF-8, a list...)."""
-
-
-def jsonl_rows(path: str | Path) -> Iterator[tuple[str, dict | MalformedLine]]:
-    """``(where, row)`` for each line of a JSONL file, read line by line so that one bad line is one bad row.
-
-    ``datasets``' JSON reader fails the whole file on a truncated or non-UTF-8 line; here such a
-    line yields a :class:`MalformedLine` naming the file and line, which the caller raises or
-    skips. ``where`` is ``"{path} line {n}"``. Blank lines are not rows.
-    """
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            where = f"{path} line {number}"
-            try:
-                row = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError as e:
-                yield where, MalformedLine(f"{where}: not UTF-8 ({e})")
-                continue
-            except json.JSONDecodeError as e:
-                yield where, MalformedLine(f"{where}: not valid JSON ({e}; a truncated line?)")
-                continue
-            if not isinstance(row, dict):
-                yield where, MalformedLine(f"{where}: expected a JSON object per line, got a {type(row).__name__}")
-                continue
-            yield where, row
-
-
 def _load_raw(path: str, split: str, streaming: bool) -> Iterator[tuple[str, Any]]:
-    """``(where, row)`` for each raw row; ``where`` is ``"{file} line {n}"`` for JSONL, else ``"{path} row {i}"``."""
+    """``(where, row)`` for each raw row; ``where`` is ``"{file}:{n}"`` for JSONL, else ``"{path} row {i}"``.
+
+    A JSONL file is read line by line (:func:`tokenswap.files.iter_jsonl`): ``datasets``' JSON reader fails the
+    whole file on one truncated or non-UTF-8 line, here such a line is one bad row (an :class:`InputError`
+    yielded in its place), which :func:`iter_magpie` raises or skips and counts.
+    """
     local = Path(path)
     if local.is_file() and local.suffix.lower() == ".jsonl":
-        return jsonl_rows(local)
+        return iter_jsonl(local, "Magpie data", yield_malformed=True)
     return ((f"{path} row {i}", row) for i, row in enumerate(_load_dataset(path, split, streaming)))
 
 
@@ -163,8 +140,8 @@ def iter_magpie(
             ``malformed_examples`` (the first five reasons).
 
     Raises:
-        ValueError: a malformed row (names the file and line, or the row, the uuid and the field), or a source
-            with no rows at all.
+        InputError: a malformed row (names ``file:line``, or the row, the uuid and the field).
+        ValueError: a source with no rows at all.
     """
     if max_samples is not None and max_samples < 1:
         raise ValueError(f"max_samples must be >= 1 or None (all rows), got {max_samples}")
@@ -175,12 +152,12 @@ def iter_magpie(
             break
         stats["rows"] += 1
         try:
-            if isinstance(row, MalformedLine):
+            if isinstance(row, InputError):  # a line of a JSONL file that is no JSON object
                 raise row
             sample = magpie_to_sample(row, i, where=where)
         except ValueError as e:
             if not skip_malformed:
-                raise ValueError(
+                raise InputError(
                     f"{e}; set data.skip_malformed: true (iter_magpie: skip_malformed=True) to skip and count such rows"
                 ) from None
             stats["malformed"] += 1

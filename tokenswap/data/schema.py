@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datasets import Dataset, Features, List, Value
 
-from tokenswap.data.magpie import MalformedLine, jsonl_rows
+from tokenswap.files import iter_jsonl
 
 __all__ = ["SAMPLE_FEATURES", "check_sample", "load_samples", "to_sample_features"]
 
@@ -69,12 +69,13 @@ def check_sample(row: object, where: str) -> None:
         raise ValueError(f"{where}: {e}") from None
 
 
+SAMPLES_FIX = "fix or delete that line, or write the file again (a swap dataset: `tokenswap build-store`)"
+
+
 def _check_jsonl(path: str) -> int:
     """Validate every line of a sample JSONL file before ``datasets`` reads it; return the row count."""
     rows = 0
-    for where, row in jsonl_rows(path):
-        if isinstance(row, MalformedLine):
-            raise row
+    for where, row in iter_jsonl(path, "sample file", SAMPLES_FIX):
         check_sample(row, where)
         rows += 1
     return rows
@@ -88,6 +89,7 @@ def load_samples(path: str, limit: int | None = None) -> Dataset:
 
     Raises:
         FileNotFoundError: ``path`` does not exist or holds no data.
+        InputError: a line of a JSONL file that is no JSON object (names ``file:line`` and the fix).
         ValueError: a malformed row, or no rows at all.
     """
     import os

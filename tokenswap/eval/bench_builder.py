@@ -259,7 +259,7 @@ class BenchBuilder:
                 os.fsync(f.fileno())
         bar.close()
         names = ("judge", "proxy", "captioner", "extractor")
-        requests = {n: m.stats.as_dict() for n, m in zip(names, models) if hasattr(getattr(m, "stats", None), "as_dict")}
+        requests = {n: m.stats.as_dict() for n, m in zip(names, models) if m is not None}
         requests["failed_items"] = [{"id": i, "error": e} for i, e in failed[:100]]
         (self.out_dir / "requests.json").write_text(json.dumps(redact_data(requests), indent=2))
         if failed:

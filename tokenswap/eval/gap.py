@@ -69,10 +69,9 @@ from tokenswap.inference.hf import (
     OPEN_THINK,
     build_inputs,
     close_open_think,
-    generate_from_inputs,
+    generate_batch,
     letter_logprobs,
     letter_token_ids,
-    split_reasoning,
 )
 
 __all__ = ["NAMING_ANSWER", "NAMING_PROMPT", "GapEvaluator", "GapResult", "GapStats", "Scorer", "decomposition_metrics",
@@ -631,8 +630,9 @@ class GapEvaluator:
                 elif self.scorer == "loglik":
                     preds, responses = self._loglik(model, batch), [None] * len(idx)
                 else:
-                    responses = generate_from_inputs(model, self.processor, batch, self.max_new_tokens)
-                    preds = [extract_answer(split_reasoning(r, self._opens_think)[0]) for r in responses]
+                    done = generate_batch(model, self.processor.tokenizer, batch, self.max_new_tokens,
+                                          [self._opens_think] * len(idx))
+                    preds, responses = [extract_answer(c.text) for c in done], [c.decoded for c in done]
                 local += [(u, p, r) for u, p, r in zip(idx, preds, responses) if u is not None]
         finally:
             model.train(was_training)

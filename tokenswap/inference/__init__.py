@@ -1,14 +1,15 @@
 """Everything that asks a model: one room for the store build, the bench builder and the evaluators.
 
-- ``types``: :class:`Reply`, :class:`LLMRequestError`, the :class:`ChatModel` protocol.
+- ``types``: :class:`Reply`, :class:`LLMRequestError`, :class:`RequestStats`, the :class:`ChatModel` protocol
+  (``chat``, ``request``, ``stats``: every chat model has all three, so no caller probes for them).
 - ``ordered``: :func:`map_ordered`, many calls in flight with outcomes in input order.
 - ``openai_client``: :class:`OpenAIChatModel`, any OpenAI-compatible endpoint with many requests in
   flight, back-pressure on 429/503, a deadline per attempt and the response cache.
-- ``local``: :class:`TransformersChatModel`, a local transformers checkpoint.
+- ``local``: :class:`TransformersChatModel`, a local transformers checkpoint (generating through ``hf``).
 - ``cache``: :class:`ResponseCache` and :func:`cache_key`, the JSONL cache every backend shares.
 - ``progress``: :class:`RequestProgress`, a progress bar showing requests/s, in flight, retries, errors.
 - ``parsing``: :func:`parse_json_response`, the JSON object in a model's reply.
-- ``hf`` / ``backends`` / ``runs`` / ``model_settings``: the evaluators' backends (a local checkpoint, any endpoint),
+- ``hf`` (the one local generate path, :func:`~tokenswap.inference.hf.generate_batch`) / ``backends`` / ``runs`` / ``model_settings``: the evaluators' backends (a local checkpoint, any endpoint),
   per-item resumable records, the releases' per-model settings.
 
 A new engine is one file here; no build stage or evaluator changes.
@@ -16,10 +17,10 @@ A new engine is one file here; no build stage or evaluator changes.
 
 from tokenswap.inference.cache import ResponseCache, cache_key
 from tokenswap.inference.local import TransformersChatModel
-from tokenswap.inference.openai_client import OpenAIChatModel, RequestStats
+from tokenswap.inference.openai_client import OpenAIChatModel
 from tokenswap.inference.ordered import Outcome, map_ordered
 from tokenswap.inference.parsing import parse_json_response
-from tokenswap.inference.types import ChatModel, LLMRequestError, Reply
+from tokenswap.inference.types import ChatModel, LLMRequestError, Reply, RequestStats
 
 __all__ = [
     "ChatModel",

@@ -268,40 +268,16 @@ class HFBackend(Backend):
                     yield result
 
     def _generate(self, prepared, max_new_tokens: int, kwargs: dict) -> Iterator[Generation]:
-        import torch
-
-        from tokenswap.inference.hf import OPEN_THINK, build_inputs, split_reasoning
-
-        model, processor = self.model, self.processor
-        tokenizer = processor.tokenizer
-        stop = {tokenizer.pad_token_id, *_as_list(model.generation_config.eos_token_id)} - {None}
+        from tokenswap.inference.hf import build_inputs, generate_batch, prompt_opens_think
 
         def run(convs: list[list[dict]]) -> list[Generation]:
-            batch = build_inputs(processor, convs, chat_template_kwargs=kwargs).to(model.device)
-            opened = [
-                processor.apply_chat_template(c, tokenize=False, add_generation_prompt=True, **kwargs)
-                .endswith(OPEN_THINK) for c in convs
+            batch = build_inputs(self.processor, convs, chat_template_kwargs=kwargs)
+            opened = [prompt_opens_think(self.processor, c, kwargs) for c in convs]
+            return [
+                Generation(text=c.text.strip(), reasoning=c.reasoning, finish_reason=c.finish_reason,
+                           usage={"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens})
+                for c in generate_batch(self.model, self.processor.tokenizer, batch, max_new_tokens, opened)
             ]
-            was_training = model.training
-            model.eval()
-            with torch.inference_mode():
-                tokens = model.generate(
-                    **batch, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id
-                )
-            model.train(was_training)
-            new = tokens[:, batch["input_ids"].shape[1] :]
-            out = []
-            for row, ids in enumerate(new.tolist()):
-                ended = next((i for i, t in enumerate(ids) if t in stop), None)
-                text, reasoning = split_reasoning(processor.decode(ids, skip_special_tokens=True), opened[row])
-                text = text.strip()
-                usage = {
-                    "prompt_tokens": int(batch["attention_mask"][row].sum()),
-                    "completion_tokens": len(ids) if ended is None else ended + 1,
-                }
-                finish = "length" if ended is None else "stop"
-                out.append(Generation(text=text, reasoning=reasoning, usage=usage, finish_reason=finish))
-            return out
 
         return self._run(prepared, run)
 
@@ -323,12 +299,6 @@ class HFBackend(Backend):
             ]
 
         return self._run(prepared, run)
-
-
-def _as_list(value) -> list:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 # ----------------------------------------------------------------------------- openai
@@ -464,8 +434,7 @@ class OpenAIBackend(Backend):
         return checked()
 
     def stats(self) -> dict:
-        stats = getattr(self.client, "stats", None)
-        return stats.as_dict() if stats is not None else {}
+        return self.client.stats.as_dict()
 
     def close(self) -> None:
         close = getattr(self.client, "close", None)

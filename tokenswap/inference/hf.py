@@ -1,20 +1,22 @@
 """Batched greedy generation and next-token letter scores with a local transformers model (the ``hf`` backend).
 
-Evaluation code (gap evaluator, CrossMath, REST) shares this so every benchmark builds model
-inputs the same way the model's own processor does.
+Every local generation goes through :func:`generate_batch` (the ``hf`` backend of the three evaluators, the
+in-loop gap evaluator, :class:`~tokenswap.inference.TransformersChatModel`), and every evaluator builds model
+inputs here (:func:`build_inputs`) the same way the model's own processor does.
 
 Think blocks: Qwen3.5's template (4B and larger) ends the generation prompt with an open
 ``<think>\n``, while training (:func:`tokenswap.families.render_conversation`) puts an answer
 without reasoning after ``<think>\n\n</think>\n\n``. A scorer that reads the answer's first
 token (``loglik``, the naming control) closes the block first (``close_think=True``), so it reads
 the distribution the answer is trained and sampled from, not the first token of a reasoning.
-Generation keeps the open block (the model reasons); :func:`split_reasoning` then separates the
-reasoning from the final content, as an OpenAI-compatible server returns them.
+Generation keeps the open block (the model reasons); :func:`generate_batch` then separates the
+reasoning from the final content (:func:`split_reasoning`), as an OpenAI-compatible server returns them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -23,8 +25,9 @@ __all__ = [
     "build_inputs",
     "close_open_think",
     "conversation_images",
-    "generate",
-    "generate_from_inputs",
+    "prompt_opens_think",
+    "Completion",
+    "generate_batch",
     "letter_logprobs",
     "letter_token_ids",
     "split_reasoning",
@@ -111,62 +114,76 @@ def build_inputs(
         tokenizer.padding_side = side
 
 
+@dataclass
+class Completion:
+    """One greedy completion of :func:`generate_batch`.
+
+    Attributes:
+        decoded: the generated tokens decoded, special tokens stripped (what the model wrote, reasoning included).
+        text: the final content, after a think block (:func:`split_reasoning`; whitespace kept as generated).
+        reasoning: the think block's content, when there was one.
+        prompt_tokens: the prompt's tokens (padding excluded).
+        completion_tokens: tokens generated up to and including the first stop token.
+        finish_reason: ``"stop"`` (a stop token came) or ``"length"`` (the budget ran out first).
+    """
+
+    decoded: str
+    text: str
+    reasoning: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+
+
+def prompt_opens_think(processor, conversation: Sequence[dict], chat_template_kwargs: dict | None = None) -> bool:
+    """Whether the generation prompt of ``conversation`` ends with an open think block (:data:`OPEN_THINK`)."""
+    prompt = processor.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True,
+                                           **(chat_template_kwargs or {}))
+    return prompt.endswith(OPEN_THINK)
+
+
 @torch.no_grad()
-def generate(
-    model,
-    processor,
-    conversations: Sequence[Sequence[dict]],
-    max_new_tokens: int = 128,
-    batch_size: int = 8,
-    progress: bool = False,
-    chat_template_kwargs: dict | None = None,
-) -> list[str]:
-    """Greedy completions for each conversation (special tokens stripped).
+def generate_batch(model, tokenizer, batch, max_new_tokens: int, opened: Sequence[bool]) -> list[Completion]:
+    """Greedy completions of one left-padded batch: the one place a local checkpoint generates.
+
+    The ``hf`` evaluation backend, the in-loop gap evaluator and :class:`~tokenswap.inference.TransformersChatModel`
+    all generate here, so each splits a think block off the same way, once.
 
     Args:
-        model: a ``*ForConditionalGeneration`` model.
-        processor: its processor.
-        conversations: chat messages ending with the user turn.
-        max_new_tokens: generation budget per conversation.
-        batch_size: conversations per ``generate`` call.
-        progress: show a tqdm bar.
-        chat_template_kwargs: extra template variables (e.g. ``{"enable_thinking": False}``).
+        model: a causal or ``*ForConditionalGeneration`` model; its train/eval mode is restored.
+        tokenizer: its tokenizer (``processor.tokenizer`` for a processor).
+        batch: the tokenized prompts (:func:`build_inputs`, or a tokenizer's ``apply_chat_template``).
+        max_new_tokens: generation budget per row.
+        opened: per row, whether its prompt opened a think block (:func:`prompt_opens_think`).
 
     Returns:
-        One decoded string per conversation, in input order.
-    """
-    from tqdm.auto import tqdm
-
-    was_training = model.training
-    model.eval()
-    outputs: list[str] = []
-    starts = range(0, len(conversations), batch_size)
-    for start in tqdm(starts, desc="generate", disable=not progress):
-        batch = build_inputs(processor, conversations[start : start + batch_size],
-                             chat_template_kwargs=chat_template_kwargs)
-        outputs.extend(generate_from_inputs(model, processor, batch, max_new_tokens))
-    model.train(was_training)
-    return outputs
-
-
-@torch.no_grad()
-def generate_from_inputs(model, processor, batch, max_new_tokens: int = 128) -> list[str]:
-    """Greedy completions of one pre-built left-padded batch (from :func:`build_inputs`).
-
-    Callers that score a fixed set repeatedly build the batches once and call this per batch.
-
-    Returns:
-        One decoded string per row (special tokens stripped).
+        One :class:`Completion` per row, in batch order.
     """
     batch = batch.to(model.device)
-    tokens = model.generate(
-        **batch,
-        do_sample=False,
-        max_new_tokens=max_new_tokens,
-        pad_token_id=processor.tokenizer.pad_token_id,
-    )
-    new = tokens[:, batch["input_ids"].shape[1] :]
-    return processor.batch_decode(new, skip_special_tokens=True)
+    stop = {tokenizer.pad_token_id, *_as_list(model.generation_config.eos_token_id)} - {None}
+    was_training = model.training
+    model.eval()
+    try:
+        tokens = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens,
+                                pad_token_id=tokenizer.pad_token_id)
+    finally:
+        model.train(was_training)
+    out = []
+    for row, ids in enumerate(tokens[:, batch["input_ids"].shape[1]:].tolist()):
+        ended = next((i for i, t in enumerate(ids) if t in stop), None)
+        decoded = tokenizer.decode(ids, skip_special_tokens=True)
+        text, reasoning = split_reasoning(decoded, opened[row])
+        out.append(Completion(decoded=decoded, text=text, reasoning=reasoning,
+                              prompt_tokens=int(batch["attention_mask"][row].sum()),
+                              completion_tokens=len(ids) if ended is None else ended + 1,
+                              finish_reason="length" if ended is None else "stop"))
+    return out
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 @torch.no_grad()

@@ -1,12 +1,20 @@
-"""A local transformers checkpoint as a chat model (the store build's and bench builder's offline option)."""
+"""A local transformers checkpoint as a chat model (the store build's and bench builder's offline option).
+
+It generates through :func:`tokenswap.inference.hf.generate_batch`, the one local generate path, so a reply's
+think block is split off (``Reply.reasoning``) exactly as the ``hf`` evaluation backend splits it.
+"""
 
 from __future__ import annotations
 
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from tokenswap.inference.cache import ResponseCache, cache_key
-from tokenswap.inference.types import Reply
+from tokenswap.inference.types import Reply, RequestStats
+
+if TYPE_CHECKING:
+    from tokenswap.inference.hf import Completion
 
 __all__ = ["TransformersChatModel"]
 
@@ -24,6 +32,9 @@ class TransformersChatModel:
         max_new_tokens: generation length.
         cache_path: JSONL response cache; ``None`` disables caching.
         device: torch device; default CUDA when available, else CPU.
+
+    Attributes:
+        stats: its :class:`~tokenswap.inference.types.RequestStats` (one request in flight at most).
     """
 
     def __init__(
@@ -40,6 +51,7 @@ class TransformersChatModel:
         self._model = None
         self._processor = None
         self.is_vlm: bool | None = None
+        self.stats = RequestStats(limit=1)
         # One model on one device: concurrent callers (map_ordered's threads) take turns.
         self._lock = threading.Lock()
 
@@ -70,6 +82,7 @@ class TransformersChatModel:
         self._model.to(device).eval()
 
     def chat(self, messages: list[dict]) -> str:
+        """The assistant's reply text to ``messages`` (``request(messages).text``)."""
         return self.request(messages).text
 
     def request(
@@ -97,15 +110,25 @@ class TransformersChatModel:
         key = cache_key(self.model_path, messages, max_new_tokens=new_tokens, greedy=True)
         cache = self.cache if use_cache else None
         if cache is not None and (hit := cache.get(key)) is not None:
+            self.stats.add(cached=1)
             return Reply(text=hit, cached=True)
         with self._lock:
-            reply = self._generate(messages, new_tokens)
-        if cache is not None and reply:
-            cache.put(key, reply)
-        return Reply(text=reply)
+            self.stats._start()
+            try:
+                done = self._generate(messages, new_tokens)
+            except BaseException:
+                self.stats.add(errors=1)
+                raise
+            finally:
+                self.stats._end()
+        self.stats.add(replies=1, prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens)
+        if cache is not None and done.text:
+            cache.put(key, done.text)
+        return Reply(text=done.text, reasoning=done.reasoning, finish_reason=done.finish_reason,
+                     usage={"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens})
 
-    def _generate(self, messages: list[dict], max_new_tokens: int) -> str:
-        import torch
+    def _generate(self, messages: list[dict], max_new_tokens: int) -> Completion:
+        from tokenswap.inference.hf import OPEN_THINK, generate_batch
 
         if self._model is None:
             self._load()
@@ -117,9 +140,6 @@ class TransformersChatModel:
                 else m
                 for m in messages
             ]
-            inputs = self._processor.apply_chat_template(
-                msgs, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
-            )
         else:
             msgs = []
             for m in messages:
@@ -132,12 +152,10 @@ class TransformersChatModel:
                         )
                     content = "".join(p["text"] for p in content)
                 msgs.append({"role": m["role"], "content": content})
-            inputs = self._processor.apply_chat_template(
-                msgs, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
-            )
-        inputs = inputs.to(self._model.device)
-        with torch.inference_mode():
-            out = self._model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-        new_tokens = out[0, inputs["input_ids"].shape[1] :]
+        inputs = self._processor.apply_chat_template(
+            msgs, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+        )
+        opened = self._processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False).endswith(
+            OPEN_THINK)
         tokenizer = self._processor.tokenizer if self.is_vlm else self._processor
-        return tokenizer.decode(new_tokens, skip_special_tokens=True)
+        return generate_batch(self._model, tokenizer, inputs, max_new_tokens, [opened])[0]

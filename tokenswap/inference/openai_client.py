@@ -23,7 +23,6 @@ import ssl
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field, fields
 from typing import Any
 
 import httpcore
@@ -31,10 +30,10 @@ import httpx
 from PIL import Image
 
 from tokenswap.inference.cache import ResponseCache, cache_key
-from tokenswap.inference.types import LLMRequestError, Reply
+from tokenswap.inference.types import LLMRequestError, Reply, RequestStats
 from tokenswap.redaction import base_url_problem, redact, remember_env
 
-__all__ = ["OpenAIChatModel", "RequestStats"]
+__all__ = ["OpenAIChatModel", "RequestStats"]  # RequestStats: re-exported from types for old imports
 
 
 def _png_data_url(image: Image.Image) -> str:
@@ -158,65 +157,6 @@ def _transport(ceiling: int) -> httpx.HTTPTransport:
         network_backend=_DeadlineBackend(),
     )
     return transport
-
-
-@dataclass
-class RequestStats:
-    """What a client did so far (for progress bars and ``report.json``); updated from many threads.
-
-    Attributes:
-        requests: HTTP attempts made (cache hits excluded, retries included).
-        replies: calls answered by the server.
-        cached: calls answered from the response cache (or by sharing a request for the same question in flight).
-        retries: attempts after a call's first.
-        errors: calls that failed for good (raised :class:`LLMRequestError`).
-        throttled: 429/503 answers (each lowers the number in flight).
-        in_flight: HTTP attempts in flight now.
-        max_in_flight: the most ever in flight at once.
-        limit: the adaptive in-flight limit now (``concurrency`` unless 429/503 lowered it).
-        prompt_tokens, completion_tokens: summed from the replies' ``usage``.
-        wall_s: seconds from the first attempt's start to the last one's end.
-    """
-
-    requests: int = 0
-    replies: int = 0
-    cached: int = 0
-    retries: int = 0
-    errors: int = 0
-    throttled: int = 0
-    in_flight: int = 0
-    max_in_flight: int = 0
-    limit: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    wall_s: float = 0.0
-    _first: float | None = field(default=None, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def as_dict(self) -> dict:
-        """The counts as a JSON-able dict."""
-        with self._lock:
-            return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
-
-    def add(self, **counts: int) -> None:
-        with self._lock:
-            for k, v in counts.items():
-                setattr(self, k, getattr(self, k) + v)
-
-    def _start(self) -> None:
-        with self._lock:
-            now = time.monotonic()
-            if self._first is None:
-                self._first = now
-            self.requests += 1
-            self.in_flight += 1
-            self.max_in_flight = max(self.max_in_flight, self.in_flight)
-
-    def _end(self) -> None:
-        with self._lock:
-            self.in_flight -= 1
-            if self._first is not None:
-                self.wall_s = time.monotonic() - self._first
 
 
 class _AdaptiveLimit:

@@ -5,22 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from tokenswap.inference.types import ChatModel, RequestStats
+
 __all__ = ["RequestProgress", "combined_stats"]
 
 
-def combined_stats(models: Iterable[object]) -> dict:
-    """The summed :class:`~tokenswap.inference.openai_client.RequestStats` of the models that keep stats."""
-    total: dict = {}
-    for model in models:
-        stats = getattr(model, "stats", None)
-        if stats is None or not hasattr(stats, "as_dict"):
-            continue
-        for k, v in stats.as_dict().items():
-            if k in ("wall_s", "max_in_flight", "limit"):
-                total[k] = max(total.get(k, 0), v)
-            else:
-                total[k] = total.get(k, 0) + v
-    return total
+def combined_stats(models: Iterable[ChatModel]) -> dict:
+    """The models' :class:`~tokenswap.inference.types.RequestStats` as one (:meth:`RequestStats.merge`)."""
+    return RequestStats.merge(model.stats for model in models)
 
 
 class RequestProgress:
@@ -33,10 +25,10 @@ class RequestProgress:
         total: rows to do (None: unknown, no ETA).
         desc: the bar's label.
         enabled: False draws nothing (other ranks, ``progress: false``).
-        models: chat models whose ``stats`` the postfix sums (others are ignored).
+        models: chat models whose ``stats`` the postfix sums (``None`` entries, a model not used, are left out).
     """
 
-    def __init__(self, total: int | None, desc: str, enabled: bool, models: Iterable[object] = ()):
+    def __init__(self, total: int | None, desc: str, enabled: bool, models: Iterable[ChatModel | None] = ()):
         from tqdm.auto import tqdm
 
         self.bar = tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, leave=False)
@@ -44,7 +36,7 @@ class RequestProgress:
         self.t0 = time.monotonic()
         self._shown = 0.0
 
-    def add_model(self, model: object) -> None:
+    def add_model(self, model: ChatModel | None) -> None:
         if model is not None:
             self.models.append(model)
 

@@ -355,7 +355,7 @@ def build_conversation(item: RestItem, modality: Modality | Literal["ocr_first"]
         text: transcription for ``ocr_first``.
 
     Returns:
-        Chat messages for :func:`tokenswap.inference.hf.generate` or any backend.
+        Chat messages for any backend (:mod:`tokenswap.inference.backends`).
     """
     instruction = _INSTRUCTIONS[item.answer_type]
     if modality == "text":

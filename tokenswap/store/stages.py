@@ -18,11 +18,12 @@ from typing import Any, NoReturn
 
 from tokenswap.concepts import Concept, validate_concepts
 from tokenswap.errors import IncompleteRunError, InputError
-from tokenswap.files import atomic_write, read_json, read_json_object
-from tokenswap.inference.types import LLMRequestError
+from tokenswap.files import atomic_write, iter_jsonl, read_json, read_json_object, read_jsonl
+from tokenswap.inference.types import LLMRequestError, RequestStats
 from tokenswap.redaction import redact_data
 from tokenswap.store.build_config import FIXTURE, DataConfig, StoreBuildConfig
 from tokenswap.store.builders import SOURCE_BUILDERS, _build_extractor, build_chat_model
+from tokenswap.store.extract import LLMConceptExtractor
 from tokenswap.swap import unit_hash
 
 from .image_store import ImageStore, StoreWriter
@@ -49,17 +50,13 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
     atomic_write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    """The rows of a build's own JSONL file; a damaged one is a ValueError naming the file and line."""
-    from tokenswap.data.magpie import MalformedLine, jsonl_rows
+DAMAGED_FIX = "this build file is damaged: build again in a new output_dir"
 
-    rows = []
-    for _, row in jsonl_rows(path):
-        if isinstance(row, MalformedLine):
-            # Written atomically by the build, so a disk or a hand broke it: its part cannot be trusted to resume.
-            raise ValueError(f"{row}; this build file is damaged: build again in a new output_dir") from None
-        rows.append(row)
-    return rows
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """The rows of a build's own JSONL file; a damaged one is an InputError naming ``file:line``."""
+    # Written atomically by the build, so a disk or a hand broke it: its part cannot be trusted to resume.
+    return read_jsonl(path, "build file", DAMAGED_FIX)
 
 
 MARKER_FIX = "delete it and rerun: the stage redoes only what it had not committed, and writes it again"
@@ -217,11 +214,9 @@ def _stage_extract(cfg: StoreBuildConfig, state: Path, rank: int, world: int) ->
     # Every rank reads every row, so each rank's count is the whole source's.
     info: dict = {"samples_read": counts["samples_read"], "malformed_skipped": data_stats.get("malformed", 0)}
     extractor = holder.get("extractor")
-    stats = getattr(extractor, "stats", None)  # only the LLM extractor keeps stats
-    if stats is not None:
-        info["llm_extraction"] = vars(stats).copy()
-        client = getattr(getattr(extractor, "chat_model", None), "stats", None)
-        info["llm_requests"] = {**(client.as_dict() if client is not None else {}), "stage_wall_s": time.perf_counter() - t0}
+    if isinstance(extractor, LLMConceptExtractor):  # the lexicon asks no model
+        info["llm_extraction"] = vars(extractor.stats).copy()
+        info["llm_requests"] = {**extractor.chat_model.stats.as_dict(), "stage_wall_s": time.perf_counter() - t0}
     if failed:
         _stop_on_failed_requests(folder, rank, info, failed, "failed_rows", "extraction", failed[0]["id"],
                                  "their chunks")
@@ -425,9 +420,7 @@ def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, worl
     if judge is not None:
         # The time the stage waited for verdicts: the loop's wall time less fetching and committing.
         info["judge_s"] = max(0.0, time.perf_counter() - t_loop - info["source_s"] - commit_s)
-        stats = getattr(judge.chat_model, "stats", None)
-        info["llm_requests"] = {**(stats.as_dict() if stats is not None else {}),
-                                "stage_wall_s": time.perf_counter() - t_loop}
+        info["llm_requests"] = {**judge.chat_model.stats.as_dict(), "stage_wall_s": time.perf_counter() - t_loop}
     info["images"] = n_images
     if failed:
         _stop_on_failed_requests(folder, rank, info, failed, "failed_concepts", "judge",
@@ -525,12 +518,8 @@ def _llm_report(extract_markers: list[dict], image_markers: list[dict]) -> dict:
         rows = [m["llm_requests"] for m in markers if "llm_requests" in m]
         if not rows:
             continue
-        total: dict = {}
-        for row in rows:
-            for k, v in row.items():
-                if k in ("in_flight", "limit", "wall_s", "stage_wall_s"):
-                    continue
-                total[k] = max(total.get(k, 0), v) if k == "max_in_flight" else total.get(k, 0) + v
+        total = RequestStats.merge({k: v for k, v in row.items() if k not in ("in_flight", "limit", "wall_s",
+                                                                             "stage_wall_s")} for row in rows)
         total["wall_s"] = max(r.get("stage_wall_s", 0.0) for r in rows)
         out[stage] = total
     return out
@@ -566,16 +555,14 @@ def read_swap_dataset(path: str | os.PathLike) -> list[dict]:
     """All samples of a swap dataset folder (``dataset/``), shard by shard in name order.
 
     Raises:
-        ValueError: a torn or non-UTF-8 line, or a bad sample; names the shard file and line.
+        InputError: a torn or non-UTF-8 line (names ``shard:line``).
+        ValueError: a bad sample; names the shard file and line.
     """
-    from tokenswap.data.magpie import MalformedLine, jsonl_rows
     from tokenswap.data.schema import check_sample
 
     rows = []
     for part in _parts(Path(path)):
-        for where, row in jsonl_rows(part):  # a torn or non-UTF-8 line is named by file and line
-            if isinstance(row, MalformedLine):
-                raise row
+        for where, row in iter_jsonl(part, "swap dataset shard", DAMAGED_FIX):
             check_sample(row, where)
             rows.append(row)
     return rows

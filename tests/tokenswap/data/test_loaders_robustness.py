@@ -71,10 +71,10 @@ def _sample(i: int, start: int = 0, end: int = 3) -> dict:
 def test_load_samples_names_file_and_line_of_a_bad_span(tmp_path):
     path = tmp_path / "swap.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in [_sample(0), _sample(1), _sample(2, 5, 40)]) + "\n")
-    with pytest.raises(ValueError, match=r"swap\.jsonl line 3: sample 's2': concept 'cat' span \[5, 40\) is out of range"):
+    with pytest.raises(ValueError, match=r"swap\.jsonl:3: sample 's2': concept 'cat' span \[5, 40\) is out of range"):
         load_samples(str(path))
     path.write_text(json.dumps(_sample(0)) + "\n" + json.dumps(_sample(1))[:30] + "\n")
-    with pytest.raises(ValueError, match=r"swap\.jsonl line 2: not valid JSON"):
+    with pytest.raises(ValueError, match=r"swap\.jsonl:2 is not valid JSON"):
         load_samples(str(path))
     path.write_text("")
     with pytest.raises(ValueError, match="no samples"):
@@ -105,8 +105,8 @@ def test_skip_malformed_counts_truncated_non_utf8_and_list_lines(tmp_path):
     with pytest.warns(UserWarning, match="skipped 4 malformed of 6 rows"):
         ids = [s["id"] for s in iter_magpie(str(path), skip_malformed=True, stats=stats)]
     assert ids == ["u0", "u5"] and stats["rows"] == 6 and stats["malformed"] == 4
-    assert any("line 3: not UTF-8" in e for e in stats["malformed_examples"])
-    with pytest.raises(ValueError, match=r"magpie\.jsonl line 2: not valid JSON"):
+    assert any(":3 is not UTF-8" in e for e in stats["malformed_examples"])
+    with pytest.raises(ValueError, match=r"magpie\.jsonl:2 is not valid JSON"):
         list(iter_magpie(str(path)))
 
 
@@ -116,13 +116,13 @@ def test_a_lone_surrogate_is_malformed_where_the_row_enters(tmp_path):
     path.write_bytes(_magpie_line(0) + b'{"uuid": "u1", "conversations": [{"from": "human", "value": "a cat \\udcff"},'
                      b' {"from": "gpt", "value": "ok"}]}\n' + b'{"uuid": "u\\ud800", "conversations": [{"from": '
                      b'"human", "value": "x"}]}\n' + _magpie_line(3))
-    with pytest.raises(ValueError, match=r"magpie\.jsonl line 2 \(uuid 'u1'\): conversations\[0\]\.value: .*lone "
+    with pytest.raises(ValueError, match=r"magpie\.jsonl:2 \(uuid 'u1'\): conversations\[0\]\.value: .*lone "
                                          r"UTF-16 surrogate.*data\.skip_malformed: true"):
         list(iter_magpie(str(path)))
     stats: dict = {}
     with pytest.warns(UserWarning, match="skipped 2 malformed of 4 rows"):
         assert [s["id"] for s in iter_magpie(str(path), skip_malformed=True, stats=stats)] == ["u0", "u3"]
-    assert any("line 3: field 'uuid'" in e for e in stats["malformed_examples"])
+    assert any(":3: field 'uuid'" in e for e in stats["malformed_examples"])
 
 
 @pytest.mark.parametrize(
@@ -142,7 +142,7 @@ def test_a_lone_surrogate_is_malformed_where_the_row_enters(tmp_path):
 def test_load_samples_names_file_line_and_sample_of_every_malformed_row(tmp_path, row, match):
     path = tmp_path / "swap.jsonl"
     path.write_text(json.dumps(_sample(1)) + "\n" + json.dumps({**_sample(0), **row}) + "\n")
-    with pytest.raises(ValueError, match=r"swap\.jsonl line 2: " + match):
+    with pytest.raises(ValueError, match=r"swap\.jsonl:2: " + match):
         load_samples(str(path))
 
 

@@ -16,6 +16,7 @@ from tokenswap.eval.bench_builder import BenchBuilder
 from tokenswap.eval.mc import MCItem
 from tokenswap.inference import OpenAIChatModel
 from tokenswap.store.image_store import ImageStore, StoreWriter
+from tokenswap.testing import ScriptedChatModel
 
 COLORS = {"horse": "red", "heart": "blue", "moon": "white", "sun": "yellow", "lemon": "green"}
 CAPTIONS = {(255, 0, 0): "a horse", (0, 0, 255): "a heart", (255, 255, 255): "the moon"}
@@ -47,14 +48,15 @@ def _text(messages: list[dict]) -> str:
     return content if isinstance(content, str) else "".join(p["text"] for p in content if p["type"] == "text")
 
 
-class FakeProxy:
+class FakeProxy(ScriptedChatModel):
     """Answers B (correct) iff every needed word is in the prompt; counts calls."""
 
     def __init__(self, fail_on: str | None = None):
+        super().__init__()
         self.calls: list[str] = []
         self.fail_on = fail_on
 
-    def chat(self, messages: list[dict]) -> str:
+    def answer(self, messages: list[dict]) -> str:
         prompt = _text(messages)
         marker = re.search(r"\[(k\d)\]", prompt).group(1)
         if marker == self.fail_on:
@@ -65,13 +67,14 @@ class FakeProxy:
         return "The answer is B." if ok else "The answer is C."
 
 
-class FakeJudge:
+class FakeJudge(ScriptedChatModel):
     """Rejects the moon picture; records what it was shown."""
 
     def __init__(self):
+        super().__init__()
         self.seen: list[tuple[str, int, str]] = []
 
-    def chat(self, messages: list[dict]) -> str:
+    def answer(self, messages: list[dict]) -> str:
         parts = messages[0]["content"]
         concept = re.search(r"the concept '([^']+)'", parts[0]["text"]).group(1)
         n_images = sum(p["type"] == "image" for p in parts)
@@ -79,8 +82,8 @@ class FakeJudge:
         return '```json\n{"valid": false}\n```' if concept == "moon" else '{"valid": true}'
 
 
-class FakeCaptioner:
-    def chat(self, messages: list[dict]) -> str:
+class FakeCaptioner(ScriptedChatModel):
+    def answer(self, messages: list[dict]) -> str:
         image = next(p["image"] for p in messages[0]["content"] if p["type"] == "image")
         return CAPTIONS[image.getpixel((0, 0))] + "\n"
 

@@ -95,7 +95,7 @@ def test_a_malformed_row_is_named_then_skipped_and_counted_when_asked(tmp_path, 
     argv = ["--config", "store_embedded.yaml", f"output_dir={out}", f"data.path={data}", "samples_per_shard=2"]
     assert cli_main(argv) == 2
     err = capsys.readouterr().err
-    assert f"{data} line 4 (uuid 'u3')" in err and "surrogate" in err and "data.skip_malformed: true" in err
+    assert f"{data}:4 (uuid 'u3')" in err and "surrogate" in err and "data.skip_malformed: true" in err
     assert (out / "state" / "plan.json").exists() and "nothing was written" not in err
     # The rows before the bad one were committed; skipping resumes the same build instead of refusing it.
     assert cli_main([*argv, "data.skip_malformed=true"]) == 0

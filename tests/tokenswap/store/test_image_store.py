@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
+from tokenswap.errors import InputError
 from tokenswap.store import CorruptImageError, ImageStore, StoreWriter
 from tokenswap.store.image_store import SCHEMA, StoreFormatError
 
@@ -121,10 +122,10 @@ def test_a_damaged_swap_dataset_shard_is_named_by_file_and_line(tmp_path):
     part = tmp_path / "part-r000-000000.jsonl"
     good = '{"id": "s0", "messages": [{"role": "user", "content": "a cat"}], "concepts": [], "images": []}\n'
     part.write_bytes(good.encode() + b'{"id": "s1", "messages": "\xff\xfe"}\n')
-    with pytest.raises(ValueError, match=rf"{part} line 2: not UTF-8"):
+    with pytest.raises(InputError, match=rf"swap dataset shard {part}:2 is not UTF-8 text \(byte 26 of the line\)"):
         read_swap_dataset(tmp_path)
     part.write_bytes(good.encode() + good[:20].encode() + b"\n")
-    with pytest.raises(ValueError, match=rf"{part} line 2: not valid JSON"):
+    with pytest.raises(InputError, match=rf"{part}:2 is not valid JSON .*this build file is damaged"):
         read_swap_dataset(tmp_path)
 
 

@@ -61,7 +61,7 @@ def test_system_turn_and_malformed_rows(tmp_path):
     bad = [ROWS[0], {"uuid": "bad", "conversations": [{"from": "human", "value": 5}]}, ROWS[1]]
     path = tmp_path / "bad.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in bad))
-    with pytest.raises(ValueError, match=r"bad\.jsonl line 2 \(uuid 'bad'\): conversations\[0\].value must be a string"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2 \(uuid 'bad'\): conversations\[0\].value must be a string"):
         list(iter_magpie(str(path)))
     assert [s["id"] for s in iter_magpie(str(path), skip_malformed=True)] == ["u0", "u1"]
 
