@@ -19,6 +19,7 @@ import sys
 
 import torch
 
+from tokenswap.ranks import rank_and_world
 from tokenswap.training.distributed import at_script_end
 
 _written = False
@@ -27,7 +28,7 @@ _written = False
 def write_stats() -> None:
     global _written
     out = os.environ.get("PEAK_MEMORY_JSON")
-    if _written or not out or int(os.environ.get("RANK", "0")) != 0:
+    if _written or not out or rank_and_world()[0] != 0:
         return
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     stats = {
