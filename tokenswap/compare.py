@@ -29,7 +29,7 @@ from pathlib import Path
 from tokenswap.errors import InputError
 from tokenswap.eval.stats import mean_ci
 from tokenswap.files import read_json
-from tokenswap.inputs import require_output_dir
+from tokenswap.inputs import local_or_hub, require_output_dir
 
 __all__ = ["RunRecord", "compare_runs", "load_run", "make_wandb_report", "mean_ci", "paired_difference",
            "read_trainer_run", "read_wandb_offline", "seed_of"]
@@ -198,6 +198,8 @@ def load_run(spec: str) -> list[RunRecord]:
     """Dispatch on what ``spec`` points at (see module docstring)."""
     if spec.startswith("wandb:"):
         return read_wandb_api(spec[len("wandb:"):])
+    local_or_hub(spec, "--runs", "a run folder holds log_history.json (a recipe's output_dir) or a W&B offline run "
+                 "(wandb/offline-run-*); or pass wandb:ENTITY/PROJECT/GROUP", hub=False)
     p = Path(spec)
     if (p / "log_history.json").exists():
         return [read_trainer_run(p)]

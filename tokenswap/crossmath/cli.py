@@ -49,7 +49,14 @@ from tokenswap.errors import InputError
 from tokenswap.families import check_checkpoint
 from tokenswap.files import atomic_write, read_json_object
 from tokenswap.inference.backends import add_backend_arguments
-from tokenswap.inputs import non_negative_int, positive_int, require_items, require_model, require_output_dir
+from tokenswap.inputs import (
+    local_or_hub,
+    non_negative_int,
+    positive_int,
+    require_items,
+    require_model,
+    require_output_dir,
+)
 
 __all__ = ["cli_main"]
 
@@ -229,6 +236,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     from tokenswap.inference.runs import RecordLog, check_error_share, run_units, tally
 
     check_backend_arguments(args)
+    local_or_hub(args.data, "--data", "a CrossMath --data is a puzzle JSONL or the style folder holding one, as "
+                 "`tokenswap crossmath generate --out DIR` writes DIR/Original/", hub=False, kind="file or folder")
     data = find_jsonl(args.data)
     records = load_crossmath(data)[: args.n]
     require_items(records, f"--data {str(data)!r}", "puzzles", "pass a CrossMath JSONL with at least one record "

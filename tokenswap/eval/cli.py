@@ -50,7 +50,7 @@ from pathlib import Path
 
 from tokenswap.errors import InputError
 from tokenswap.files import FolderLock, FolderLockedError
-from tokenswap.inputs import positive_int, require_items, require_model, require_output_dir
+from tokenswap.inputs import local_or_hub, positive_int, require_items, require_model, require_output_dir
 
 __all__ = ["cli_main"]
 
@@ -96,6 +96,7 @@ def max_new_tokens(args, settings) -> int:
 
 
 def _check(args) -> None:
+    from tokenswap.data.tokenswap_bench import BENCH_HOLDS
     from tokenswap.eval.forms import order_forms
     from tokenswap.inference.backends import BackendConfigError, check_backend_arguments
 
@@ -113,6 +114,7 @@ def _check(args) -> None:
     # Every input is checked before a model loads or a request leaves, and the output folder before hours of work.
     if args.backend == "hf":
         require_model(args.model)  # for openai, --model is the served name
+    local_or_hub(args.bench, "--bench", BENCH_HOLDS)
     require_output_dir(args.out)
 
 

@@ -23,7 +23,8 @@ from tokenswap.families import check_checkpoint
 from tokenswap.inference.backends import add_backend_arguments
 from tokenswap.inputs import (
     check_output_dir,
-    looks_like_path,
+    from_hub,
+    local_or_hub,
     non_negative_int,
     positive_int,
     require_model,
@@ -32,6 +33,12 @@ from tokenswap.inputs import (
 )
 
 __all__ = ["cli_main"]
+
+# What valid --data values hold, for the message that refuses a missing or mistyped one.
+SOURCE_HOLDS = ("a source is a parquet/JSONL/JSON/CSV file of its rows, a folder of such files, or a hub id such as "
+                "cais/mmlu")
+REST_HOLDS = ("a REST dataset folder holds meta.json, items.jsonl and images/, as `tokenswap rest build ... --out "
+              "FOLDER` writes it")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -90,9 +97,9 @@ def _build(args: argparse.Namespace) -> int:
 
         if not args.data:
             raise InputError(f"--data (a hub id or a local file or folder) is required for --source {args.source}")
-        if not os.path.exists(args.data) and looks_like_path(args.data):
-            raise FileNotFoundError(f"--data {args.data!r} does not exist (it looks like a path, not a hub id)")
-        items, counts = load_source(args.source, args.data, n=args.n, split=args.split, config=args.config)
+        local_or_hub(args.data, "--data", SOURCE_HOLDS, kind="file or folder")
+        with from_hub(args.data, "--data", SOURCE_HOLDS, kind="file or folder"):
+            items, counts = load_source(args.source, args.data, n=args.n, split=args.split, config=args.config)
         extra["filter_counts"] = dict(counts)
     if not items:
         raise InputError(f"{args.source} data {args.data!r} gave no items after the REST filters "
@@ -115,6 +122,7 @@ def _eval(args: argparse.Namespace) -> int:
     from tokenswap.rest.evaluate import load_rest_data, run_rest_eval
 
     check_backend_arguments(args)
+    local_or_hub(args.data, "--data", REST_HOLDS, hub=False)
     require_path(args.data, "--data", kind="dir")
     require_path(os.path.join(args.data, "meta.json"), "--data (a folder written by `tokenswap rest build`) file")
     if args.backend == "hf":

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenswap.errors import InputError
-from tokenswap.inputs import positive_int, require_model, require_output_dir, require_path
+from tokenswap.inputs import MODEL_HOLDS, from_hub, positive_int, require_model, require_output_dir, require_path
 
 __all__ = [
     "DEFAULT_LABELS",
@@ -319,7 +319,8 @@ def cli_main(argv: list[str] | None = None) -> int:
         raise InputError(f"--pairs must be in [2, {len(pool)}] for the built-in labels, got {args.pairs}; pass "
                          "--texts FILE (one text per line) for more")
     require_output_dir(args.out)
-    model, processor = load_checkpoint(args.model)
+    with from_hub(args.model, "--model", MODEL_HOLDS):
+        model, processor = load_checkpoint(args.model)
     if torch.cuda.is_available():
         model = model.to("cuda")
     summary = run_probe(
