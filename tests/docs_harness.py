@@ -430,8 +430,8 @@ def broken_links(page: Path) -> list[str]:
 # Running blocks: a fork server with the heavy imports done once, and the shims that talk to it
 # ---------------------------------------------------------------------------------------------------------------
 
-PRELOAD = ("torch", "transformers", "datasets", "PIL.Image", "matplotlib.pyplot", "peft", "trl", "accelerate",
-           "tokenswap", "tokenswap.cli", "tokenswap.training", "tokenswap.eval.cli", "tokenswap.eval.leaderboard",
+PRELOAD = ("tokenswap", "torch", "transformers", "datasets", "PIL.Image", "matplotlib.pyplot", "peft", "trl",
+           "accelerate", "tokenswap.cli", "tokenswap.training", "tokenswap.eval.cli", "tokenswap.eval.leaderboard",
            "tokenswap.crossmath.cli", "tokenswap.rest.cli", "tokenswap.store.build", "tokenswap.compare",
            "tokenswap.testing")
 
