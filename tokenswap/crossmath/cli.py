@@ -67,15 +67,17 @@ RELEASE_MAX_NEW_TOKENS = 16384  # batch_inference_qwen35.py --max_new_tokens
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenswap crossmath", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="tokenswap crossmath", description=__doc__.split("\n")[0].replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate puzzles: JSONL in the released format + PNG per style")
     gen.add_argument("--n", type=positive_int, required=True, help="number of puzzles (>= 1)")
     gen.add_argument("--seed", type=int, default=0, help="collection seed; puzzle i depends only on (seed, i)")
-    gen.add_argument("--difficulty", choices=[*DIFFICULTIES, "mixed"], default="mixed")
+    gen.add_argument("--difficulty", choices=[*DIFFICULTIES, "mixed"], default="mixed",
+                     help="puzzle difficulty; mixed: the released easy/medium/hard mix (default)")
     gen.add_argument("--out", required=True, help="output folder; one subfolder per style")
-    gen.add_argument("--styles", nargs="+", choices=sorted(STYLES), default=list(STYLES))
+    gen.add_argument("--styles", nargs="+", choices=sorted(STYLES), default=list(STYLES),
+                     help="rendering styles, one subfolder each (default: all four)")
     gen.add_argument(
         "--rows", type=positive_int, default=DEFAULT_ROWS, help="canvas rows (odd); puzzles are cropped to their cells"
     )
@@ -100,7 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", required=True,
                     help="hf: model folder or hub id (Qwen families); openai: the served model name")
     ev.add_argument("--data", required=True, help="a CrossMath JSONL or its style folder")
-    ev.add_argument("--modality", choices=MODALITIES, required=True)
+    ev.add_argument("--modality", choices=MODALITIES, required=True,
+                    help="how the puzzle is shown: text (markdown), image (the puzzle PNG) or image+text (both)")
     ev.add_argument("--n", type=positive_int, default=None, help="evaluate the first N puzzles (default: all)")
     ev.add_argument("--max-new-tokens", type=positive_int, default=RELEASE_MAX_NEW_TOKENS,
                     help=f"generation budget (default: the release's {RELEASE_MAX_NEW_TOKENS})")

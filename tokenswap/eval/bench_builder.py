@@ -413,7 +413,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     from tokenswap.config import load_config, split_argv, usage
 
     if "-h" in (argv or []) or "--help" in (argv or []):
-        print(usage(BenchBuildConfig))
+        print(usage(BenchBuildConfig, "tokenswap build-bench"))
         return 0
     cfg = load_config(BenchBuildConfig, *split_argv(argv or []))
     try:

@@ -42,11 +42,12 @@ REST_HOLDS = ("a REST dataset folder holds meta.json, items.jsonl and images/, a
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenswap rest", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="tokenswap rest", description=__doc__.split("\n\n")[0].replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True)
 
     build = sub.add_parser("build", help="write items and all renderings (REST + 10 REST+ variants)")
-    build.add_argument("--source", required=True, choices=["mmlu", "arc", "gsm", "soebench"])
+    build.add_argument("--source", required=True, choices=["mmlu", "arc", "gsm", "soebench"],
+                       help="row schema of --data (mmlu, arc, gsm); soebench: generated systems of equations, no --data")
     build.add_argument("--data", help="hub id or local file/folder (not used for soebench)")
     build.add_argument("--n", type=positive_int, default=None, help="number of items (required for soebench)")
     build.add_argument("--out", required=True, help="dataset folder")

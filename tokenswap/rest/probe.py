@@ -295,7 +295,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=positive_int, default=100, help="number of text/rendered-text pairs")
     parser.add_argument("--texts", default=None, help="file with one text per line (default: built-in labels)")
     parser.add_argument("--out", default="probe_out", help="output folder")
-    parser.add_argument("--batch-size", type=positive_int, default=8)
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="pairs per forward pass")
     args = parser.parse_args(argv)
 
     from tokenswap.families import check_checkpoint, load_checkpoint
