@@ -28,6 +28,7 @@ Compare our generator and renderer with a checkout of the released test set::
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
@@ -122,10 +123,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _write_image(image, path: Path) -> None:
-    # Write then rename, so a killed job never leaves a truncated PNG behind a finished record.
-    tmp = path.with_suffix(".tmp.png")
-    image.save(tmp)
-    os.replace(tmp, path)
+    # Through files.atomic_write (the writer's own temporary, fsynced, renamed), so a killed job never leaves a
+    # truncated PNG behind a finished record and two writers of one picture never share a temporary.
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    atomic_write(path, buf.getvalue())
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -314,9 +316,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     }
     report["backend_info"] = describe_arguments(args)
     check_error_share(counts, args.max_error_share, "requests")
-    (out / f"metrics_{args.modality}.json").write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write(out / f"metrics_{args.modality}.json", (json.dumps(report, indent=2) + "\n").encode())
     table = format_metrics_table({args.modality: summary})
-    (out / f"metrics_{args.modality}.md").write_text(table + "\n")
+    atomic_write(out / f"metrics_{args.modality}.md", (table + "\n").encode())
     print(table)
     if counts["failed"] or counts["skipped"]:
         print(f"{counts['failed']} failed and {counts['skipped']} skipped puzzles left out of the scores "
