@@ -35,8 +35,8 @@ MARK = re.compile(r"^\s*<!--\s*(?P<body>(?:run|check)\b.*?)\s*-->\s*$")
 
 
 def doc_pages() -> list[Path]:
-    """README.md and docs/*.md (docs/notes/ are drafts the lead folds into pages; they are not checked)."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """README.md, CHANGELOG.md and docs/*.md (docs/notes/ are drafts the lead folds into pages; not checked)."""
+    return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 # ---------------------------------------------------------------------------------------------------------------
