@@ -168,7 +168,7 @@ CPU=$([ "$DEVICE" = cpu ] && echo true || echo false)
 overrides() {  # $1 name, $2 extra overrides: what every run shares, so the arms differ only where they must
   echo "run.output_dir=$SCRATCH/runs/$1 model.name_or_path=$SCRATCH/model model.dtype=bfloat16" \
     "model.attn_implementation=auto train.bf16=true train.use_cpu=$CPU train.max_steps=$STEPS" \
-    "train.logging_steps=$LOG_EVERY train.save_steps=100000 train.report_to=[none] wandb.mode=disabled $2"
+    "train.logging_steps=$LOG_EVERY train.save_steps=100000 train.report_to=[none] wandb.mode=disabled gap_eval.bench=null $2"
 }
 in_part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
 wanted() { [ -z "$ONLY" ] || [[ "$ONLY" == *",$1,"* ]]; }  # --only: rerun some steps of a part

@@ -23,6 +23,9 @@ starting model itself, with the adapter disabled.
 
 from __future__ import annotations
 
+import tokenswap  # noqa: F401 -- first: it quiets a bitsandbytes notice (tokenswap/__init__.py)
+
+# isort: split
 import dataclasses
 import json
 import os

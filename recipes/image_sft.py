@@ -22,6 +22,9 @@ the adapter in ``adapter/``, and with ``eval`` set, ``eval/metrics_image.{json,m
 
 from __future__ import annotations
 
+import tokenswap  # noqa: F401 -- first: it quiets a bitsandbytes notice (tokenswap/__init__.py)
+
+# isort: split
 import json
 import os
 from dataclasses import dataclass, field

@@ -18,6 +18,9 @@ Then `tokenswap compare --runs outputs/post_text outputs/post_generate` puts the
 
 from __future__ import annotations
 
+import tokenswap  # noqa: F401 -- first: it quiets a bitsandbytes notice (tokenswap/__init__.py)
+
+# isort: split
 import json
 import os
 from dataclasses import dataclass, field

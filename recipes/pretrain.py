@@ -15,6 +15,9 @@ Then `tokenswap compare --runs outputs/pretrain_text outputs/pretrain_generate` 
 
 from __future__ import annotations
 
+import tokenswap  # noqa: F401 -- first: it quiets a bitsandbytes notice (tokenswap/__init__.py)
+
+# isort: split
 import json
 import os
 from dataclasses import dataclass, field

@@ -113,25 +113,9 @@ def swap_samples():
 @pytest.fixture(scope="session")
 def tiny_bench(tmp_path_factory, tiny_store):
     """A 6-item bench in the TokenSwap-Bench hub layout whose interleaved form shows tiny-store pictures."""
-    from tokenswap.concepts import Concept
-    from tokenswap.data.tokenswap_bench import write_tokenswap_bench
-    from tokenswap.eval.mc import MCItem, swap_concepts
+    from tokenswap.testing import build_tiny_bench
 
-    pairs = []
-    for i, (concept, question, choices, answer) in enumerate([
-        ("cat", "Which animal says meow, the cat or the dog?", ["cat", "dog", "both", "neither"], 0),
-        ("banana", "What color is a ripe banana?", ["blue", "yellow", "black", "white"], 1),
-        ("circle", "How many corners does a circle have?", ["one", "two", "three", "none"], 3),
-        ("square", "How many sides does a square have?", ["three", "four", "five", "six"], 1),
-        ("apple", "Does an apple grow on a tree?", ["yes", "no", "only in winter", "never"], 0),
-        ("triangle", "How many sides does a triangle have?", ["two", "three", "four", "five"], 1),
-    ]):
-        item = MCItem(id=f"b{i}", subject="tiny_world", question=question, choices=choices, answer=answer)
-        start = question.index(concept)
-        pairs.append((item, swap_concepts(item, [Concept(0, start, start + len(concept), concept)], tiny_store)))
-    root = tmp_path_factory.mktemp("tiny-bench")
-    write_tokenswap_bench(pairs, root)
-    return root
+    return build_tiny_bench(tmp_path_factory.mktemp("tiny-bench"), tiny_store)
 
 
 @pytest.fixture

@@ -3,8 +3,7 @@
 Every fenced block of README.md and docs/*.md names its language, and every shell block (bash, sh, shell)
 carries a mark on the line right before its fence (docs/contributing.md, "Writing docs"):
 
-    <!-- run -->                              executed, offline, on the tiny kit
-    <!-- run: fixtures=tiny_model,tiny_bench -->
+    <!-- run -->                              executed, offline, in a folder holding only what the page made
     <!-- check: syntax -->                    each command's arguments parsed by the command's own parser
     <!-- check: none (the reason) -->         nothing checked; the reason is required
 
@@ -33,17 +32,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SHELL_LANGS = {"bash", "sh", "shell"}
 FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 MARK = re.compile(r"^\s*<!--\s*(?P<body>(?:run|check)\b.*?)\s*-->\s*$")
-# The fixtures a runnable block may name: where each lies in the block's folder (and its environment variable).
-FIXTURES = {
-    "tiny_model": (".cache/tiny-qwen2vl", "TINY_MODEL"),
-    "tiny_store": (".cache/tiny-store", "TINY_STORE"),
-    "tiny_bench": (".cache/tiny-bench", "TINY_BENCH"),
-}
 
 
 def doc_pages() -> list[Path]:
-    """README.md and docs/*.md (docs/notes/ are drafts the lead folds into pages; they are not checked)."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """README.md, CHANGELOG.md and docs/*.md (docs/notes/ are drafts the lead folds into pages; not checked)."""
+    return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -58,7 +51,6 @@ class Block:
     lang: str
     text: str
     mark: str | None  # "run", "syntax", "none" or None (unmarked)
-    fixtures: list[str] = field(default_factory=list)
     reason: str = ""
     problems: list[str] = field(default_factory=list)
 
@@ -67,19 +59,21 @@ class Block:
         return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
-def parse_mark(body: str) -> tuple[str | None, list[str], str, list[str]]:
-    """``run: fixtures=a,b`` / ``check: syntax`` / ``check: none (reason)`` -> (mark, fixtures, reason, problems)."""
-    if m := re.fullmatch(r"run(?::\s*fixtures\s*=\s*(?P<fx>[\w,\s]*))?", body):
-        names = [n.strip() for n in (m["fx"] or "").split(",") if n.strip()]
-        unknown = [n for n in names if n not in FIXTURES]
-        return "run", names, "", [f"unknown fixture {n!r} (known: {', '.join(FIXTURES)})" for n in unknown]
+def parse_mark(body: str) -> tuple[str | None, str, list[str]]:
+    """``run`` / ``check: syntax`` / ``check: none (reason)`` -> (mark, reason, problems)."""
+    if body == "run":
+        return "run", "", []
+    if re.fullmatch(r"run:\s*fixtures\s*=.*", body):
+        # A block given test fixtures passes where a user on a fresh clone fails: the page must make what it uses.
+        return "run", "", [f"<!-- {body} -->: blocks get no fixtures; make them on the page first (`python -m "
+                           "tokenswap.testing .cache` writes .cache/tiny-qwen2vl, tiny-store and tiny-bench) and "
+                           "mark the block <!-- run -->"]
     if re.fullmatch(r"check:\s*syntax", body):
-        return "syntax", [], "", []
+        return "syntax", "", []
     if m := re.fullmatch(r"check:\s*none\s*(?:\((?P<reason>.*)\))?", body):
         reason = (m["reason"] or "").strip()
-        return "none", [], reason, [] if reason else ["`check: none` needs a reason: <!-- check: none (why) -->"]
-    return None, [], "", [f"unreadable mark <!-- {body} -->: use run, run: fixtures=..., check: syntax or "
-                          "check: none (reason)"]
+        return "none", reason, [] if reason else ["`check: none` needs a reason: <!-- check: none (why) -->"]
+    return None, "", [f"unreadable mark <!-- {body} -->: use run, check: syntax or check: none (reason)"]
 
 
 def find_blocks(page: Path) -> list[Block]:
@@ -99,10 +93,10 @@ def find_blocks(page: Path) -> list[Block]:
             i += 1
         i += 1
         prev = lines[start - 1] if start > 0 else ""
-        mark, fixtures, reason, problems = None, [], "", []
+        mark, reason, problems = None, "", []
         if mm := MARK.match(prev):
-            mark, fixtures, reason, problems = parse_mark(mm["body"])
-        blocks.append(Block(page, start + 1, lang, "\n".join(body), mark, fixtures, reason, problems))
+            mark, reason, problems = parse_mark(mm["body"])
+        blocks.append(Block(page, start + 1, lang, "\n".join(body), mark, reason, problems))
     return blocks
 
 
@@ -436,8 +430,8 @@ def broken_links(page: Path) -> list[str]:
 # Running blocks: a fork server with the heavy imports done once, and the shims that talk to it
 # ---------------------------------------------------------------------------------------------------------------
 
-PRELOAD = ("torch", "transformers", "datasets", "PIL.Image", "matplotlib.pyplot", "peft", "trl", "accelerate",
-           "tokenswap", "tokenswap.cli", "tokenswap.training", "tokenswap.eval.cli", "tokenswap.eval.leaderboard",
+PRELOAD = ("tokenswap", "torch", "transformers", "datasets", "PIL.Image", "matplotlib.pyplot", "peft", "trl",
+           "accelerate", "tokenswap.cli", "tokenswap.training", "tokenswap.eval.cli", "tokenswap.eval.leaderboard",
            "tokenswap.crossmath.cli", "tokenswap.rest.cli", "tokenswap.store.build", "tokenswap.compare",
            "tokenswap.testing")
 

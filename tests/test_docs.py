@@ -1,16 +1,16 @@
 """The docs are true: every relative link resolves, every runnable shell block runs, every other shell block parses.
 
 README.md and docs/*.md are read by tests/docs_harness.py (the marks are explained in docs/contributing.md,
-"Writing docs"). A runnable block runs through real bash on the tiny kit, offline, in a scratch folder per page
-that holds the repository's configs/, recipes/, tests/ and benchmarks/ and the fixtures the block names; a renamed
-flag, a moved config or an unknown override key fails here, not in a user's terminal.
+"Writing docs"). A runnable block runs through real bash, offline, in a scratch folder per page that holds the
+repository's configs/, recipes/, tests/ and benchmarks/ and nothing else: what a block uses (the tiny kit under
+.cache/) an earlier command of the same page must have made, as on a fresh clone. A renamed flag, a moved config,
+an unknown override key or a fixture the page never makes fails here, not in a user's terminal.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -82,7 +82,7 @@ class DocsServer:
     """The fork server the blocks' ``tokenswap`` and ``python`` shims hand their commands to.
 
     Started as soon as a test asks for it and waited for at the first block, so its imports overlap with the
-    building of the fixtures.
+    test's own set-up.
     """
 
     def __init__(self, folder: Path):
@@ -123,12 +123,6 @@ def docs_server(tmp_path_factory):
     server.close()
 
 
-@pytest.fixture(scope="module")
-def fixtures(tiny_qwen2vl, tiny_store, tiny_bench):
-    """name -> the folder a block's fixture is copied from (conftest's tiny kit)."""
-    return {"tiny_model": Path(tiny_qwen2vl), "tiny_store": Path(tiny_store.root), "tiny_bench": Path(tiny_bench)}
-
-
 def _env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline",
@@ -146,19 +140,12 @@ def _scratch(folder: Path) -> Path:
     return folder
 
 
-def run_block(block, folder: Path, server: DocsServer, fixtures: dict) -> tuple[int, str, float]:
+def run_block(block, folder: Path, server: DocsServer) -> tuple[int, str, float]:
     """Run one block in ``folder`` through bash (stop at the first failing command); (status, output, seconds)."""
-    env = {}
-    for name in block.fixtures:
-        rel, var = harness.FIXTURES[name]
-        dest = folder / rel
-        if not dest.exists():
-            shutil.copytree(fixtures[name], dest)
-        env[var] = str(dest)
     script = folder / f".block-{block.line}.sh"
     script.write_text(block.text + "\n")
     env = _env(PATH=f"{folder / '.docs-bin'}{os.pathsep}{os.environ['PATH']}", DOCS_SERVER=server.path,
-               HOME=os.environ.get("HOME", str(folder)), **env)
+               HOME=os.environ.get("HOME", str(folder)))
     start = time.perf_counter()
     try:
         done = subprocess.run(["bash", "-e", "-o", "pipefail", script.name], cwd=folder, env=env, text=True,
@@ -170,11 +157,11 @@ def run_block(block, folder: Path, server: DocsServer, fixtures: dict) -> tuple[
 
 
 @pytest.mark.parametrize("page", RUN_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_runnable_blocks_run(page, docs_server, fixtures, tmp_path):
+def test_runnable_blocks_run(page, docs_server, tmp_path):
     folder = _scratch(tmp_path / "page")
     for block in (b for b in SHELL if b.page == page and b.mark == "run"):
         cpu = docs_server.workers_cpu_s()
-        rc, out, seconds = run_block(block, folder, docs_server, fixtures)
+        rc, out, seconds = run_block(block, folder, docs_server)
         # Shown by pytest -rP: where the docs test spends its time (wall time moves with the machine's load).
         print(f"{block.where}: {seconds:.1f} s wall, {docs_server.workers_cpu_s() - cpu:.1f} s CPU")
         assert rc == 0, f"{block.where}: the block failed (exit {rc}, {seconds:.0f} s):\n{block.text}\n--- output " \
@@ -219,13 +206,15 @@ def test_syntax_check_accepts(command):
 
 def test_marks_are_read(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("<!-- run: fixtures=tiny_model,tiny_bench -->\n```bash\ntokenswap --help\n```\n\n"
+    page.write_text("<!-- run -->\n```bash\ntokenswap --help\n```\n\n"
                     "<!-- check: none -->\n```bash\nvllm serve x\n```\n\n```bash\nls\n```\n\n"
-                    "<!-- run: fixtures=tiny_modle -->\n```sh\nls\n```\n\n```\nno language\n```\n")
-    run, none, unmarked, typo, bare = harness.find_blocks(page)
-    assert (run.mark, run.fixtures, run.problems) == ("run", ["tiny_model", "tiny_bench"], [])
+                    "<!-- run: fixtures=tiny_model -->\n```sh\nls\n```\n\n```\nno language\n```\n")
+    run, none, unmarked, given, bare = harness.find_blocks(page)
+    assert (run.mark, run.problems) == ("run", [])
     assert none.mark == "none" and "needs a reason" in none.problems[0]
-    assert unmarked.mark is None and typo.problems and "tiny_modle" in typo.problems[0] and bare.lang == ""
+    assert unmarked.mark is None and bare.lang == ""
+    # Injected fixtures are gone: a block marked with them is a failure telling the page to make them itself.
+    assert given.mark == "run" and "python -m tokenswap.testing .cache" in given.problems[0]
 
 
 def test_commands_are_split_as_a_shell_splits_them():
@@ -249,9 +238,22 @@ def test_a_broken_link_is_found(tmp_path):
     assert len(problems) == 2 and "moved.md does not exist" in problems[0] and "#nope" in problems[1]
 
 
-def test_a_failing_runnable_block_fails(docs_server, fixtures, tmp_path):
+def test_a_failing_runnable_block_fails(docs_server, tmp_path):
     block = harness.Block(ROOT / "README.md", 1, "bash", "tokenswap --help\n"
-                          "tokenswap eval --model .cache/tiny-qwen2vl --bench .cache/tiny-bench --limit 0\n"
-                          "echo not reached", "run", ["tiny_model", "tiny_bench"])
-    rc, out, _ = run_block(block, _scratch(tmp_path / "page"), docs_server, fixtures)
+                          "tokenswap eval --model m --bench b --limit 0\n"
+                          "echo not reached", "run")
+    rc, out, _ = run_block(block, _scratch(tmp_path / "page"), docs_server)
     assert rc == 2 and "usage: tokenswap <command>" in out and "--limit" in out and "not reached" not in out
+
+
+def test_a_block_gets_only_what_its_page_made(docs_server, tmp_path):
+    """The tiny kit is not there unless the page makes it: the README's eval block alone fails, after its set-up
+    line it runs, and that line writes the whole tiny kit."""
+    folder = _scratch(tmp_path / "page")
+    use = "tokenswap eval --model .cache/tiny-qwen2vl --bench .cache/tiny-bench --scorer loglik --limit 2 --out o\n"
+    rc, out, _ = run_block(harness.Block(ROOT / "README.md", 1, "bash", use, "run"), folder, docs_server)
+    assert rc == 2 and "no such folder" in out, out[-2000:]
+    rc, out, _ = run_block(harness.Block(ROOT / "README.md", 2, "bash", "python -m tokenswap.testing .cache\n" + use,
+                                         "run"), folder, docs_server)
+    assert rc == 0, out[-4000:]
+    assert all((folder / ".cache" / name).is_dir() for name in ("tiny-qwen2vl", "tiny-store", "tiny-bench"))

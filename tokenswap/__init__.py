@@ -13,6 +13,27 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
+
+def _quiet_missing_optional_kernel() -> None:
+    """Drop bitsandbytes' one warning that reads as a broken install and is none.
+
+    Imported on a CPU with AVX512-BF16 (by transformers' Trainer, through peft), bitsandbytes tries the optional
+    ``kernels`` package for a faster 4-bit CPU matmul and, when that package is not installed, logs "Failed to load
+    CPU gemm_4bit_forward from kernels-community: No module named 'kernels'" and uses its own kernel. Only that case
+    is dropped: a ``kernels`` that is installed and fails still prints. A filter on the module's logger, set here
+    because every tokenswap command and recipe imports this package before bitsandbytes loads.
+    """
+    import logging
+
+    def keep(record: logging.LogRecord) -> bool:
+        said = record.getMessage()
+        return not (said.startswith("Failed to load CPU gemm_4bit_forward") and "No module named 'kernels'" in said)
+
+    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(keep)
+
+
+_quiet_missing_optional_kernel()
+
 _EXPORTS = {
     "TokenSwapCollator": "tokenswap.collator",
     "SwapPolicy": "tokenswap.swap",

@@ -29,16 +29,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("tokenswap.eval.cli", "measure the modality gap of a model on a bench (loglik or generate)"),
     "compare": ("tokenswap.compare", "compare paired runs: markdown table, plot, optional W&B report"),
     "leaderboard": ("tokenswap.eval.leaderboard", "many eval runs -> one gap table + figure (bootstrap CIs, group t-test)"),
-    "crossmath": ("tokenswap.crossmath.cli", "CrossMath puzzles: generate | eval"),
+    "crossmath": ("tokenswap.crossmath.cli", "CrossMath puzzles: generate | eval | fidelity (against the release)"),
     "rest": ("tokenswap.rest.cli", "REST/REST+ render-equivalence suite: build | eval"),
     "probe": ("tokenswap.rest.probe", "per-layer image/text representation similarity of a model"),
 }
 
 
 def _usage() -> str:
-    lines = ["usage: tokenswap <command> [options]", "", "commands:"]
+    lines = ["usage: tokenswap <command> [options]", "       tokenswap --version", "", "commands:"]
     lines += [f"  {name:<12} {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", "Run `tokenswap <command> --help` for the options of one command."]
+    lines += ["", "Run `tokenswap <command> --help` for the options of one command.",
+              "Training runs from the recipes in the repository's recipes/ folder, not from this command:",
+              "  python recipes/post_train.py --config tiny/post_text.yaml   (also pretrain.py, image_sft.py, grpo.py;",
+              "  `python recipes/post_train.py --help` lists every config field)"]
     return "\n".join(lines)
 
 
@@ -46,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from tokenswap import __version__
+
+        print(f"tokenswap {__version__}")
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:

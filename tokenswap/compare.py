@@ -29,7 +29,7 @@ from pathlib import Path
 from tokenswap.errors import InputError
 from tokenswap.eval.stats import mean_ci
 from tokenswap.files import read_json
-from tokenswap.inputs import require_output_dir
+from tokenswap.inputs import local_or_hub, require_output_dir
 
 __all__ = ["RunRecord", "compare_runs", "load_run", "make_wandb_report", "mean_ci", "paired_difference",
            "read_trainer_run", "read_wandb_offline", "seed_of"]
@@ -198,6 +198,8 @@ def load_run(spec: str) -> list[RunRecord]:
     """Dispatch on what ``spec`` points at (see module docstring)."""
     if spec.startswith("wandb:"):
         return read_wandb_api(spec[len("wandb:"):])
+    local_or_hub(spec, "--runs", "a run folder holds log_history.json (a recipe's output_dir) or a W&B offline run "
+                 "(wandb/offline-run-*); or pass wandb:ENTITY/PROJECT/GROUP", hub=False)
     p = Path(spec)
     if (p / "log_history.json").exists():
         return [read_trainer_run(p)]
@@ -394,11 +396,12 @@ def cli_main(argv: list[str]) -> int:
     parser.add_argument("--runs", nargs="+", required=True,
                         help="recipe output folders, W&B offline run folders, or wandb:ENTITY/PROJECT/GROUP")
     parser.add_argument("--out", required=True, help="folder for comparison.md, comparison.json, comparison.png")
-    parser.add_argument("--metrics", nargs="+", default=list(DEFAULT_METRICS))
+    parser.add_argument("--metrics", nargs="+", default=list(DEFAULT_METRICS), metavar="METRIC",
+                        help="logged keys to compare, as in log_history.json (default: " + " ".join(DEFAULT_METRICS) + ")")
     parser.add_argument("--wandb-report", action="store_true", help="also create a W&B report (needs --entity/--project/--group)")
-    parser.add_argument("--entity")
-    parser.add_argument("--project", default="tokenswap")
-    parser.add_argument("--group")
+    parser.add_argument("--entity", help="W&B entity (user or team) of the report and of wandb: runs")
+    parser.add_argument("--project", default="tokenswap", help="W&B project of the report (default: tokenswap)")
+    parser.add_argument("--group", help="W&B group of the paired runs, for --wandb-report")
     args = parser.parse_args(argv)
     if args.wandb_report and not (args.entity and args.group):
         raise InputError("--wandb-report needs --entity and --group (the W&B entity and the group of the paired runs)")

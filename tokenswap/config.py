@@ -457,9 +457,17 @@ def _help(cls: type, prefix: str = "") -> list[str]:
     return lines
 
 
-def usage(cls: type) -> str:
-    """The ``--help`` text of a config class: the command-line form and every field with its docstring."""
-    return f"usage: [--config NAME.yaml] [key.sub=value ...]\n\n{cls.__name__} fields:\n" + "\n".join(_help(cls))
+def usage(cls: type, prog: str | None = None) -> str:
+    """The ``--help`` text of a config class: the command-line form and every field with its docstring.
+
+    ``prog`` is the command as typed (``tokenswap build-store``); by default the running script, as
+    ``python recipes/post_train.py``.
+    """
+    if prog is None:
+        script = sys.argv[0] if sys.argv and sys.argv[0] else "RECIPE.py"
+        rel = os.path.relpath(script) if os.path.isabs(script) else script
+        prog = f"python {script if rel.startswith('..') else rel}"
+    return f"usage: {prog} [--config NAME.yaml] [key.sub=value ...]\n\n{cls.__name__} fields:\n" + "\n".join(_help(cls))
 
 
 def parse_config(cls: type[T], argv: list[str] | None = None) -> T:

@@ -1,7 +1,8 @@
 """The checks every command runs on its inputs before any model or data loads.
 
 Counts (:func:`positive_int`, :func:`non_negative_int`, for argparse ``type=``), paths (:func:`require_path`,
-:func:`require_model`), output folders (:func:`check_output_dir`, :func:`require_output_dir`) and emptiness
+:func:`local_or_hub`, the one place that decides whether a ``--bench``/``--data``/``--model`` value is a local
+path or a hub id, and :func:`require_model`), output folders (:func:`check_output_dir`, :func:`require_output_dir`) and emptiness
 (:func:`require_items`). Each
 raises :class:`~tokenswap.errors.InputError` (or ``FileNotFoundError``) naming the file or flag and the fix;
 ``tokenswap.cli.main`` prints it as one line with exit status 2. Checked file readers are in :mod:`tokenswap.files`.
@@ -10,14 +11,17 @@ raises :class:`~tokenswap.errors.InputError` (or ``FileNotFoundError``) naming t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tokenswap.errors import InputError
 
 __all__ = [
     "check_output_dir",
+    "from_hub",
+    "local_or_hub",
     "looks_like_path",
     "non_negative_int",
     "positive_int",
@@ -43,6 +47,65 @@ def looks_like_path(name: str) -> bool:
     )
 
 
+def local_or_hub(name: str | os.PathLike, what: str, holds: str, hub: bool = True, kind: str = "folder") -> Path | None:
+    """The local path ``name`` means, or None when it is a hub id to load as such.
+
+    A value that exists locally is that path. One that does not is a hub id only where ``hub`` is allowed and it
+    reads as one (``name`` or ``owner/name``, :func:`looks_like_path`); anything else (``.cache/tiny-bench``,
+    ``a/b/c``, ``rows.jsonl``) is a missing or mistyped path, refused here with what a valid one holds, rather
+    than sent to the hub, whose answer (``Repo id must use alphanumeric chars``) names neither.
+
+    Args:
+        name: the flag's value.
+        what: the flag (``--bench``), as the message names it.
+        holds: what a valid value is or holds, the message's fix (``a bench folder holds text/ and img/ ...``).
+        hub: whether a hub id is a valid value at all.
+        kind: ``folder`` or ``file or folder``, for the message.
+
+    Raises:
+        InputError: ``{what} '{name}' does not exist: no such {kind}; {holds}`` (exit status 2).
+    """
+    local = Path(os.path.expanduser(str(name)))
+    if local.exists():
+        return local
+    if hub and not looks_like_path(str(name)):
+        return None
+    raise InputError(f"{what} {str(name)!r} does not exist{' locally' if hub else ''}: no such {kind}; {holds}")
+
+
+# What the hub libraries raise for an id they cannot serve (by name: this floor imports neither library), and the
+# words transformers wraps the same misses in when it re-raises them as a bare OSError.
+_HUB_MISSES = ("DatasetNotFoundError", "RepositoryNotFoundError", "HFValidationError", "OfflineModeIsEnabled")
+_UNREACHABLE = ("couldn't connect to", "couldn't reach", "offline mode")
+_NO_SUCH_ID = ("is not a valid model identifier", "repo id must", "doesn't exist on the hub")
+
+
+@contextlib.contextmanager
+def from_hub(name: str, what: str, holds: str, kind: str = "folder") -> Iterator[None]:
+    """Around the load of a value :func:`local_or_hub` took for a hub id: a hub that cannot be reached, or has no
+    such id, is an InputError saying that no such local path exists either, and what a valid one holds (a mistyped
+    local path such as ``data/mmlu`` reads as an ``owner/name`` id and ends here)."""
+    try:
+        yield
+    except Exception as e:
+        said = str(e).lower()
+        if isinstance(e, ConnectionError) or any(w in said for w in _UNREACHABLE):
+            reason = "cannot be reached"
+        elif type(e).__name__ in _HUB_MISSES or (isinstance(e, OSError) and any(w in said for w in _NO_SUCH_ID)):
+            reason = "has no such id"
+        else:
+            raise
+        if os.path.exists(os.path.expanduser(name)):  # a local path: whatever failed, it was no hub lookup
+            raise
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise InputError(f"{what} {name!r} does not exist locally (no such {kind}), and the hub {reason} ({first}); "
+                         f"{holds}") from None
+
+
+MODEL_HOLDS = ("a checkpoint folder holds config.json and the weights (a training run's output_dir or one of its "
+               "checkpoint-N folders); or pass a hub id such as Qwen/Qwen2-VL-2B-Instruct")
+
+
 def require_path(path: str, what: str, kind: str = "any") -> None:
     """Raise FileNotFoundError naming ``what`` when ``path`` is missing (or not a ``kind``: file/dir)."""
     if not os.path.exists(path):
@@ -57,11 +120,9 @@ def require_model(name: str, what: str = "--model") -> None:
     """A path-like model name must exist locally; otherwise transformers says "Repo id must be ..."; an existing
     local path must be a checkpoint folder (transformers' own message for a folder without ``config.json`` names
     no flag); :func:`tokenswap.families.check_checkpoint` checks what the folder holds."""
+    if local_or_hub(name, what, MODEL_HOLDS) is None:
+        return
     local = os.path.expanduser(name)
-    if looks_like_path(name) and not os.path.exists(local):
-        raise FileNotFoundError(
-            f"{what} {name!r} does not exist locally (it looks like a path, not a hub id such as Qwen/Qwen2-VL-2B-Instruct)"
-        )
     if os.path.isfile(local):
         raise InputError(f"{what} {name!r} is a file; pass a checkpoint folder (with config.json) or a hub id")
     if os.path.isdir(local) and not os.path.isfile(os.path.join(local, "config.json")):

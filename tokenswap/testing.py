@@ -32,6 +32,7 @@ __all__ = [
     "TINY_FAMILIES",
     "TINY_MOE_FAMILIES",
     "assert_matches_processor",
+    "build_tiny_bench",
     "build_tiny_model",
     "build_tiny_qwen2vl",
     "build_tiny_store",
@@ -536,6 +537,37 @@ def build_tiny_store(root: str | os.PathLike):
     return ImageStore(root)
 
 
+# The tiny bench's items: (concept swapped for its picture, question, choices, answer).
+TINY_BENCH_ITEMS = (
+    ("cat", "Which animal says meow, the cat or the dog?", ("cat", "dog", "both", "neither"), 0),
+    ("banana", "What color is a ripe banana?", ("blue", "yellow", "black", "white"), 1),
+    ("circle", "How many corners does a circle have?", ("one", "two", "three", "none"), 3),
+    ("square", "How many sides does a square have?", ("three", "four", "five", "six"), 1),
+    ("apple", "Does an apple grow on a tree?", ("yes", "no", "only in winter", "never"), 0),
+    ("triangle", "How many sides does a triangle have?", ("two", "three", "four", "five"), 1),
+)
+
+
+def build_tiny_bench(root: str | os.PathLike, store) -> Path:
+    """A 6-item bench in the TokenSwap-Bench hub layout whose interleaved form shows ``store``'s pictures.
+
+    ``store`` is an ``ImageStore`` holding the concepts of :data:`TINY_BENCH_ITEMS` (:func:`build_tiny_store`'s).
+    Returns ``root``.
+    """
+    from tokenswap.concepts import Concept
+    from tokenswap.data.items import MCItem
+    from tokenswap.data.tokenswap_bench import write_tokenswap_bench
+    from tokenswap.eval.mc import swap_concepts
+
+    pairs = []
+    for i, (concept, question, choices, answer) in enumerate(TINY_BENCH_ITEMS):
+        item = MCItem(id=f"b{i}", subject="tiny_world", question=question, choices=list(choices), answer=answer)
+        start = question.index(concept)
+        pairs.append((item, swap_concepts(item, [Concept(0, start, start + len(concept), concept)], store)))
+    write_tokenswap_bench(pairs, root)
+    return Path(root)
+
+
 def llm_answer(text: str | None = "fine") -> bytes:
     """The body of an OpenAI chat-completions reply whose one choice says ``text`` (``None``: a null content)."""
     return json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
@@ -826,12 +858,15 @@ class LoadLLMServer:
 def main(argv: list[str] | None = None) -> int:
     """``python -m tokenswap.testing DIR [--family F] [--tokenizer trained|qwen]``.
 
-    Writes DIR/tiny-qwen2vl (no ``--family``; used by configs/tiny) or DIR/tiny-F, and DIR/tiny-store.
+    Writes DIR/tiny-qwen2vl (no ``--family``; the model configs/tiny names) or DIR/tiny-F, and always
+    DIR/tiny-store and DIR/tiny-bench: every fixture the README and the docs use, so their first line makes
+    all that their later commands read.
     """
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m tokenswap.testing", description=main.__doc__)
-    parser.add_argument("out", nargs="?", default=".cache", help="output folder")
+    parser = argparse.ArgumentParser(prog="python -m tokenswap.testing", description=main.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", nargs="?", default=".cache", help="output folder (default: .cache)")
     parser.add_argument("--family", choices=TINY_FAMILIES + TINY_MOE_FAMILIES, help="write DIR/tiny-FAMILY with the family's template")
     parser.add_argument("--tokenizer", choices=("trained", "qwen"), default="trained",
                         help="trained: small local BPE; qwen: Qwen2's real vocabulary (needs dashscope)")
@@ -852,7 +887,9 @@ def main(argv: list[str] | None = None) -> int:
                                    corpus=corpus, hidden_size=hidden))
         except (ValueError, FileNotFoundError) as e:  # e.g. --tokenizer qwen for Qwen3.5, or no dashscope
             parser.error(str(e))
-    print(build_tiny_store(out / "tiny-store").root)
+    store = build_tiny_store(out / "tiny-store")
+    print(store.root)
+    print(build_tiny_bench(out / "tiny-bench", store))
     return 0
 
 

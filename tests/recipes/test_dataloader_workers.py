@@ -21,7 +21,7 @@ WORKERS = "train.dataloader_num_workers=2"
 
 def overrides(out, model, store, *extra):
     return [f"run.output_dir={out}", f"model.name_or_path={model}", f"data.swap_dataset={ASSETS / 'swap_tiny.jsonl'}",
-            f"image_store={store}", *extra]
+            f"image_store={store}", "gap_eval.bench=null", *extra]
 
 
 def post_overrides(out, model, store, *extra):

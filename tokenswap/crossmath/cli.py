@@ -28,6 +28,7 @@ Compare our generator and renderer with a checkout of the released test set::
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
@@ -49,7 +50,14 @@ from tokenswap.errors import InputError
 from tokenswap.families import check_checkpoint
 from tokenswap.files import atomic_write, read_json_object
 from tokenswap.inference.backends import add_backend_arguments
-from tokenswap.inputs import non_negative_int, positive_int, require_items, require_model, require_output_dir
+from tokenswap.inputs import (
+    local_or_hub,
+    non_negative_int,
+    positive_int,
+    require_items,
+    require_model,
+    require_output_dir,
+)
 
 __all__ = ["cli_main"]
 
@@ -60,15 +68,17 @@ RELEASE_MAX_NEW_TOKENS = 16384  # batch_inference_qwen35.py --max_new_tokens
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenswap crossmath", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="tokenswap crossmath", description=__doc__.split("\n")[0].replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate puzzles: JSONL in the released format + PNG per style")
     gen.add_argument("--n", type=positive_int, required=True, help="number of puzzles (>= 1)")
     gen.add_argument("--seed", type=int, default=0, help="collection seed; puzzle i depends only on (seed, i)")
-    gen.add_argument("--difficulty", choices=[*DIFFICULTIES, "mixed"], default="mixed")
+    gen.add_argument("--difficulty", choices=[*DIFFICULTIES, "mixed"], default="mixed",
+                     help="puzzle difficulty; mixed: the released easy/medium/hard mix (default)")
     gen.add_argument("--out", required=True, help="output folder; one subfolder per style")
-    gen.add_argument("--styles", nargs="+", choices=sorted(STYLES), default=list(STYLES))
+    gen.add_argument("--styles", nargs="+", choices=sorted(STYLES), default=list(STYLES),
+                     help="rendering styles, one subfolder each (default: all four)")
     gen.add_argument(
         "--rows", type=positive_int, default=DEFAULT_ROWS, help="canvas rows (odd); puzzles are cropped to their cells"
     )
@@ -93,7 +103,8 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", required=True,
                     help="hf: model folder or hub id (Qwen families); openai: the served model name")
     ev.add_argument("--data", required=True, help="a CrossMath JSONL or its style folder")
-    ev.add_argument("--modality", choices=MODALITIES, required=True)
+    ev.add_argument("--modality", choices=MODALITIES, required=True,
+                    help="how the puzzle is shown: text (markdown), image (the puzzle PNG) or image+text (both)")
     ev.add_argument("--n", type=positive_int, default=None, help="evaluate the first N puzzles (default: all)")
     ev.add_argument("--max-new-tokens", type=positive_int, default=RELEASE_MAX_NEW_TOKENS,
                     help=f"generation budget (default: the release's {RELEASE_MAX_NEW_TOKENS})")
@@ -112,10 +123,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _write_image(image, path: Path) -> None:
-    # Write then rename, so a killed job never leaves a truncated PNG behind a finished record.
-    tmp = path.with_suffix(".tmp.png")
-    image.save(tmp)
-    os.replace(tmp, path)
+    # Through files.atomic_write (the writer's own temporary, fsynced, renamed), so a killed job never leaves a
+    # truncated PNG behind a finished record and two writers of one picture never share a temporary.
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    atomic_write(path, buf.getvalue())
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -229,6 +241,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     from tokenswap.inference.runs import RecordLog, check_error_share, run_units, tally
 
     check_backend_arguments(args)
+    local_or_hub(args.data, "--data", "a CrossMath --data is a puzzle JSONL or the style folder holding one, as "
+                 "`tokenswap crossmath generate --out DIR` writes DIR/Original/", hub=False, kind="file or folder")
     data = find_jsonl(args.data)
     records = load_crossmath(data)[: args.n]
     require_items(records, f"--data {str(data)!r}", "puzzles", "pass a CrossMath JSONL with at least one record "
@@ -302,9 +316,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     }
     report["backend_info"] = describe_arguments(args)
     check_error_share(counts, args.max_error_share, "requests")
-    (out / f"metrics_{args.modality}.json").write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write(out / f"metrics_{args.modality}.json", (json.dumps(report, indent=2) + "\n").encode())
     table = format_metrics_table({args.modality: summary})
-    (out / f"metrics_{args.modality}.md").write_text(table + "\n")
+    atomic_write(out / f"metrics_{args.modality}.md", (table + "\n").encode())
     print(table)
     if counts["failed"] or counts["skipped"]:
         print(f"{counts['failed']} failed and {counts['skipped']} skipped puzzles left out of the scores "

@@ -17,9 +17,13 @@ from tokenswap.data.items import MCItem, image_tags, pair_ids_match, recover_con
 from tokenswap.data.mmlu import load_split
 from tokenswap.errors import InputError
 
-__all__ = ["TOKENSWAP_BENCH_HUB_ID", "load_tokenswap_bench", "load_tokenswap_bench_pairs", "write_tokenswap_bench"]
+__all__ = ["BENCH_HOLDS", "TOKENSWAP_BENCH_HUB_ID", "load_tokenswap_bench", "load_tokenswap_bench_pairs", "write_tokenswap_bench"]
 
 TOKENSWAP_BENCH_HUB_ID = "dongx1997/TokenSwap-Bench"
+# What a valid bench is, for the message that refuses a missing or mistyped one.
+BENCH_HOLDS = ("a bench folder holds text/ and img/ parquet splits in the TokenSwap-Bench hub layout (tokenswap "
+               "build-bench writes one, `python -m tokenswap.testing .cache` writes .cache/tiny-bench); or pass a hub "
+               f"id such as {TOKENSWAP_BENCH_HUB_ID}")
 _IMAGE_COLUMN = re.compile(r"image_(\d+)$")
 
 

@@ -46,6 +46,7 @@ from tokenswap.eval.mc import MCItem, build_conversation, evaluate, format_promp
 from tokenswap.files import cut_torn_tail, read_jsonl
 from tokenswap.inference import ChatModel, LLMRequestError, map_ordered
 from tokenswap.inference.parsing import parse_json_response
+from tokenswap.inputs import from_hub, local_or_hub
 from tokenswap.redaction import redact_data
 from tokenswap.store.build_config import ExtractorConfig, LLMConfig
 from tokenswap.store.builders import build_chat_model, read_vocabulary_file, request_concurrency
@@ -366,10 +367,19 @@ def _extractor(cfg: ExtractorConfig, store: ImageStore, cache_path: Path) -> Con
     return LLMConceptExtractor(_chat_model(cfg.llm, cache_path), max_concepts=cfg.max_concepts)
 
 
+STORE_HOLDS = ("an image store folder holds store.json and its shards (`tokenswap build-store` writes one under "
+               "OUTPUT_DIR/store)")
+SOURCE_HOLDS = ("an MMLU-format source is a folder in the hub layout (all/test-*.parquet, as cais/mmlu), or a hub id "
+                "such as cais/mmlu")
+
+
 def build_bench(cfg: BenchBuildConfig) -> dict:
     """Config -> :class:`BenchBuilder` run; returns the summary."""
     from tokenswap.data.mmlu import load_mmlu
 
+    # Both inputs are checked before any request: a missing one says so, and what a valid one holds.
+    local_or_hub(cfg.store, "`store`", STORE_HOLDS, hub=False)
+    local_or_hub(cfg.source, "`source`", SOURCE_HOLDS)
     out = Path(cfg.out_dir)
     cache = out / "cache"
     store = ImageStore(cfg.store)
@@ -385,7 +395,8 @@ def build_bench(cfg: BenchBuildConfig) -> dict:
         split=cfg.split,
         concurrency=max(request_concurrency(c) for c in (cfg.extractor.llm, cfg.judge, cfg.proxy, cfg.captioner)),
     )
-    items = load_mmlu(cfg.source, cfg.subject, cfg.split, cfg.limit)
+    with from_hub(cfg.source, "`source`", SOURCE_HOLDS):
+        items = load_mmlu(cfg.source, cfg.subject, cfg.split, cfg.limit)
     summary = builder.run(items, progress=cfg.progress)
     (out / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
     return summary
@@ -402,7 +413,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     from tokenswap.config import load_config, split_argv, usage
 
     if "-h" in (argv or []) or "--help" in (argv or []):
-        print(usage(BenchBuildConfig))
+        print(usage(BenchBuildConfig, "tokenswap build-bench"))
         return 0
     cfg = load_config(BenchBuildConfig, *split_argv(argv or []))
     try:

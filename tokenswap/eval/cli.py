@@ -50,7 +50,7 @@ from pathlib import Path
 
 from tokenswap.errors import InputError
 from tokenswap.files import FolderLock, FolderLockedError
-from tokenswap.inputs import positive_int, require_items, require_model, require_output_dir
+from tokenswap.inputs import local_or_hub, positive_int, require_items, require_model, require_output_dir
 
 __all__ = ["cli_main"]
 
@@ -60,14 +60,17 @@ DEFAULT_MAX_NEW_TOKENS = 2048  # the release's generation_kwargs
 def _parser() -> argparse.ArgumentParser:
     from tokenswap.inference.backends import add_backend_arguments
 
-    p = argparse.ArgumentParser(prog="tokenswap eval", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="tokenswap eval", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--model", required=True,
                    help="hf: checkpoint folder or hub id (Qwen families); openai: the served model name")
     p.add_argument("--bench", default="dongx1997/TokenSwap-Bench", help="TokenSwap-Bench hub id or local folder")
     p.add_argument("--split", default="test", help="bench split to evaluate")
     p.add_argument("--scorer", choices=["loglik", "generate"], default="generate",
                    help="generate: the release protocol (default); loglik: next-token letter, P('X') + P(' X')")
-    p.add_argument("--prompt", choices=["zero_shot", "cot", "k_shot"], default="zero_shot")
+    p.add_argument("--prompt", choices=["zero_shot", "cot", "k_shot"], default="zero_shot",
+                   help="zero_shot: the release's prompt (default); cot: a reasoning instruction in place of the final 'Answer: ' (needs "
+                        "--scorer generate); "
+                        "k_shot: --k solved examples from the bench's dev split first")
     p.add_argument("--k", type=positive_int, default=5, help="shots for --prompt k_shot (from the bench's dev split)")
     p.add_argument("--limit", type=positive_int, default=None, help="evaluate the first N items")
     p.add_argument("--batch-size", type=positive_int, default=8, help="hf: conversations per generate/forward call")
@@ -96,6 +99,7 @@ def max_new_tokens(args, settings) -> int:
 
 
 def _check(args) -> None:
+    from tokenswap.data.tokenswap_bench import BENCH_HOLDS
     from tokenswap.eval.forms import order_forms
     from tokenswap.inference.backends import BackendConfigError, check_backend_arguments
 
@@ -113,6 +117,7 @@ def _check(args) -> None:
     # Every input is checked before a model loads or a request leaves, and the output folder before hours of work.
     if args.backend == "hf":
         require_model(args.model)  # for openai, --model is the served name
+    local_or_hub(args.bench, "--bench", BENCH_HOLDS)
     require_output_dir(args.out)
 
 

@@ -609,10 +609,11 @@ def open_backend(args, settings: ModelSettings, batch_size: int = 8) -> Backend:
     import torch
 
     from tokenswap.families import load_checkpoint
-    from tokenswap.inputs import require_model
+    from tokenswap.inputs import MODEL_HOLDS, from_hub, require_model
 
     require_model(args.model)
-    model, processor = load_checkpoint(args.model)
+    with from_hub(args.model, "--model", MODEL_HOLDS):
+        model, processor = load_checkpoint(args.model)
     if torch.cuda.is_available():
         model = model.to("cuda")
     return HFBackend(model, processor, args.model, batch_size=batch_size, **caps)

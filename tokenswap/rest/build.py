@@ -14,8 +14,8 @@ build redoes at most the item it was on; items already listed are skipped.
 
 from __future__ import annotations
 
+import io
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -55,10 +55,12 @@ def read_meta(path: str | Path, what: str = "--data file") -> dict:
 
 
 def _save_atomic(image: Image.Image, path: Path) -> None:
+    # Encoded in memory, then files.atomic_write: the writer's own temporary, fsynced, so two writers of one
+    # rendering never share a temporary and a crash never leaves a torn PNG behind a finished record.
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    image.save(tmp, format="PNG")
-    os.replace(tmp, path)
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    atomic_write(path, buf.getvalue())
 
 
 def build_rest_dataset(

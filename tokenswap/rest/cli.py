@@ -23,7 +23,8 @@ from tokenswap.families import check_checkpoint
 from tokenswap.inference.backends import add_backend_arguments
 from tokenswap.inputs import (
     check_output_dir,
-    looks_like_path,
+    from_hub,
+    local_or_hub,
     non_negative_int,
     positive_int,
     require_model,
@@ -33,13 +34,20 @@ from tokenswap.inputs import (
 
 __all__ = ["cli_main"]
 
+# What valid --data values hold, for the message that refuses a missing or mistyped one.
+SOURCE_HOLDS = ("a source is a parquet/JSONL/JSON/CSV file of its rows, a folder of such files, or a hub id such as "
+                "cais/mmlu")
+REST_HOLDS = ("a REST dataset folder holds meta.json, items.jsonl and images/, as `tokenswap rest build ... --out "
+              "FOLDER` writes it")
+
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenswap rest", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="tokenswap rest", description=__doc__.split("\n\n")[0].replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True)
 
     build = sub.add_parser("build", help="write items and all renderings (REST + 10 REST+ variants)")
-    build.add_argument("--source", required=True, choices=["mmlu", "arc", "gsm", "soebench"])
+    build.add_argument("--source", required=True, choices=["mmlu", "arc", "gsm", "soebench"],
+                       help="row schema of --data (mmlu, arc, gsm); soebench: generated systems of equations, no --data")
     build.add_argument("--data", help="hub id or local file/folder (not used for soebench)")
     build.add_argument("--n", type=positive_int, default=None, help="number of items (required for soebench)")
     build.add_argument("--out", required=True, help="dataset folder")
@@ -90,9 +98,9 @@ def _build(args: argparse.Namespace) -> int:
 
         if not args.data:
             raise InputError(f"--data (a hub id or a local file or folder) is required for --source {args.source}")
-        if not os.path.exists(args.data) and looks_like_path(args.data):
-            raise FileNotFoundError(f"--data {args.data!r} does not exist (it looks like a path, not a hub id)")
-        items, counts = load_source(args.source, args.data, n=args.n, split=args.split, config=args.config)
+        local_or_hub(args.data, "--data", SOURCE_HOLDS, kind="file or folder")
+        with from_hub(args.data, "--data", SOURCE_HOLDS, kind="file or folder"):
+            items, counts = load_source(args.source, args.data, n=args.n, split=args.split, config=args.config)
         extra["filter_counts"] = dict(counts)
     if not items:
         raise InputError(f"{args.source} data {args.data!r} gave no items after the REST filters "
@@ -115,6 +123,7 @@ def _eval(args: argparse.Namespace) -> int:
     from tokenswap.rest.evaluate import load_rest_data, run_rest_eval
 
     check_backend_arguments(args)
+    local_or_hub(args.data, "--data", REST_HOLDS, hub=False)
     require_path(args.data, "--data", kind="dir")
     require_path(os.path.join(args.data, "meta.json"), "--data (a folder written by `tokenswap rest build`) file")
     if args.backend == "hf":

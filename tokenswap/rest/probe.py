@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenswap.errors import InputError
-from tokenswap.inputs import positive_int, require_model, require_output_dir, require_path
+from tokenswap.inputs import MODEL_HOLDS, from_hub, positive_int, require_model, require_output_dir, require_path
 
 __all__ = [
     "DEFAULT_LABELS",
@@ -295,7 +295,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=positive_int, default=100, help="number of text/rendered-text pairs")
     parser.add_argument("--texts", default=None, help="file with one text per line (default: built-in labels)")
     parser.add_argument("--out", default="probe_out", help="output folder")
-    parser.add_argument("--batch-size", type=positive_int, default=8)
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="pairs per forward pass")
     args = parser.parse_args(argv)
 
     from tokenswap.families import check_checkpoint, load_checkpoint
@@ -319,7 +319,8 @@ def cli_main(argv: list[str] | None = None) -> int:
         raise InputError(f"--pairs must be in [2, {len(pool)}] for the built-in labels, got {args.pairs}; pass "
                          "--texts FILE (one text per line) for more")
     require_output_dir(args.out)
-    model, processor = load_checkpoint(args.model)
+    with from_hub(args.model, "--model", MODEL_HOLDS):
+        model, processor = load_checkpoint(args.model)
     if torch.cuda.is_available():
         model = model.to("cuda")
     summary = run_probe(

@@ -297,7 +297,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     from tokenswap.config import load_config, split_argv, usage
 
     if "-h" in (argv or []) or "--help" in (argv or []):
-        print(usage(StoreBuildConfig))
+        print(usage(StoreBuildConfig, "tokenswap build-store"))
         return 0
     cfg = load_config(StoreBuildConfig, *split_argv(argv or []))
     try:
