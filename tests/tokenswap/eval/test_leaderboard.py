@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tokenswap.cli import main
-from tokenswap.eval.decompose import bootstrap_indices, decompose
+from tokenswap.eval.decompose import decompose
 from tokenswap.eval.gap import summarize
 from tokenswap.eval.leaderboard import (
     DEFAULT_RESAMPLES,
@@ -34,7 +34,7 @@ from tokenswap.eval.leaderboard import (
     welch_t_test,
 )
 from tokenswap.eval.leaderboard_figures import draw_gaps
-from tokenswap.eval.stats import t_quantile
+from tokenswap.eval.stats import bootstrap_indices, t_quantile
 
 # ----------------------------------------------------------------------------- writers of the documented formats
 
@@ -814,9 +814,9 @@ def test_bad_leaderboard_inputs_are_one_line_errors(tmp_path, capsys):
 def test_doctests_of_the_new_modules():
     import doctest
 
-    from tokenswap.eval import correlation, leaderboard_runs
+    from tokenswap.eval import leaderboard_runs, stats
 
-    for module in (correlation, leaderboard_runs):
+    for module in (stats, leaderboard_runs):
         result = doctest.testmod(module)
         assert result.attempted >= 1 and result.failed == 0, module
 
