@@ -174,8 +174,8 @@ def percentile_interval(draws: np.ndarray, level: float = LEVEL) -> list[float] 
     """The percentile interval ``[lo, hi]`` of bootstrap draws; None when there are none or some is not finite
     (a statistic undefined in some resample, an empty subset, has no percentile interval).
 
-    >>> percentile_interval(np.arange(101.0), 0.9), percentile_interval(np.array([1.0, np.nan]))
-    ([5.0, 95.0], None)
+    >>> percentile_interval(np.arange(101.0), 0.5), percentile_interval(np.array([1.0, np.nan]))
+    ([25.0, 75.0], None)
     """
     if draws.size == 0 or not np.isfinite(draws).all():
         return None
