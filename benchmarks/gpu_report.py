@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -149,8 +150,6 @@ def _device_name(device: str) -> str:
 # ---------------------------------------------------------------------------- preflight
 def _import(name: str):
     if name == "recipe":  # what recipes/post_train.py imports, as accelerate launch will run it
-        import importlib.util
-
         spec = importlib.util.spec_from_file_location("post_train", REPO / "recipes" / "post_train.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules["post_train"] = module  # dataclasses resolve annotations through sys.modules

@@ -244,15 +244,18 @@ def test_part_1_does_not_need_part_2s_packages_and_part_2_reuses_part_1s_install
     env = {**os.environ, "SCRATCH": str(tmp_path / "scratch")}
     env.pop("PYTHONPATH", None)
 
-    def part(n):
+    def part(n, *extra):
         return subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), "--dry-run", "--part", n, "--wheels",
-                               str(wheels), "--only", "none", "--report", str(tmp_path / f"report{n}")], env=env,
+                               str(wheels), "--report", str(tmp_path / f"report{n}"), *extra], env=env,
                               capture_output=True, text=True, timeout=1800)
 
-    one = part("1")
+    one = part("1", "--only", "none")  # install and preflight: the steps themselves are the full twin test's
     assert one.returncode == 0, f"{one.stdout[-3000:]}\n{one.stderr[-3000:]}"
     for name in ("trl", "datasets", "deepspeed", "pyarrow"):
         assert name not in one.stdout + one.stderr, name
+    pre = json.loads((tmp_path / "report1" / "preflight.json").read_text())
+    assert pre["missing"] == [] and pre["problems"] == [] and pre["skips"] == {}, pre
+    assert "ok transformers 5.24.0 (carried)" in pre["packages"]
     installed = (tmp_path / "scratch" / "site" / ".gpu_check_wheels").stat().st_mtime_ns
     two = part("2")
     assert two.returncode == 0, f"{two.stdout[-3000:]}\n{two.stderr[-3000:]}"
