@@ -161,7 +161,7 @@ if [ "$DEVICE" = cuda ] && ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torc
 fi
 
 # ---------------------------------------------------------------------------- preflight: this part's packages only
-PRE_TIMEOUT=$([ "$PART" = 2 ] && echo "$T_preflight_2" || echo "$T_preflight")
+case "$PART" in 1) PRE_TIMEOUT=$T_preflight ;; 2) PRE_TIMEOUT=$T_preflight_2 ;; *) PRE_TIMEOUT=$(( T_preflight + T_preflight_2 )) ;; esac
 timeout "$PRE_TIMEOUT" "${REPORT_PY[@]}" preflight --part "$PART" ${WHEELS:+--site "$SITE"}
 rc=$?
 if [ "$rc" != 0 ]; then
