@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One-GPU check of the training path on a CUDA machine as it comes (its own torch, no flash-attn needed), in two
 # parts ordered by value, for one 900 s lease (each part one device command of at most 600 s):
-#   part 1 (about 400 s with the machine's cold start): the packed-attention exactness tests on CUDA (every kernel,
-#           bf16, head_dim 128 with 7:1 grouped-query attention), then tokens/s, MFU and peak memory padded vs
-#           packed on a Qwen2-VL-2B-shaped model and on a 7B-shaped LoRA model (benchmarks/gpu_packing.py);
-#   part 2 (what the lease has left): post-training recipe runs, most valuable first: tokenswap arm packed and
-#           padded, text arm, tokenswap under DeepSpeed ZeRO-3, QLoRA (packed), Liger. A run that does not fit in
-#           the time left is skipped and the report says so.
+#   part 1 (at most 330 s, install and preflight included; twice in one lease with the machine's start): the
+#           packed-attention exactness tests on CUDA (every kernel, bf16, head_dim 128 with 7:1 grouped-query
+#           attention), then tokens/s, MFU and peak memory padded vs packed on a Qwen2-VL-2B-shaped model and on a
+#           7B-shaped LoRA model (benchmarks/gpu_packing.py);
+#   part 2 (what the lease has left, less a margin to rerun one run): post-training recipe runs, most valuable first:
+#           tokenswap arm packed and padded, text arm, tokenswap under DeepSpeed ZeRO-3, QLoRA (packed). A run that
+#           does not fit in the time left is skipped and the report says so; the liger run is dropped, and says why.
 #
 #   bash benchmarks/gpu_check.sh --part 1 --wheels .whl --archive $OUT/part1.tar.gz     # on the GPU machine, then
 #   bash benchmarks/gpu_check.sh --part 2 --wheels .whl --lease-left S --archive $OUT/part2.tar.gz
@@ -15,25 +16,30 @@
 #   STEPS=40 SCRATCH=/tmp/gpu_check PYTHON=python3 bash benchmarks/gpu_check.sh
 #
 # --only a,b: only these steps of the part (run names, exactness, gpu_packing_2b, gpu_packing_7b), to rerun one.
-# --wheels DIR: install the wheels benchmarks/gpu_wheels.sh DIR fetched (pip --no-deps --target, first on
-# PYTHONPATH). --report DIR: where the summary (summary.txt, rewritten after every step), the logs and the JSON
-# figures go (a few MB; default $SCRATCH/report). --archive FILE: that folder as one .tar.gz, rewritten after every
-# step and when the script ends, so a part stopped at any point still returns every figure it measured in one file.
-# --lease-left S: the device seconds left when the part starts; the part then keeps LEASE_RESERVE (60 s: the
-# transfer back, the give-back) of them and uses at most 540 s. Everything else (the private site-packages, the
-# model, the image store, checkpoints) stays in $SCRATCH under /tmp. --dry-run: the CPU twin of the GPU image
-# (benchmarks/gpu_twin.sh: the image's packages at their versions, cached), the wheels gpu_wheels.sh fetches for
-# this machine's Python carried over it exactly as above, then the same preflight, the same steps (one CPU step
-# each, toy width), the same parsing and the same summary: what would fail on the GPU fails here first.
+# --wheels DIR: install the wheels benchmarks/gpu_wheels.sh DIR built (pip --no-deps --target, first on
+# PYTHONPATH), once: a later part on the same machine finds them installed (same wheels, same hashes) and reuses
+# them, and its preflight checks only what the earlier part's did not. --report DIR: where the summary
+# (summary.txt, rewritten after every step), the logs and the JSON figures go (a few MB; default $SCRATCH/report).
+# --archive FILE: that folder as one .tar.gz, rewritten after every step and when the script ends, so a part
+# stopped at any point still returns every figure it measured in one file. --lease-left S: the device seconds
+# left when the part starts; the part keeps LEASE_RESERVE (60 s: the transfer back, the give-back) and
+# RERUN_MARGIN (100 s: one run's timeout and a command's start, to rerun a failed run) and uses at most 540 s.
+# Everything else (the private site-packages, the model, the image store, checkpoints) stays in $SCRATCH under
+# /tmp. --dry-run: the CPU twin of the GPU image (benchmarks/gpu_twin.sh: the image's packages at their versions,
+# cached), the wheels gpu_wheels.sh builds for this machine's Python carried over it exactly as above, then the
+# same plan check, preflight, steps (one CPU step each, toy width), parsing and summary: what would fail on the
+# GPU fails here first.
 #
-# Every step has a timeout, and a step starts only when its timeout fits in what is left of PART_BUDGET (part 1:
-# 330 s; part 2: from --lease-left, else 540 s), so a part never overruns its share of the lease. A part-1 step
-# that does not fit fails the part (its figures are the point of the lease); a part-2 run that does not fit reads
-# "skipped (lease: ...)" and the part still passes. The step timeouts (exactness 90 s, 2B bench 90 s, 7B bench
-# 120 s, a recipe run 90 s) are estimates until a lease measures them: each summary line ends with the step's wall
-# seconds. Runs whose optional package cannot work (bitsandbytes: qlora; liger-kernel, decided by patching a tiny
-# model as the Trainer would: liger) are reported as skipped with the reason. Uses the torch that is installed
-# (nothing here installs torch) and this checkout's tokenswap, first on PYTHONPATH. Exits non-zero if any step fails.
+# The plan (benchmarks/gpu_report.py PLAN): every step's estimate on the H200 and its timeout, at least 1.5x the
+# estimate; part 1's timeouts sum to at most 330 s. The script refuses to start (exit 2) when the plan, with any
+# timeout set in the environment, breaks either rule, on the twin too. A step starts only when its timeout fits
+# in what is left of PART_BUDGET (part 1: 330 s; part 2: from --lease-left, else 440 s), so a part never overruns
+# its share of the lease. A part-1 step that does not fit fails the part (its figures are the point of the lease);
+# a part-2 run that does not fit reads "skipped (lease: ...)" and the part still passes. Each part's preflight
+# imports only what that part's steps import and checks those packages' requirements, prints every unmet one on a
+# line of its own, and skips (does not fail) each step whose package is missing or unmet, saying so. Uses the
+# torch that is installed (nothing here installs torch) and this checkout's tokenswap, first on PYTHONPATH. Exits
+# non-zero if any step fails.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -56,7 +62,7 @@ while [ $# -gt 0 ]; do
     --only) ONLY=",${2:?--only needs step names, comma-separated},"; shift ;;
     --archive) ARCHIVE=${2:?--archive needs a file name ending in .tar.gz}; shift ;;
     --lease-left) LEASE_LEFT=${2:?--lease-left needs the device seconds left}; shift ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1 (use --part 1|2, --wheels DIR, --report DIR, --archive FILE," \
          "--lease-left S, --dry-run)" >&2; exit 2 ;;
   esac
@@ -71,7 +77,7 @@ export PYTHONUNBUFFERED=1
 START=$SECONDS
 if [ "$DRY_RUN" = 1 ]; then
   # A shared 2-core CPU is far slower than the GPU: the twin checks the steps, not the lease.
-  DEFAULT_BUDGET=3000 STEP_TIMEOUT=${STEP_TIMEOUT:-600}
+  DEFAULT_BUDGET=3000
   DEVICE=cpu
   STEPS=${STEPS:-2}
   PYTHON=$(bash benchmarks/gpu_twin.sh | tail -n 1) || { echo "gpu_check: building the CPU twin failed" >&2; exit 1; }
@@ -80,27 +86,36 @@ if [ "$DRY_RUN" = 1 ]; then
     KEY=$(cat constraints.txt benchmarks/gpu_image.txt benchmarks/gpu_wheels.sh pyproject.toml | sha256sum | cut -c1-12)
     WHEELS=$HOME/.cache/tokenswap/gpu_twin_wheels-$TWIN_PYVER-$KEY
     if [ ! -f "$WHEELS/.complete" ]; then
-      PYVER=$TWIN_PYVER bash benchmarks/gpu_wheels.sh "$WHEELS" | grep -v '^-rw' || { echo "gpu_check: gpu_wheels.sh failed" >&2; exit 1; }
+      PYVER=$TWIN_PYVER bash benchmarks/gpu_wheels.sh "$WHEELS" | grep -v '^gpu_wheels: sha256 ' || { echo "gpu_check: gpu_wheels.sh failed" >&2; exit 1; }
       touch "$WHEELS/.complete"
     fi
   fi
   echo "gpu_check: dry run on the CPU twin ($PYTHON, wheels $WHEELS)"
 else
-  DEFAULT_BUDGET=$([ "$PART" = 1 ] && echo 330 || echo 540) STEP_TIMEOUT=${STEP_TIMEOUT:-}
   DEVICE=cuda
   STEPS=${STEPS:-20}
 fi
+# The plan's timeouts (T_<step>), the margins, and the GPU plan checked: a broken rule stops here, twin or GPU.
+PLAN_SH=$("$PYTHON" benchmarks/gpu_report.py plan --device "$DEVICE")
+plan_rc=$?
+eval "$PLAN_SH"
+[ "$plan_rc" = 0 ] || { echo "gpu_check: the plan in benchmarks/gpu_report.py breaks its rules (above); fix PLAN or the timeouts set" >&2; exit 2; }
+if [ "$DRY_RUN" != 1 ]; then
+  DEFAULT_BUDGET=$([ "$PART" = 1 ] && echo 330 || echo $(( 540 - RERUN_MARGIN )))
+fi
 if [ -n "$LEASE_LEFT" ]; then
-  # What this part may use of the lease: the rest, less the transfer back and the give-back, within one command.
-  FROM_LEASE=$(( LEASE_LEFT - ${LEASE_RESERVE:-60} ))
+  # What this part may use of the lease: the rest, less the transfer back, the give-back and a rerun's margin.
+  FROM_LEASE=$(( LEASE_LEFT - LEASE_RESERVE - RERUN_MARGIN ))
   [ "$FROM_LEASE" -lt 0 ] && FROM_LEASE=0
   [ "$FROM_LEASE" -gt 540 ] && FROM_LEASE=540
   DEFAULT_BUDGET=$FROM_LEASE
+  echo "gpu_check: --lease-left $LEASE_LEFT: this part uses at most $FROM_LEASE s, keeping $LEASE_RESERVE s for the" \
+    "way back and $RERUN_MARGIN s to rerun one run"
 fi
 PART_BUDGET=${PART_BUDGET:-$DEFAULT_BUDGET}
 SCRATCH=${SCRATCH:-/tmp/tokenswap_gpu_check}
 REPORT=${REPORT:-$SCRATCH/report}
-rm -rf "$SCRATCH/runs" "$SCRATCH/site"
+[ "$PART" = 1 ] || rm -rf "$SCRATCH/runs"
 # The report folder is emptied of an earlier report's files, so it must be empty or one of ours.
 if [ -d "$REPORT" ] && [ -n "$(ls -A "$REPORT")" ] && [ ! -f "$REPORT/.gpu_check_report" ]; then
   echo "gpu_check: --report $REPORT is not empty and holds no earlier report; name a new or empty folder" >&2
@@ -121,9 +136,19 @@ trap archive EXIT
 SITE="$SCRATCH/site"
 if [ -n "$WHEELS" ]; then
   ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "gpu_check: no wheels in $WHEELS (run benchmarks/gpu_wheels.sh $WHEELS)" >&2; exit 2; }
-  mkdir -p "$SITE"
-  timeout 120 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-    "$WHEELS"/*.whl 2> >(grep -v "is ignored: it is neither" >&2) || { echo "gpu_check: installing the wheels of $WHEELS failed" >&2; exit 1; }
+  STAMP=$( (cd "$WHEELS" && sha256sum -- *.whl) | sha256sum | cut -c1-16)
+  if [ -f "$SITE/.gpu_check_wheels" ] && [ "$(cat "$SITE/.gpu_check_wheels")" = "$STAMP" ]; then
+    # An earlier part of this lease installed these very wheels: reinstalling would cost seconds of GPU time.
+    echo "gpu_check: the wheels of $WHEELS are installed in $SITE already (by an earlier part): not reinstalled"
+  else
+    rm -rf "$SITE" "$SCRATCH/preflight_checked.json"
+    mkdir -p "$SITE"
+    echo "gpu_check: installing the wheels of $WHEELS into $SITE"
+    timeout "$T_install" "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$SITE" "$WHEELS"/*.whl 2> >(grep -v "is ignored: it is neither" >&2) || {
+      echo "gpu_check: installing the wheels of $WHEELS failed (or took over $T_install s)" >&2; exit 1; }
+    echo "$STAMP" > "$SITE/.gpu_check_wheels"
+  fi
 fi
 # This checkout first, then the private wheels, then whatever the machine has.
 export PYTHONPATH="$REPO${WHEELS:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}"
@@ -135,15 +160,23 @@ if [ "$DEVICE" = cuda ] && ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torc
   exit 2
 fi
 
-# ---------------------------------------------------------------------------- preflight: imports, versions, optional runs
-timeout 120 "${REPORT_PY[@]}" preflight ${WHEELS:+--site "$SITE"}
+# ---------------------------------------------------------------------------- preflight: this part's packages only
+case "$PART" in 1) PRE_TIMEOUT=$T_preflight ;; 2) PRE_TIMEOUT=$T_preflight_2 ;; *) PRE_TIMEOUT=$(( T_preflight + T_preflight_2 )) ;; esac
+timeout "$PRE_TIMEOUT" "${REPORT_PY[@]}" preflight --part "$PART" ${WHEELS:+--site "$SITE"}
 rc=$?
 if [ "$rc" != 0 ]; then
-  echo "gpu_check: preflight failed (exit $rc): see above; $REPORT/summary.txt" >&2
+  echo "gpu_check: preflight failed (exit $rc; 124: over its $PRE_TIMEOUT s): see above; $REPORT/summary.txt" >&2
   exit 2
 fi
 declare -A SKIP
-while IFS=$'\t' read -r run reason; do [ -n "$run" ] && SKIP[$run]=$reason; done < "$SCRATCH/skips.txt"
+while IFS=$'\t' read -r step reason; do [ -n "$step" ] && SKIP[$step]=$reason; done < "$SCRATCH/skips.txt"
+# skipped NAME KIND: 0 (and the skip recorded, said) when the preflight skipped the step for a package or dropped it.
+skipped() {
+  [ -n "${SKIP[$1]:-}" ] || return 1
+  "${REPORT_PY[@]}" skip "$1" "${SKIP[$1]}" --kind "$2" >/dev/null
+  echo "gpu_check: $1 skipped: ${SKIP[$1]}"
+  archive
+}
 
 # ---------------------------------------------------------------------------- what each part runs
 # Recipe runs, most valuable first (part 2 runs them in this order while they fit):
@@ -155,13 +188,14 @@ RUNS=(
   "tokenswap_zero3|--config_file configs/accelerate/zero3.yaml --num_processes 1|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store train.deepspeed=configs/deepspeed/zero3.json"
   # QLoRA (bitsandbytes NF4), packed: its packed rows must reach the kernel the summary names
   "tokenswap_qlora|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store model.load_in_4bit=true model.lora.r=16 collator.packing=true collator.pixel_dtype=bfloat16"
+  # dropped (gpu_report.py DROPPED: no liger-kernel release patches Qwen2-VL under transformers 5.24); said, not run
   "tokenswap_liger|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store train.use_liger_kernel=true"
 )
 if [ "$DEVICE" = cuda ]; then
-  BENCHES=("gpu_packing_2b|--shape 2b --steps ${PACK_STEPS:-10}|${BENCH_TIMEOUT:-90}"
-           "gpu_packing_7b|--shape 7b --lora 16 --steps ${SEVEN_B_STEPS:-3}|${SEVEN_B_TIMEOUT:-${BENCH_TIMEOUT:-120}}")
+  BENCHES=("gpu_packing_2b|--shape 2b --steps ${PACK_STEPS:-6}|$T_gpu_packing_2b"
+           "gpu_packing_7b|--shape 7b --lora 16 --steps ${SEVEN_B_STEPS:-3}|$T_gpu_packing_7b")
 else
-  BENCHES=("gpu_packing_tiny|--shape tiny --device cpu --steps 1|${BENCH_TIMEOUT:-${STEP_TIMEOUT:-100}}")
+  BENCHES=("gpu_packing_tiny|--shape tiny --device cpu --steps 1|$T_gpu_packing_2b")
 fi
 LOG_EVERY=$(( STEPS >= 20 ? 5 : 1 ))
 CPU=$([ "$DEVICE" = cpu ] && echo true || echo false)
@@ -191,8 +225,8 @@ report() { GPU_CHECK_STEP_S=$(( SECONDS - STEP_START )) "${REPORT_PY[@]}" "$@"; 
 status=0
 if in_part 1; then
   # -------------------------------------------------------------------------- packed attention exactness
-  TEST_TIMEOUT=${TEST_TIMEOUT:-${STEP_TIMEOUT:-90}}
-  if ! wanted exactness; then
+  TEST_TIMEOUT=$T_exactness
+  if ! wanted exactness || skipped exactness exactness; then
     :
   elif fits "exactness" "$TEST_TIMEOUT" exactness "part budget"; then
     echo "gpu_check: packed rows equal their samples on $DEVICE, every kernel, bf16, head_dim 128 + GQA 7:1"
@@ -208,6 +242,7 @@ if in_part 1; then
   for b in "${BENCHES[@]}"; do
     IFS='|' read -r name bargs btimeout <<< "$b"
     wanted "$name" || continue
+    skipped "$name" bench && continue
     fits "$name" "$btimeout" bench "part budget" || { status=1; continue; }
     echo "gpu_check: benchmarks/gpu_packing.py $bargs"
     # shellcheck disable=SC2086
@@ -224,9 +259,11 @@ if in_part 2; then
   SPECS=()
   for spec in "${RUNS[@]}"; do
     IFS='|' read -r name _ yaml extra <<< "$spec"
+    [ -n "${SKIP[$name]:-}" ] && continue
     SPECS+=("$name" "$yaml" "$(overrides "$name" "$extra")")
   done
-  timeout 120 "$PYTHON" - "${SPECS[@]}" <<'PY' || { echo "gpu_check: a run's config is invalid" >&2; exit 1; }
+  if [ "${#SPECS[@]}" -gt 0 ]; then
+    timeout "$T_configs" "$PYTHON" - "${SPECS[@]}" <<'PY' || { echo "gpu_check: a run's config is invalid" >&2; exit 1; }
 import importlib.util, sys
 spec = importlib.util.spec_from_file_location("post_train", "recipes/post_train.py")
 module = importlib.util.module_from_spec(spec)
@@ -238,21 +275,18 @@ for name, yaml, overrides in zip(args[::3], args[1::3], args[2::3]):
     load_config(module.PostTrainConfig, yaml, overrides.split())
 print(f"gpu_check: configs and overrides of {len(args) // 3} runs are valid")
 PY
-  STEP_START=$SECONDS
-  timeout 180 "${REPORT_PY[@]}" assets > "$SCRATCH/assets.log" 2>&1 || { cat "$SCRATCH/assets.log" >&2; status=1; }
-  grep '^gpu_check: model' "$SCRATCH/assets.log"
-  [ -f "$SCRATCH/model/config.json" ] || { echo "gpu_check: building the model/store failed" >&2; exit 1; }
-  archive
+    STEP_START=$SECONDS
+    timeout "$T_assets" "${REPORT_PY[@]}" assets > "$SCRATCH/assets.log" 2>&1 || { cat "$SCRATCH/assets.log" >&2; status=1; }
+    grep '^gpu_check: model' "$SCRATCH/assets.log"
+    [ -f "$SCRATCH/model/config.json" ] || { echo "gpu_check: building the model/store failed" >&2; exit 1; }
+    archive
+  fi
 
-  RUN_TIMEOUT=${RUN_TIMEOUT:-${STEP_TIMEOUT:-90}}
+  RUN_TIMEOUT=$T_run
   for spec in "${RUNS[@]}"; do
     IFS='|' read -r name launch yaml extra <<< "$spec"
     wanted "$name" || continue
-    if [ -n "${SKIP[$name]:-}" ]; then
-      "${REPORT_PY[@]}" skip "$name" "${SKIP[$name]}" >/dev/null
-      echo "gpu_check: run $name skipped: ${SKIP[$name]}"
-      continue
-    fi
+    skipped "$name" run && continue
     # What does not fit in the lease is skipped and said; the part still passes (its runs are the lesser value).
     fits "$name" "$RUN_TIMEOUT" run lease || continue
     log="$SCRATCH/runs/$name.log"

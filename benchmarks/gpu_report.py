@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.sh's Python steps: preflight, assets, parsing each step's output, the summary table.
 
-    python benchmarks/gpu_report.py preflight --report DIR --scratch DIR --device cuda|cpu
+    python benchmarks/gpu_report.py plan --device cuda|cpu                       # the timeouts; 2 if the plan breaks a rule
+    python benchmarks/gpu_report.py preflight --part 1|2|all --report DIR --scratch DIR --device cuda|cpu [--site DIR]
     python benchmarks/gpu_report.py assets    --report DIR --scratch DIR --device cuda|cpu
     python benchmarks/gpu_report.py run NAME RC --report DIR --scratch DIR      # after each recipe run
     python benchmarks/gpu_report.py tests RC --report DIR --scratch DIR         # after the packing exactness tests
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
+import math
 import os
 import re
 import shutil
@@ -26,10 +29,101 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-REQUIRED = ["torch", "transformers", "accelerate", "peft", "datasets", "trl", "deepspeed", "PIL", "yaml", "tokenswap"]
 # Packages whose tokenswap range (pyproject.toml) the runs depend on.
 RANGED = ["torch", "transformers", "accelerate", "peft", "trl", "datasets", "deepspeed"]
 KERNELS = ["flash_attention_2", "tokenswap_varlen", "tokenswap_flex", "tokenswap_varlen_sdpa"]
+
+# ---------------------------------------------------------------------------- the lease, step by step
+# The GPU lease (15 minutes of device time, the machine's start included; one command at most 600 s), planned so that
+# part 1 can run twice in it: the machine's start (about 120 s: "a minute or more", the device README) + 2 x (part 1's
+# 330 s + ~15 s of transfers) = 810 s of 900. Per step on the H200: (part, estimate s, timeout s, what the estimate
+# rests on). No step has been timed on a GPU yet: each summary line ends with its wall seconds, so the first lease
+# replaces these estimates with measurements. Every timeout is at least 1.5x its estimate, and part 1's timeouts sum
+# to at most PART1_BUDGET, so part 1 ends within it even when every step runs to its timeout.
+PLAN = {
+    "install": (1, 10, 15, "13 wheels, ~28 MB, unpacked by pip --no-deps --no-compile --target (no resolver, no build)"),
+    "preflight": (1, 10, 15, "imports torch, transformers, peft, pytest and what part 1 runs; CUDA's first context"),
+    "exactness": (1, 150, 225, "24 bf16 CUDA tests (8 more skip: no flash-attn); FlexAttention's compiles are the "
+                  "least certain part (issue 38 puts the step at 90-155 s)"),
+    "gpu_packing_2b": (1, 22, 33, "imports ~5 s, a random 2.2B model built on the GPU ~3 s, 8 steps per arm at ~0.5 s"),
+    "gpu_packing_7b": (1, 22, 33, "imports ~5 s, a random 8.3B model built on the GPU ~4 s, 5 LoRA steps per arm at ~1 s"),
+    "reports": (1, 4, 6, "gpu_report.py and the archive after each of the 4 steps"),
+    "preflight_2": (2, 15, 25, "imports the recipe, accelerate, trl, datasets, deepspeed and bitsandbytes"),
+    "configs": (2, 8, 15, "every run's YAML and overrides against PostTrainConfig, one process"),
+    "assets": (2, 20, 30, "the 75M-parameter tiny Qwen2-VL and image store, and the 4-bit parameter count"),
+    "run": (2, 45, 90, "accelerate launch: ~10 s imports, ~5 s start, 20 steps of a 75M model; ZeRO-3's the longest"),
+}
+PART1_BUDGET = 330
+LEASE_RESERVE = 60  # part 2 keeps this of the lease for the transfer back and the give-back
+RERUN_MARGIN = PLAN["run"][2] + 10  # and this, so one failed run can be rerun (--only NAME) in the same lease
+# The timeouts a user may set instead of the plan's.
+OVERRIDES = {"exactness": ("TEST_TIMEOUT",), "gpu_packing_2b": ("BENCH_TIMEOUT",),
+             "gpu_packing_7b": ("SEVEN_B_TIMEOUT", "BENCH_TIMEOUT"), "run": ("RUN_TIMEOUT",)}
+_FIXED = ("install", "preflight", "reports", "preflight_2", "configs", "assets")
+
+# What each step imports: a step whose package is missing or unmet is skipped, and said; only the packages of the
+# part's own steps are checked (part 1 never asks for datasets' pyarrow, say). "recipe" is recipes/post_train.py.
+_PACKED = ["torch", "pytest", "transformers", "tokenswap.attention", "tokenswap.collator", "tokenswap.packing",
+           "tokenswap.swap"]
+_BENCH = ["torch", "transformers", "PIL", "tokenswap.attention", "tokenswap.collator", "tokenswap.throughput",
+          "tokenswap.training", "tokenswap.testing"]
+_RUN = ["torch", "transformers", "accelerate", "peft", "trl", "datasets", "yaml", "PIL", "recipe"]
+STEP_IMPORTS = {
+    "1": {"exactness": _PACKED, "gpu_packing_2b": _BENCH, "gpu_packing_7b": [*_BENCH, "peft"],
+          "gpu_packing_tiny": _BENCH},
+    "2": {"tokenswap_packed": _RUN, "tokenswap": _RUN, "text": _RUN, "tokenswap_zero3": [*_RUN, "deepspeed"],
+          "tokenswap_qlora": [*_RUN, "bitsandbytes"], "tokenswap_liger": _RUN},
+}
+# Runs left out of the check, with the reason printed in their place.
+DROPPED = {
+    "tokenswap_liger": "liger-kernel 0.8.5, its newest release, builds its Qwen2-VL output on transformers' "
+                       "Qwen2VLCausalLMOutputWithPast, which the pinned transformers 5.24 no longer has "
+                       "(MultimodalCausalLMOutputWithPast replaced it), so no release can patch the model; not carried",
+}
+
+
+def plan_timeouts(device: str) -> dict[str, int]:
+    """Each step's timeout: the plan's on cuda; on the CPU twin 600 s a step (STEP_TIMEOUT; a 2-core CPU is far
+    slower) and minutes for the fixed steps. TEST_TIMEOUT, BENCH_TIMEOUT, SEVEN_B_TIMEOUT, RUN_TIMEOUT override."""
+    out = {}
+    for name, (_, _, timeout, _) in PLAN.items():
+        if device != "cuda":
+            timeout = 300 if name in _FIXED else int(os.environ.get("STEP_TIMEOUT") or 600)
+        for var in OVERRIDES.get(name, ()):
+            if os.environ.get(var, "").isdigit():
+                timeout = int(os.environ[var])
+                break
+        out[name] = timeout
+    return out
+
+
+def plan_problems() -> list[str]:
+    """The GPU plan's broken rules: a timeout under 1.5x its estimate, part 1's timeouts over PART1_BUDGET."""
+    timeouts = plan_timeouts("cuda")
+    problems = [f"{name}: timeout {timeouts[name]} s is under 1.5x its estimate of {est} s (at least "
+                f"{math.ceil(1.5 * est)} s)" for name, (_, est, _, _) in PLAN.items() if timeouts[name] < 1.5 * est]
+    part1 = sum(t for name, t in timeouts.items() if PLAN[name][0] == 1)
+    if part1 > PART1_BUDGET:
+        problems.append(f"part 1's timeouts sum to {part1} s, over its {PART1_BUDGET} s")
+    return problems
+
+
+def plan(args) -> int:
+    """Shell lines for gpu_check.sh: ``T_<step>=<s>`` for ``--device``, the margins, and the GPU plan said; exit 2
+    (with every broken rule said) when the GPU plan breaks one, on the twin too."""
+    for name, timeout in plan_timeouts(args.device).items():
+        print(f"T_{name}={timeout}")
+    print(f"RERUN_MARGIN={int(os.environ.get('RERUN_MARGIN') or RERUN_MARGIN)}")
+    print(f"LEASE_RESERVE={int(os.environ.get('LEASE_RESERVE') or LEASE_RESERVE)}")
+    timeouts = plan_timeouts("cuda")
+    part1 = [n for n in PLAN if PLAN[n][0] == 1]
+    steps = ", ".join(f"{n} {PLAN[n][1]}/{timeouts[n]}" for n in part1)
+    print(f"echo 'gpu_check: part 1 on the GPU (estimate/timeout s): {steps}; timeouts {sum(timeouts[n] for n in part1)}"
+          f" s of {PART1_BUDGET}'")
+    problems = plan_problems()
+    for p in problems:
+        print(f"echo 'gpu_check: plan broken: {p}' >&2")
+    return 2 if problems else 0
 
 
 def _first_line(e: BaseException) -> str:
@@ -54,118 +148,138 @@ def _device_name(device: str) -> str:
 
 
 # ---------------------------------------------------------------------------- preflight
-def _requirement_problems(site: Path | None) -> list[str]:
-    """Requirements of the carried distributions and tokenswap's ranges, against what this interpreter sees."""
+def _import(name: str):
+    if name == "recipe":  # what recipes/post_train.py imports, as accelerate launch will run it
+        spec = importlib.util.spec_from_file_location("post_train", REPO / "recipes" / "post_train.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["post_train"] = module  # dataclasses resolve annotations through sys.modules
+        spec.loader.exec_module(module)
+        return module
+    return importlib.import_module(name)
+
+
+def _owner(module: str) -> str:
+    from packaging.utils import canonicalize_name as canon
+
+    return "recipe" if module == "recipe" else canon(module.split(".")[0])
+
+
+def _requirement_problems(site: Path | None, used: set[str], checked: set[str]) -> list[tuple[str, str]]:
+    """``(distribution, problem)`` for the requirements of the carried distributions this part imported and for
+    tokenswap's ranges of them, against what this interpreter sees; ``checked``: what an earlier part checked."""
     import importlib.metadata as md
 
     import tomllib
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name as canon
     from packaging.version import Version
 
     problems = []
 
-    def check(owner: str, raw: str) -> None:
+    def check(owner: str, label: str, raw: str) -> None:
         r = Requirement(raw)
         if r.marker and not r.marker.evaluate({"extra": ""}):
             return
         try:
             found = md.distribution(r.name)  # the first on sys.path: the one that imports
         except md.PackageNotFoundError:
-            problems.append(f"{owner} needs {r}: not installed")
+            problems.append((owner, f"{label} needs {r}: not installed"))
             return
         if not r.specifier.contains(Version(found.version), prereleases=True):
-            problems.append(f"{owner} needs {r}: found {found.version} in {found.locate_file('')}")
+            problems.append((owner, f"{label} needs {r}: found {found.version} in {found.locate_file('')}"))
 
     if site is not None and site.is_dir():
         for dist in md.distributions(path=[str(site)]):
-            for raw in dist.requires or []:
-                check(f"carried {dist.metadata['Name']} {dist.version}", raw)
-    own = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    for raw in own:
-        if Requirement(raw).name in RANGED:
-            check("tokenswap", raw)
+            name = canon(dist.metadata["Name"])
+            if name in used - checked:
+                for raw in dist.requires or []:
+                    check(name, f"carried {dist.metadata['Name']} {dist.version}", raw)
+    for raw in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
+        name = canon(Requirement(raw).name)
+        if name in RANGED and name in used - checked:
+            check(name, "tokenswap", raw)
     return problems
 
 
-def _liger_applies() -> str | None:
-    """None when liger-kernel patches a tiny Qwen2-VL as the Trainer would (train.use_liger_kernel), else why not."""
-    try:
-        import torch
-        from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
-        from transformers.integrations.liger import apply_liger_kernel
-
-        config = Qwen2VLConfig(text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                                num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
-                                                rope_parameters={"rope_type": "default", "rope_theta": 1e4,
-                                                                 "mrope_section": [4, 2, 2]}),
-                               vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2))
-        torch.manual_seed(0)
-        model = Qwen2VLForConditionalGeneration(config)  # real (tiny) weights: the patch may touch them
-        apply_liger_kernel(model, None)
-    except Exception as e:  # whatever stops the patch stops the run: a skip with the reason
-        version = _version("liger_kernel", "liger-kernel")
-        return f"liger-kernel {version}: {_first_line(e)}"
-    return None
-
-
-def _version(module: str, dist: str | None = None) -> str:
+def _used_distributions() -> set[str]:
+    """The distributions whose modules this process has imported."""
     import importlib.metadata as md
 
-    try:
-        return md.version(dist or module)
-    except md.PackageNotFoundError:
-        return "?"
+    from packaging.utils import canonicalize_name as canon
+
+    owners = md.packages_distributions()
+    return {canon(d) for m in list(sys.modules) if "." not in m for d in owners.get(m, ())}
 
 
 def preflight(args) -> int:
+    """Import what this part's steps import, check the requirements of what that loaded (less what an earlier part
+    of this lease checked on the same wheels), and skip, with the reason, every step whose package is missing or
+    unmet. Exit 0: a skipped step is said in the summary, not a failure of the part."""
     report, scratch = Path(args.report), Path(args.scratch)
     site = Path(args.site) if args.site else None
-    lines, missing, skips = [], [], {}
-    for name in REQUIRED:
+    part_steps = {name: modules for part in (["1", "2"] if args.part == "all" else [args.part])
+                  for name, modules in STEP_IMPORTS[part].items()}
+    record_path = scratch / "preflight_checked.json"  # gpu_check.sh removes it whenever it (re)installs the wheels
+    record = json.loads(record_path.read_text()) if record_path.exists() else {"checked": [], "broken": {}}
+    checked, broken = set(record["checked"]), dict(record["broken"])
+    lines, missing = [], []
+    for module in dict.fromkeys(m for modules in part_steps.values() for m in modules):
+        if _owner(module) in broken:
+            continue
         try:
-            module = importlib.import_module(name)
-            where = "carried" if site and str(site) in str(getattr(module, "__file__", "")) else "machine"
-            lines.append(f"ok {name} {getattr(module, '__version__', '')} ({where})")
-        except Exception as e:  # a broken install fails differently from a missing one; both stop the check
-            missing.append(f"{name}: {_first_line(e)}")
-    problems = [] if missing else _requirement_problems(site)
-    try:
-        importlib.import_module("bitsandbytes")
-    except Exception as e:
-        skips["tokenswap_qlora"] = f"bitsandbytes: {_first_line(e)}"
-    why = _liger_applies() if not missing else "required packages missing"
-    if why is None and args.device != "cuda":
-        why = "liger's kernels are Triton, CUDA only (the patch applied)"
-    if why is not None:
-        skips["tokenswap_liger"] = why
-    info = {"device": args.device}
-    if not missing:
-        from tokenswap.attention import packed_attention_choice
-        from tokenswap.training import resolve_attn_implementation
-
-        info["device_name"] = _device_name(args.device)
-        info["padded_attention"] = resolve_attn_implementation("auto")
-        info["packed_attention"] = " ".join(packed_attention_choice("auto", args.device))
+            loaded = _import(module)
+        except Exception as e:  # a broken install fails differently from a missing one; both skip its steps
+            broken[_owner(module)] = f"{module}: {_first_line(e)}"
+            missing.append(broken[_owner(module)])
+            continue
+        if module != "recipe" and "." not in module and _owner(module) not in checked:
+            where = "carried" if site and str(site) in str(getattr(loaded, "__file__", "")) else "machine"
+            lines.append(f"ok {module} {getattr(loaded, '__version__', '')} ({where})")
+    used = _used_distributions()
+    problems = _requirement_problems(site, used, checked)
+    for owner, problem in problems:
+        broken.setdefault(owner, problem)
+    skips = {}
+    for step, modules in part_steps.items():
+        why = [broken[o] for o in dict.fromkeys(map(_owner, modules)) if o in broken]
+        if step in DROPPED:
+            skips[step] = f"dropped from the check: {DROPPED[step]}"
+        elif why:
+            skips[step] = "package: " + "; ".join(why)[:300]
+    info = {"device": args.device, "part": args.part}
+    if "torch" not in broken:
         import torch
 
-        info["torch"] = torch.__version__
+        info["device_name"], info["torch"] = _device_name(args.device), torch.__version__
+        if "tokenswap" not in broken:
+            from tokenswap.attention import packed_attention_choice
+            from tokenswap.training import resolve_attn_implementation
+
+            info["padded_attention"] = resolve_attn_implementation("auto")
+            info["packed_attention"] = " ".join(packed_attention_choice("auto", args.device))
     for line in lines:
         print(f"gpu_check: {line}")
     for m in missing:
         print(f"gpu_check: missing {m}")
-    for p in problems:
+    for _, p in problems:
         print(f"gpu_check: requirement not met: {p}")
-    for run, reason in skips.items():
-        print(f"gpu_check: {run} will be skipped: {reason}")
-    (scratch / "skips.txt").write_text("".join(f"{run}\t{reason}\n" for run, reason in skips.items()))
-    (report / "preflight.json").write_text(json.dumps({**info, "packages": lines, "missing": missing,
-                                                        "problems": problems, "skips": skips}, indent=2))
-    if missing or problems:
-        _record(report, {"kind": "step", "name": "preflight", "status": "FAILED (" + "; ".join(missing + problems)[:400]
-                         + ")"})
-        return 2
-    _record(report, {"kind": "step", "name": "preflight", "status": f"ok ({info['device_name']}, torch "
-                     f"{info['torch']}, packed attention: {info['packed_attention']})"})
+    for step, reason in skips.items():
+        print(f"gpu_check: {step} will be skipped: {reason}")
+    (scratch / "skips.txt").write_text("".join(f"{step}\t{reason}\n" for step, reason in skips.items()))
+    record_path.write_text(json.dumps({"checked": sorted(checked | used), "broken": broken}))
+    name = "preflight" if args.part in ("1", "all") else f"preflight_{args.part}"
+    (report / f"{name}.json").write_text(json.dumps(
+        {**info, "packages": lines, "missing": missing, "problems": [p for _, p in problems], "skips": skips,
+         "checked_by_an_earlier_part": sorted(checked)}, indent=2))
+    if "torch" in broken:
+        status = f"ok, every step skipped ({broken['torch']})"
+    else:
+        status = f"ok ({info['device_name']}, torch {info['torch']}" + (
+            f", packed attention: {info['packed_attention']})" if "packed_attention" in info else ")")
+    unmet = len(missing) + len(problems)
+    if unmet:
+        status += f"; {unmet} unmet, {len([s for s in skips if s not in DROPPED])} step(s) skipped"
+    _record(report, {"kind": "step", "name": name, "status": status})
     return 0
 
 
@@ -365,8 +479,12 @@ def summary(report: Path | str) -> str:
                    f"{r.get('loss', '-'):>20}  {r.get('attention', '-')}; MFU {r.get('mfu', '-')}{took}")
     failed = [r["name"] for r in rows if r["status"].startswith("FAILED")]
     late = [r["name"] for r in rows if r["status"].startswith(("skipped (lease:", "skipped (part budget:"))]
+    unmet = [r["name"] for r in rows if r["status"].startswith("skipped (package:")]
+    dropped = [r["name"] for r in rows if r["status"].startswith("skipped (dropped")]
     out.append(f"gpu_check: {len(rows)} results, {len(failed)} failed" + (f" ({', '.join(failed)})" if failed else "")
-               + (f", {len(late)} skipped for time ({', '.join(late)})" if late else ""))
+               + (f", {len(late)} skipped for time ({', '.join(late)})" if late else "")
+               + (f", {len(unmet)} skipped for a package ({', '.join(unmet)})" if unmet else "")
+               + (f", {len(dropped)} dropped ({', '.join(dropped)})" if dropped else ""))
     text = "\n".join(out) + "\n"
     (report / "summary.txt").write_text(text)
     return text
@@ -374,15 +492,20 @@ def summary(report: Path | str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("step", choices=["preflight", "assets", "run", "tests", "bench", "skip", "summary"])
+    parser.add_argument("step", choices=["plan", "preflight", "assets", "run", "tests", "bench", "skip", "summary"])
     parser.add_argument("name", nargs="?")
     parser.add_argument("rc", nargs="?", default="0")
-    parser.add_argument("--report", required=True)
+    parser.add_argument("--report", default=None)
     parser.add_argument("--scratch", default=None)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--site", default=None)
     parser.add_argument("--kind", default="run")
+    parser.add_argument("--part", choices=["1", "2", "all"], default="all")
     args = parser.parse_args()
+    if args.step == "plan":
+        return plan(args)
+    if args.report is None:
+        parser.error("--report is required")
     if args.step == "summary":
         print(summary(args.report), end="")
         return 0

@@ -12,7 +12,10 @@
 # every carried wheel is checked against the carried wheels and the image's list; one that neither meets fails
 # here, not on the GPU. No torch, CUDA or numpy wheels. deepspeed is built here as a pure-Python wheel
 # (DS_BUILD_OPS=0: its ops JIT-compile on the GPU machine when used; ZeRO-3 needs none); bitsandbytes is cut down
-# to its CUDA 13 and CPU libraries. Prints the total size: it must stay within CARRY_LIMIT_MB (40).
+# to its CUDA 13 and CPU libraries. Every carried wheel is one pinned version (name==version: a range would carry
+# whatever is newest on the day); the script prints each wheel's sha256 and the total size, which must stay within
+# CARRY_LIMIT_MB (40). liger-kernel is not carried: no release can patch Qwen2-VL under transformers 5.24 (see
+# DROPPED in gpu_check.sh), so gpu_check.sh drops its run and says why.
 set -euo pipefail
 
 DIR=${1:?usage: bash benchmarks/gpu_wheels.sh DIR}
@@ -24,12 +27,11 @@ LIMIT_MB=${CARRY_LIMIT_MB:-40}
 mkdir -p "$DIR"
 rm -f "$DIR"/*.whl
 
-# What the runs import (and what those need that the image lacks); liger-kernel is GPU-only, so not in the tested
-# set: the gpu extra's range in pyproject.toml. typing_extensions: the carried pydantic and pydantic_core need
+# What the runs import (and what those need that the image lacks). typing_extensions: the carried pydantic and pydantic_core need
 # >= 4.16.0, and the image's version is not known (gpu_image.txt lists it without one), so the tested one travels
 # (a 45 KB wheel) rather than a preflight failure on the GPU.
 NEEDED="transformers tokenizers huggingface_hub safetensors accelerate peft trl datasets dill multiprocess deepspeed
-        pydantic pydantic_core annotated_types typing_inspection typing_extensions hjson bitsandbytes liger-kernel"
+        pydantic pydantic_core annotated_types typing_inspection typing_extensions hjson bitsandbytes"
 PLAN=$("$VENV_PY" - "$PYVER" $NEEDED <<'PY'
 import importlib.metadata as md
 import re
@@ -63,9 +65,8 @@ def requires(name):  # the tested version's requirements (installed in the test 
     return [r for r in map(Requirement, reqs) if not r.marker or r.marker.evaluate(env)]
 carry, kept = [], []
 for name in needed:
-    if name not in tested:  # not in the CPU test set (liger-kernel): the gpu extra's range
-        carry.append("liger-kernel>=0.8.5,<0.9" if name == "liger-kernel" else name)
-        continue
+    if name not in tested:
+        sys.exit(f"gpu_wheels: {name} has no pinned version in constraints.txt; pin it there (name==version)")
     have = image.get(name, "absent")
     if have == tested[name]:
         kept.append(f"{name} {have} (the tested version)")
@@ -172,7 +173,10 @@ if problems:
     sys.exit(1)
 PY
 
-ls -l "$DIR"/*.whl
+# What travels, by content: the same pins give the same hashes, so two builds can be compared line by line.
+(cd "$DIR" && sha256sum -- *.whl) | while read -r sum file; do
+  echo "gpu_wheels: sha256 $sum $(du -k "$DIR/$file" | cut -f1) KB $file"
+done
 MB=$(du -cm "$DIR"/*.whl | tail -n 1 | cut -f1)
 BYTES=$(du -cb "$DIR"/*.whl | tail -n 1 | cut -f1)
 echo "gpu_wheels: $(ls "$DIR"/*.whl | wc -l) wheels, $(awk -v b="$BYTES" 'BEGIN{printf "%.1f", b / 1048576}') MB carried in total (limit $LIMIT_MB MB)"

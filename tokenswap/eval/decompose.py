@@ -33,42 +33,32 @@ Recognition rate: the share of distinct pictures identified, with its interval f
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DEFAULT_RESAMPLES", "ITEM_FORMS", "LEVEL", "bootstrap_indices", "decompose", "decomposition_markdown"]
+from tokenswap.eval.stats import DEFAULT_RESAMPLES, LEVEL, bootstrap_indices, percentile_interval
 
-DEFAULT_RESAMPLES = 10_000
-LEVEL = 0.95
+__all__ = ["DEFAULT_RESAMPLES", "ITEM_FORMS", "LEVEL", "check_decomposable", "decompose", "decomposition_markdown"]
+
 # The forms asked per item, in the order results show them; ``recognition`` is asked per picture.
 ITEM_FORMS = ("text", "interleaved", "both", "caption", "rendered")
-_INDEX_BUDGET = 2_000_000  # entries of one (chunk, n) index matrix (~16 MB)
-
-
-def bootstrap_indices(n: int, resamples: int, seed: int | Sequence[int]) -> Iterator[np.ndarray]:
-    """Resamples of ``range(n)`` with replacement, in chunks of shape ``(k, n)``; the same stream for the same seed.
-
-    The leaderboard and :func:`decompose` draw from this one stream, so a model's intervals agree wherever they
-    are computed.
-    """
-    rng = np.random.default_rng(seed)
-    chunk = max(1, _INDEX_BUDGET // max(n, 1))
-    for start in range(0, resamples, chunk):
-        yield rng.integers(0, n, size=(min(chunk, resamples - start), n))
-
-
-def _interval(draws: np.ndarray, level: float) -> list[float] | None:
-    # A statistic undefined in some resample (an empty subset) has no percentile interval.
-    if draws.size == 0 or not np.isfinite(draws).all():
-        return None
-    q = [100 * (1 - level) / 2, 100 * (1 + level) / 2]
-    lo, hi = np.percentile(draws, q)
-    return [float(lo), float(hi)]
 
 
 def _estimate(value: float, draws: np.ndarray, level: float) -> dict:
-    return {"value": None if not math.isfinite(value) else float(value), "ci": _interval(draws, level)}
+    return {"value": None if not math.isfinite(value) else float(value), "ci": percentile_interval(draws, level)}
+
+
+@dataclass(frozen=True)
+class _Items:
+    """The checked per-item inputs: each form's 0/1 scores, the recognition flags, the items per images sent."""
+
+    n: int
+    forms: list[str]
+    score: dict[str, np.ndarray]
+    flags: np.ndarray | None
+    by_sent: dict[int, np.ndarray]
 
 
 def _scores(items: Sequence[dict], form: str) -> np.ndarray:
@@ -84,6 +74,166 @@ def _scores(items: Sequence[dict], form: str) -> np.ndarray:
     return np.array(values, dtype=np.float64)
 
 
+def _read_forms(items: Sequence[dict]) -> tuple[list[str], dict[str, np.ndarray], np.ndarray | None]:
+    if len(items) == 0:
+        raise ValueError("decompose needs at least one item answered in every form")
+    forms = [f for f in ITEM_FORMS if all(f"correct_{f}" in r for r in items)]
+    for required in ("text", "interleaved"):
+        if required not in forms:
+            raise ValueError(f"every item needs correct_{required} (the gap's two ends); some item lacks it")
+    partial = [f for f in ITEM_FORMS if f not in forms and any(f"correct_{f}" in r for r in items)]
+    if partial:
+        raise ValueError(f"forms {partial} are scored on some items only; leave out the items without them first")
+    score = {f: _scores(items, f) for f in forms}
+    flags = None
+    if any("recognized" in r for r in items):
+        if not all(isinstance(r.get("recognized"), bool) for r in items):
+            raise ValueError("with the recognition control every item needs recognized = true/false")
+        flags = np.array([r["recognized"] for r in items], dtype=np.float64)
+    return forms, score, flags
+
+
+def _read_images_sent(items: Sequence[dict]) -> dict[int, np.ndarray]:
+    sent: dict[int, list[int]] = {}
+    for i, record in enumerate(items):
+        k = record.get("images_sent", record.get("num_images"))
+        if not isinstance(k, int) or isinstance(k, bool):
+            raise ValueError(f"item {record.get('id', i)!r}: images_sent is {k!r}, expected a whole number")
+        sent.setdefault(k, []).append(i)
+    return {k: np.array(sent[k]) for k in sorted(sent)}
+
+
+def _read_pictures(pictures: Sequence[dict]) -> np.ndarray:
+    values = []
+    for j, record in enumerate(pictures):
+        v = record.get("correct_recognition")
+        if not isinstance(v, bool):
+            raise ValueError(
+                f"picture {record.get('picture', j)!r}: correct_recognition is {v!r}, not true/false; leave "
+                "pictures whose request failed out first"
+            )
+        values.append(v)
+    return np.array(values, dtype=np.float64)
+
+
+def _read(items: Sequence[dict], pictures: Sequence[dict] | None) -> tuple[_Items, np.ndarray | None]:
+    forms, score, flags = _read_forms(items)
+    picture_scores = None if pictures is None else _read_pictures(pictures)
+    return _Items(len(items), forms, score, flags, _read_images_sent(items)), picture_scores
+
+
+def check_decomposable(items: Sequence[dict], pictures: Sequence[dict] | None = None) -> None:
+    """Raise the ValueError :func:`decompose` would raise for these inputs, without drawing a resample."""
+    _read(items, pictures)
+
+
+def _columns(table: _Items) -> dict[str, np.ndarray]:
+    """Per-item contributions: every statistic is a mean of a column (``r_``: a sum over the recognised items)."""
+    score, flags = table.score, table.flags
+    t, x = score["text"], score["interleaved"]
+    columns: dict[str, np.ndarray] = {f"acc_{f}": s for f, s in score.items()}
+    columns["gap"] = t - x
+    if "both" in score:
+        columns["load"] = t - score["both"]
+        columns["content"] = score["both"] - x
+    if "caption" in score:
+        columns["caption_recovery"] = score["caption"] - x
+    if "rendered" in score:
+        columns["reading_recovery"] = score["rendered"] - x
+    if flags is not None:
+        columns |= {"r_gap": flags * (t - x), "r_text": flags * t, "r_interleaved": flags * x}
+        if "both" in score:
+            columns["r_content"] = flags * (score["both"] - x)
+    return columns
+
+
+def _statistics(table: _Items, sums: dict[str, np.ndarray], r_count: np.ndarray | float) -> dict:
+    """Every statistic from the column sums of one sample or of a chunk of resamples (the split included)."""
+    out = {k: v / table.n for k, v in sums.items() if not k.startswith("r_")}
+    if table.flags is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for k in sums:
+                if k.startswith("r_"):
+                    out[k] = np.where(r_count > 0, sums[k] / np.maximum(r_count, 1), np.nan)
+        if "both" in table.score:
+            out["split_rest"] = out["r_content"]
+            out["split_recognition"] = out["content"] - out["r_content"]
+        else:
+            out["split_rest"] = out["r_gap"]
+            out["split_recognition"] = out["gap"] - out["r_gap"]
+    elif "both" in table.score:
+        out["split_rest"] = out["content"]
+    return out
+
+
+def _paired_bootstrap(table: _Items, resamples: int, seed: int, level: float) -> dict[str, dict]:
+    """``{statistic: est}`` of the whole item set, every interval from one paired resampling of the items."""
+    columns = _columns(table)
+    names = list(columns)
+    matrix = np.stack(list(columns.values()))  # (k, n)
+    flags = table.flags
+    point = _statistics(table, dict(zip(names, matrix.sum(axis=1))), flags.sum() if flags is not None else 0.0)
+    draws: dict[str, list[np.ndarray]] = {k: [] for k in point}
+    for idx in bootstrap_indices(table.n, resamples, seed):
+        sums = {name: matrix[j][idx].sum(axis=1) for j, name in enumerate(names)}
+        r_count = flags[idx].sum(axis=1) if flags is not None else 0.0
+        for k, v in _statistics(table, sums, r_count).items():
+            draws[k].append(v)
+    return {k: _estimate(point[k], np.concatenate(draws[k]), level) for k in point}
+
+
+def _by_images_sent(table: _Items, resamples: int, seed: int, level: float) -> dict[str, dict]:
+    t, x = table.score["text"], table.score["interleaved"]
+    out = {}
+    for k, members in table.by_sent.items():
+        diff, tk, xk = (t - x)[members], t[members], x[members]
+        group_draws = [[], [], []]
+        # Each group resampled on its own, from its own seeded stream: its interval does not move when another
+        # group gains an item.
+        for idx in bootstrap_indices(len(members), resamples, [seed, 1, k]):
+            for slot, values in zip(group_draws, (diff, tk, xk)):
+                slot.append(values[idx].mean(axis=1))
+        d_gap, d_t, d_x = (np.concatenate(g) for g in group_draws)
+        out[str(k)] = {
+            "n": len(members),
+            "gap": _estimate(float(diff.mean()), d_gap, level),
+            "acc_text": _estimate(float(tk.mean()), d_t, level),
+            "acc_interleaved": _estimate(float(xk.mean()), d_x, level),
+        }
+    return out
+
+
+def _recognition_rate(scores: np.ndarray, resamples: int, seed: int, level: float) -> dict:
+    if not scores.size:
+        return {"value": None, "ci": None, "n_pictures": 0}
+    draws = np.concatenate([scores[idx].mean(axis=1) for idx in bootstrap_indices(len(scores), resamples, [seed, 0, 1])])
+    return {**_estimate(float(scores.mean()), draws, level), "n_pictures": len(scores)}
+
+
+def _result(table: _Items, est: dict[str, dict], with_pictures: bool, resamples: int, seed: int,
+            level: float) -> dict:
+    """The decomposition's documented shape from the estimates (a statistic whose form did not run is None)."""
+    result: dict = {
+        "n": table.n,
+        "forms": table.forms + (["recognition"] if with_pictures else []),
+        "bootstrap": {"resamples": resamples, "seed": seed, "level": level, "unit": "item (all its forms together)",
+                      "interval": "percentile"},
+        "acc": {f: est[f"acc_{f}"] for f in table.forms},
+        **{k: est.get(k) for k in ("gap", "load", "content", "caption_recovery", "reading_recovery")},
+        "recognition_rate": None,
+        "recognised_only": None,
+        "components": None,
+        "by_images_sent": {},
+    }
+    if table.flags is not None:
+        result["recognised_only"] = {"n": int(table.flags.sum()), "gap": est["r_gap"], "acc_text": est["r_text"],
+                                     "acc_interleaved": est["r_interleaved"]}
+    components = {name: est[key] for name, key in (("load", "load"), ("recognition", "split_recognition"),
+                                                   ("rest", "split_rest")) if key in est}
+    result["components"] = components or None
+    return result
+
+
 def decompose(
     items: Sequence[dict],
     pictures: Sequence[dict] | None = None,
@@ -92,6 +242,8 @@ def decompose(
     level: float = LEVEL,
 ) -> dict:
     """Every form's accuracy, the differences and the split of the gap, each with a paired-bootstrap interval.
+
+    Every input is checked before the first resample is drawn.
 
     Args:
         items: one record per item answered in every form run: ``correct_<form>`` (bool) for ``text``,
@@ -108,7 +260,7 @@ def decompose(
         ``est`` is ``{"value", "ci": [lo, hi] | None}`` and a difference whose form did not run is None.
 
     Raises:
-        ValueError: no items, a form missing from some item, or a non-boolean correctness.
+        ValueError: no items, a form missing from some item, a non-boolean correctness, a non-integer images_sent.
 
     >>> items = [{"correct_text": t, "correct_interleaved": x, "correct_both": b, "images_sent": 1}
     ...          for t, x, b in [(True, False, True), (True, True, True), (False, False, False), (True, False, False)]]
@@ -116,149 +268,13 @@ def decompose(
     >>> d["gap"]["value"], d["load"]["value"], {k: v["value"] for k, v in d["components"].items()}
     (0.5, 0.25, {'load': 0.25, 'rest': 0.25})
     """
-    n = len(items)
-    if n == 0:
-        raise ValueError("decompose needs at least one item answered in every form")
-    forms = [f for f in ITEM_FORMS if all(f"correct_{f}" in r for r in items)]
-    for required in ("text", "interleaved"):
-        if required not in forms:
-            raise ValueError(f"every item needs correct_{required} (the gap's two ends); some item lacks it")
-    partial = [f for f in ITEM_FORMS if f not in forms and any(f"correct_{f}" in r for r in items)]
-    if partial:
-        raise ValueError(f"forms {partial} are scored on some items only; leave out the items without them first")
-    score = {f: _scores(items, f) for f in forms}
-    flags = None
-    if any("recognized" in r for r in items):
-        if not all(isinstance(r.get("recognized"), bool) for r in items):
-            raise ValueError("with the recognition control every item needs recognized = true/false")
-        flags = np.array([r["recognized"] for r in items], dtype=np.float64)
-
-    # Per-item contributions; every statistic below is a mean (or a ratio of sums) of these over a resample.
-    t, x = score["text"], score["interleaved"]
-    columns: dict[str, np.ndarray] = {f"acc_{f}": s for f, s in score.items()}
-    columns["gap"] = t - x
-    if "both" in score:
-        columns["load"] = t - score["both"]
-        columns["content"] = score["both"] - x
-    if "caption" in score:
-        columns["caption_recovery"] = score["caption"] - x
-    if "rendered" in score:
-        columns["reading_recovery"] = score["rendered"] - x
-    ratio_columns: dict[str, np.ndarray] = {}
-    if flags is not None:
-        ratio_columns = {"r_gap": flags * (t - x), "r_text": flags * t, "r_interleaved": flags * x}
-        if "both" in score:
-            ratio_columns["r_content"] = flags * (score["both"] - x)
-
-    def stats(sums: dict[str, np.ndarray], count: np.ndarray | float, r_count: np.ndarray | float) -> dict:
-        out = {k: v / count for k, v in sums.items() if not k.startswith("r_")}
-        if flags is not None:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                for k in ratio_columns:
-                    out[k] = np.where(r_count > 0, sums[k] / np.maximum(r_count, 1), np.nan)
-            if "both" in score:
-                out["split_rest"] = out["r_content"]
-                out["split_recognition"] = out["content"] - out["r_content"]
-            else:
-                out["split_rest"] = out["r_gap"]
-                out["split_recognition"] = out["gap"] - out["r_gap"]
-        elif "both" in score:
-            out["split_rest"] = out["content"]
-        return out
-
-    all_columns = {**columns, **ratio_columns}
-    matrix = np.stack(list(all_columns.values()))  # (k, n)
-    names = list(all_columns)
-    point = stats(dict(zip(names, matrix.sum(axis=1))), n, flags.sum() if flags is not None else 0.0)
-    draws: dict[str, list[np.ndarray]] = {k: [] for k in point}
-    flag_sums = []
-    for idx in bootstrap_indices(n, resamples, seed):
-        sums = {name: matrix[j][idx].sum(axis=1) for j, name in enumerate(names)}
-        r_count = flags[idx].sum(axis=1) if flags is not None else 0.0
-        for k, v in stats(sums, n, r_count).items():
-            draws[k].append(v)
-        if flags is not None:
-            flag_sums.append(r_count)
-    cat = {k: np.concatenate(v) for k, v in draws.items()}
-
-    def est(key: str) -> dict | None:
-        return _estimate(point[key], cat[key], level) if key in point else None
-
-    result: dict = {
-        "n": n,
-        "forms": forms + (["recognition"] if pictures is not None else []),
-        "bootstrap": {"resamples": resamples, "seed": seed, "level": level, "unit": "item (all its forms together)",
-                      "interval": "percentile"},
-        "acc": {f: est(f"acc_{f}") for f in forms},
-        "gap": est("gap"),
-        "load": est("load"),
-        "content": est("content"),
-        "caption_recovery": est("caption_recovery"),
-        "reading_recovery": est("reading_recovery"),
-        "recognition_rate": None,
-        "recognised_only": None,
-        "components": None,
-        "by_images_sent": {},
-    }
-    if flags is not None:
-        result["recognised_only"] = {
-            "n": int(flags.sum()),
-            "gap": est("r_gap"),
-            "acc_text": est("r_text"),
-            "acc_interleaved": est("r_interleaved"),
-        }
-    components = {}
-    if "load" in point:
-        components["load"] = est("load")
-    if "split_recognition" in point:
-        components["recognition"] = est("split_recognition")
-    if "split_rest" in point:
-        components["rest"] = est("split_rest")
-    result["components"] = components or None
-
-    if pictures is not None:
-        result["recognition_rate"] = _recognition_rate(pictures, resamples, seed, level)
-
-    sent: dict[int, list[int]] = {}
-    for i, record in enumerate(items):
-        k = record.get("images_sent", record.get("num_images"))
-        if not isinstance(k, int) or isinstance(k, bool):
-            raise ValueError(f"item {record.get('id', i)!r}: images_sent is {k!r}, expected a whole number")
-        sent.setdefault(k, []).append(i)
-    for k in sorted(sent):
-        members = np.array(sent[k])
-        diff, tk, xk = (t - x)[members], t[members], x[members]
-        group_draws = [[], [], []]
-        # Each group resampled on its own, from its own seeded stream: its interval does not move when another
-        # group gains an item.
-        for idx in bootstrap_indices(len(members), resamples, [seed, 1, k]):
-            for slot, values in zip(group_draws, (diff, tk, xk)):
-                slot.append(values[idx].mean(axis=1))
-        d_gap, d_t, d_x = (np.concatenate(g) for g in group_draws)
-        result["by_images_sent"][str(k)] = {
-            "n": len(members),
-            "gap": _estimate(float(diff.mean()), d_gap, level),
-            "acc_text": _estimate(float(tk.mean()), d_t, level),
-            "acc_interleaved": _estimate(float(xk.mean()), d_x, level),
-        }
+    table, picture_scores = _read(items, pictures)
+    result = _result(table, _paired_bootstrap(table, resamples, seed, level), pictures is not None, resamples, seed,
+                     level)
+    if picture_scores is not None:
+        result["recognition_rate"] = _recognition_rate(picture_scores, resamples, seed, level)
+    result["by_images_sent"] = _by_images_sent(table, resamples, seed, level)
     return result
-
-
-def _recognition_rate(pictures: Sequence[dict], resamples: int, seed: int, level: float) -> dict:
-    values = []
-    for j, record in enumerate(pictures):
-        v = record.get("correct_recognition")
-        if not isinstance(v, bool):
-            raise ValueError(
-                f"picture {record.get('picture', j)!r}: correct_recognition is {v!r}, not true/false; leave "
-                "pictures whose request failed out first"
-            )
-        values.append(v)
-    if not values:
-        return {"value": None, "ci": None, "n_pictures": 0}
-    scores = np.array(values, dtype=np.float64)
-    draws = np.concatenate([scores[idx].mean(axis=1) for idx in bootstrap_indices(len(scores), resamples, [seed, 0, 1])])
-    return {**_estimate(float(scores.mean()), draws, level), "n_pictures": len(scores)}
 
 
 def _fmt(e: dict | None, sign: bool = True) -> str:

@@ -18,7 +18,7 @@ retention = acc_interleaved / acc_text, each with a 95% interval from a **paired
 together, so the gap's interval reflects the per-item pairing), seeded (``--seed``, default 0; the same
 seed for every model, so a model's interval does not depend on which other models are on the board), and
 the 2.5th/97.5th percentiles. A ratio's interval is left empty when some resample has acc_text = 0. The
-resamples are :func:`~tokenswap.eval.decompose.bootstrap_indices`' stream, the one ``tokenswap eval`` uses for
+resamples are :func:`~tokenswap.eval.stats.bootstrap_indices`' stream, the one ``tokenswap eval`` uses for
 gap.json's ``decomposition``: the same seed and resamples give the same intervals in both. ``--resamples`` is
 at most :data:`MAX_RESAMPLES`.
 
@@ -27,7 +27,8 @@ at most :data:`MAX_RESAMPLES`.
 run beyond the two ends, the recognition rate (share of distinct pictures identified), the load effect
 (text − both), the caption recovery (caption − interleaved), the reading recovery (rendered − interleaved), the
 recognised-only gap and the split of the gap into load / recognition / rest, each with its interval, and the
-gap by number of images sent. **Across models** (:mod:`tokenswap.eval.correlation`): Pearson's r of gap with
+gap by number of images sent. **Across models** (:func:`~tokenswap.eval.stats.pearson`,
+:func:`~tokenswap.eval.stats.partial`): Pearson's r of gap with
 recognition rate (≥ 3 models with recognition), the partial r controlling for acc_text (≥ 4), and r of gap
 with load (≥ 3 models that ran ``both``), each with a bootstrap interval over models and a p-value.
 
@@ -36,7 +37,9 @@ standard error, and the 95% Student-t interval half-width, which is the paper's 
 42 models is a stated 95% CI, and its groups' "10.1% ± 2.2% vs 25.5% ± 3.7%, t = -7.48" only fit together
 that way (as 95% t half-widths they give t = -7.43 to -7.65 for any split of the 42 models from 8/34 to
 26/16; as standard errors, t = -3.58). Then Welch's t-test between every two groups on the per-model gaps
-(t, Welch-Satterthwaite dof, two-sided p from ``scipy.stats.t``).
+(:func:`~tokenswap.eval.stats.welch_t_test`: ``scipy.stats.ttest_ind(..., equal_var=False)``, t,
+Welch-Satterthwaite dof, two-sided p). Every refusal (a bad group, a group too small or without variance for the
+test, a run that cannot be decomposed) comes before the first resample is drawn.
 
 Writes ``leaderboard.md``, ``leaderboard.json``, ``leaderboard.csv`` and the figures of
 :mod:`tokenswap.eval.leaderboard_figures`: ``leaderboard.png`` (the gap per model, as in the TokenSwap paper's
@@ -52,30 +55,27 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import re
 import sys
 from itertools import combinations
 from pathlib import Path
 
 import numpy as np
-from scipy import stats as scipy_stats
 
-from tokenswap.eval import correlation
-from tokenswap.eval.decompose import ITEM_FORMS, bootstrap_indices, decompose
+from tokenswap.eval import stats
+from tokenswap.eval.decompose import ITEM_FORMS, check_decomposable, decompose
 from tokenswap.eval.leaderboard_figures import plot_by_images, plot_components, plot_gaps
 from tokenswap.eval.leaderboard_runs import ALL_FORMS, LeaderboardError, Run, left_out, load_run
+from tokenswap.eval.stats import DEFAULT_RESAMPLES, LEVEL, bootstrap_indices, percentile_interval, welch_t_test
 
 __all__ = ["DEFAULT_RESAMPLES", "MAX_RESAMPLES", "LeaderboardError", "Run", "build_leaderboard", "cli_main",
            "display_names", "left_out", "load_run", "md_cell", "paired_bootstrap", "plot_by_images",
            "plot_components", "plot_gaps", "short_name", "to_markdown", "welch_t_test"]
 
-DEFAULT_RESAMPLES = 10_000
 # 10x the default: the Monte-Carlo error of a percentile is already ~0.1 point at 10,000. Time grows with it: a
 # model of 1,000 items with every form takes ~2.5 s at 10,000 resamples and ~25 s at the cap (index matrices come
 # in chunks of 2,000,000 entries, so memory stays near 75 MB); 1,000,000,000 would have asked for 16 GB at once.
 MAX_RESAMPLES = 100_000
-LEVEL = 0.95
 METRICS = ("acc_text", "acc_interleaved", "gap", "rel_gap", "retention")
 TITLES = {"tokenswap": "TokenSwap-Bench", "crossmath": "CrossMath", "rest": "REST"}
 # The forms beyond the gap's two ends.
@@ -123,49 +123,11 @@ def paired_bootstrap(
     with np.errstate(divide="ignore", invalid="ignore"):
         draws = {"acc_text": acc_t, "acc_interleaved": acc_i, "gap": gap, "rel_gap": gap / acc_t,
                  "retention": acc_i / acc_t}
-    q = [100 * (1 - level) / 2, 100 * (1 + level) / 2]
     out = {}
     for key, values in draws.items():
-        if not np.isfinite(values).all():
-            out[key] = None
-            continue
-        lo, hi = np.percentile(values, q)
-        out[key] = (float(lo), float(hi))
+        interval = percentile_interval(values, level)
+        out[key] = None if interval is None else tuple(interval)
     return out
-
-
-def _summary(values: list[float], level: float = LEVEL) -> dict[str, float | None]:
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return {"n": n, "mean": mean, "sd": None, "se": None, "ci_half": None}
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    se = sd / math.sqrt(n)
-    return {"n": n, "mean": mean, "sd": sd, "se": se, "ci_half": float(scipy_stats.t.ppf(0.5 + level / 2, n - 1)) * se}
-
-
-def welch_t_test(a: list[float], b: list[float]) -> dict[str, float]:
-    """Welch's unequal-variance t-test of mean(a) vs mean(b).
-
-    t = (mean_a - mean_b) / sqrt(s_a²/n_a + s_b²/n_b), with Welch-Satterthwaite degrees of freedom and a
-    two-sided p from the Student-t CDF (``scipy.stats.t``).
-
-    >>> r = welch_t_test([0.1, 0.3], [0.5, 0.7])  # equal n and variance: dof = 2(n - 1), p = 1 - 2/sqrt(5)
-    >>> round(r["t"], 6), round(r["dof"], 6), round(r["p"], 6)
-    (-2.828427, 2.0, 0.105573)
-
-    Raises:
-        ValueError: a group has fewer than 2 values, or both have zero variance (t is undefined).
-    """
-    if len(a) < 2 or len(b) < 2:
-        raise ValueError(f"Welch's t-test needs at least 2 values per group, got {len(a)} and {len(b)}")
-    sa, sb = _summary(a), _summary(b)
-    va, vb = sa["se"] ** 2, sb["se"] ** 2
-    if va + vb == 0:
-        raise ValueError("both groups have zero variance; Welch's t is undefined")
-    t = (sa["mean"] - sb["mean"]) / math.sqrt(va + vb)
-    dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return {"t": t, "dof": dof, "p": float(2 * scipy_stats.t.cdf(-abs(t), dof))}
 
 
 # ----------------------------------------------------------------------------- names
@@ -285,12 +247,17 @@ _WHERE = {"load": ("load",), "caption_recovery": ("caption_recovery",), "reading
           "split_rest": ("components", "rest")}
 
 
-def _decomposed(run: Run, columns: list[str], resamples: int, seed: int) -> dict:
-    """The row fields decompose() gives a ``tokenswap eval`` run: each control column with its interval."""
+def _check_decomposable(run: Run) -> None:
     try:
-        d = decompose(run.records, run.pictures, resamples=resamples, seed=seed, level=LEVEL)
+        check_decomposable(run.records, run.pictures)
     except ValueError as err:
         raise LeaderboardError(f"{run.path / 'gap.json'}: {err}; rerun `tokenswap eval`, which writes it") from None
+
+
+def _decomposed(run: Run, columns: list[str], resamples: int, seed: int) -> dict:
+    """The row fields decompose() gives a ``tokenswap eval`` run (checked by :func:`_check_decomposable` first):
+    each control column with its interval."""
+    d = decompose(run.records, run.pictures, resamples=resamples, seed=seed, level=LEVEL)
     out: dict = {"controls": list(run.controls), "by_images_sent": d["by_images_sent"], "decomposition": d}
     for col in columns:
         e = d["acc"].get(col[4:]) if col.startswith("acc_") else d
@@ -311,10 +278,10 @@ def _across(rows: list[dict], resamples: int, seed: int) -> dict:
     gap, rate, text = ([r[k] for r in rec] for k in ("gap", "recognition_rate", "acc_text"))
     load = [r for r in rows if r.get("load") is not None]
     out = {
-        "gap_vs_recognition": correlation.pearson(gap, rate, resamples, seed, LEVEL, what="recognition"),
-        "gap_vs_recognition_given_text": correlation.partial(gap, rate, text, resamples, seed, LEVEL,
+        "gap_vs_recognition": stats.pearson(gap, rate, resamples, seed, LEVEL, what="recognition"),
+        "gap_vs_recognition_given_text": stats.partial(gap, rate, text, resamples, seed, LEVEL,
                                                              what="recognition"),
-        "gap_vs_load": correlation.pearson([r["gap"] for r in load], [r["load"] for r in load], resamples, seed,
+        "gap_vs_load": stats.pearson([r["gap"] for r in load], [r["load"] for r in load], resamples, seed,
                                            LEVEL, what="the both form"),
     }
     for key, models in (("gap_vs_recognition", rec), ("gap_vs_recognition_given_text", rec), ("gap_vs_load", load)):
@@ -361,19 +328,34 @@ def build_leaderboard(
     tag_of = {m: tag for tag, models in _parse_groups(groups or [], aliases).items() for m in models}
     controls = [f for f in CONTROLS if any(f in r.controls for r in runs)]
     columns = _columns(controls)
-    rows = []
+    # Everything that can refuse the board is checked on the points, before the first resample.
+    points = {run.name: _point(run.text, run.interleaved) for run in runs}
     for run in runs:
+        if run.records is not None:
+            _check_decomposable(run)
+    ranked = sorted(runs, key=lambda r: (-points[r.name]["gap"], r.name))
+    by_tag: dict[str, list[float]] = {}
+    for run in ranked:
+        if run.name in tag_of:
+            by_tag.setdefault(tag_of[run.name], []).append(points[run.name]["gap"])
+    tags = [t for t in dict.fromkeys(tag_of.values())]
+    tests = []
+    for a, b in combinations(tags, 2):
+        try:
+            tests.append({"a": a, "b": b, **welch_t_test(by_tag[a], by_tag[b])})
+        except ValueError as err:
+            raise LeaderboardError(f"--group {a} vs {b}: {err}") from None
+    rows = []
+    for run in ranked:
         ci = paired_bootstrap(run.text, run.interleaved, resamples=resamples, seed=seed)
-        point = _point(run.text, run.interleaved)
         row = {"model": run.name, "label": labels[run.name], "group": tag_of.get(run.name), "path": str(run.path),
                "n": len(run.item_ids), "failed": run.failed, "skipped": run.skipped, "unpaired": run.unpaired,
-               **point, **{f"{k}_ci": None if ci[k] is None else list(ci[k]) for k in METRICS}}
+               **points[run.name], **{f"{k}_ci": None if ci[k] is None else list(ci[k]) for k in METRICS}}
         if run.records is not None:
             row |= _decomposed(run, columns, resamples, seed)
         rows.append(row)
-    rows.sort(key=lambda r: (-r["gap"], r["model"]))
     item_sets = {tuple(r.item_ids) for r in runs}
-    board = {
+    return {
         "benchmark": benchmarks[0],
         "title": TITLES[benchmarks[0]],
         "forms": list(runs[0].forms),
@@ -383,24 +365,11 @@ def build_leaderboard(
                       "interval": "percentile"},
         "same_items": len(item_sets) == 1,
         "rows": rows,
-        "all_models": _summary([r["gap"] for r in rows]),
-        "groups": {},
-        "tests": [],
+        "all_models": stats.summary([r["gap"] for r in rows], LEVEL),
+        "groups": {t: stats.summary(by_tag[t], LEVEL) for t in tags},
+        "tests": tests,
         "across_models": _across(rows, resamples, seed) if controls else None,
     }
-    by_tag: dict[str, list[float]] = {}
-    for r in rows:
-        if r["group"] is not None:
-            by_tag.setdefault(r["group"], []).append(r["gap"])
-    tags = [t for t in dict.fromkeys(tag_of.values())]
-    board["groups"] = {t: _summary(by_tag[t]) for t in tags}
-    for a, b in combinations(tags, 2):
-        try:
-            test = welch_t_test(by_tag[a], by_tag[b])
-        except ValueError as err:
-            raise LeaderboardError(f"--group {a} vs {b}: {err}") from None
-        board["tests"].append({"a": a, "b": b, **test})
-    return board
 
 
 # ----------------------------------------------------------------------------- tables

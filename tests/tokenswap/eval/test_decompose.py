@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from tokenswap.eval.decompose import bootstrap_indices, decompose, decomposition_markdown
+from tokenswap.eval.decompose import decompose, decomposition_markdown
+from tokenswap.eval.stats import bootstrap_indices
 
 
 def _items(rows, recognized=None, sent=None):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tokenswap.cli import main
-from tokenswap.eval.decompose import bootstrap_indices, decompose
+from tokenswap.eval.decompose import decompose
 from tokenswap.eval.gap import summarize
 from tokenswap.eval.leaderboard import (
     DEFAULT_RESAMPLES,
@@ -34,7 +34,7 @@ from tokenswap.eval.leaderboard import (
     welch_t_test,
 )
 from tokenswap.eval.leaderboard_figures import draw_gaps
-from tokenswap.eval.stats import t_quantile
+from tokenswap.eval.stats import bootstrap_indices, t_quantile
 
 # ----------------------------------------------------------------------------- writers of the documented formats
 
@@ -291,10 +291,12 @@ def test_the_papers_groups_read_as_95_ci_half_widths_give_its_t(tmp_path):
 def test_module_doctests():
     import doctest
 
-    from tokenswap.eval import leaderboard
+    from tokenswap.eval import leaderboard, stats
 
-    result = doctest.testmod(leaderboard)
-    assert result.attempted >= 4 and result.failed == 0
+    # welch_t_test's examples moved to stats with the test itself.
+    for module, examples in ((leaderboard, 2), (stats, 8)):
+        result = doctest.testmod(module)
+        assert result.attempted >= examples and result.failed == 0, module
 
 
 def test_groups_report_mean_ci_se_and_welch_through_the_cli(tmp_path, capsys):
@@ -814,9 +816,9 @@ def test_bad_leaderboard_inputs_are_one_line_errors(tmp_path, capsys):
 def test_doctests_of_the_new_modules():
     import doctest
 
-    from tokenswap.eval import correlation, leaderboard_runs
+    from tokenswap.eval import leaderboard_runs, stats
 
-    for module in (correlation, leaderboard_runs):
+    for module in (stats, leaderboard_runs):
         result = doctest.testmod(module)
         assert result.attempted >= 1 and result.failed == 0, module
 
@@ -851,3 +853,35 @@ def test_bad_rest_inputs_are_one_line_errors(tmp_path, capsys):
         assert code == 2 and err.count("\n") == 1, err
         for needle in needles:
             assert needle in err, (needle, err)
+
+
+@pytest.mark.parametrize("case", ["one-model group", "no variance", "undecomposable run"])
+def test_refusals_come_before_the_first_resample(tmp_path, case):
+    """A group too small for Welch's test, a group pair without variance, or a run decompose() cannot read is
+    refused before any model is bootstrapped (models of 2,000 items: a 16 MB index matrix each)."""
+    import tracemalloc
+
+    n = 2000
+
+    def run(name, wrong, records=None):
+        inter = np.r_[np.zeros(wrong), np.ones(n - wrong)]
+        return Run(name, "tokenswap", tmp_path / name, ("text", "interleaved"), [f"q{i}" for i in range(n)],
+                   np.ones(n), inter, records=records)
+
+    bad_records = [{"id": f"q{i}", "correct_text": True, "correct_interleaved": True, "images_sent": "1"}
+                   for i in range(n)]
+    runs, groups, message = {
+        "one-model group": ([run("m1", 100), run("m2", 300), run("m3", 500)], ["a=m1", "b=m2,m3"],
+                            "at least 2 values per group"),
+        "no variance": ([run("m1", 100), run("m2", 100), run("m3", 300), run("m4", 300)], ["a=m1,m2", "b=m3,m4"],
+                        "zero variance"),
+        "undecomposable run": ([run("m1", 100), run("m2", 300), run("m3", 0, bad_records)], None, "images_sent"),
+    }[case]
+    tracemalloc.start()
+    try:
+        with pytest.raises(LeaderboardError, match=message):
+            build_leaderboard(runs, groups, resamples=DEFAULT_RESAMPLES)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4_000_000
