@@ -894,7 +894,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from tokenswap.script import run_script
+
+    run_script(main)
 
 
 def png_bomb(width: int, height: int, rows: int | None = None) -> bytes:

@@ -4,24 +4,24 @@ The recipes never pass through ``tokenswap.cli.main``, so this is their ``cli.ma
 the recipe's config, ``--help`` answered, the errors every room raises (``InputError``, ``IncompleteRunError``,
 ``BusyError``, ``PreemptedError``) mapped to one line and an exit status by the same
 :func:`tokenswap.errors.exit_status` the subcommands use, and all of it inside the same redacting output streams
-(:func:`tokenswap.redaction.redacting_std_streams`). The training room raises; only this and ``cli.main`` exit.
+(:func:`tokenswap.redaction.redacting_std_streams`), through :func:`tokenswap.script.run_script`. The training room
+raises; only ``tokenswap.script`` and ``cli.main`` exit.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from tokenswap import config
-from tokenswap.errors import exit_status
-from tokenswap.redaction import redacting_std_streams
+from tokenswap.script import run_script
 from tokenswap.training.distributed import end_script
 
 __all__ = ["run_recipe"]
 
 
-def run_recipe(main: Callable[[Any], object], config_cls: type, argv: list[str] | None = None) -> None:
+def run_recipe(main: Callable[[Any], object], config_cls: type, argv: list[str] | None = None) -> NoReturn:
     """Run a recipe's ``main`` on the config of ``argv`` (``sys.argv[1:]``) and end the process as a script does.
 
     ``[--config PATH_OR_NAME] [section.key=value ...]`` becomes ``config_cls``
@@ -32,14 +32,15 @@ def run_recipe(main: Callable[[Any], object], config_cls: type, argv: list[str] 
     ends with :func:`~tokenswap.training.distributed.end_script` (after a gloo group, without finalizing).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    with redacting_std_streams():
+
+    def run() -> int:
         if "-h" in argv or "--help" in argv:
             print(config.usage(config_cls))
-            raise SystemExit(0)
+            return 0
         # config.parse_config looked up at the call, not imported by name: the docs harness replaces it to stop
         # a documented command right after its arguments parsed (tests/docs_harness.py).
-        code = exit_status(lambda: main(config.parse_config(config_cls, argv)))
-        if code == 0:
-            end_script()
-            return
-    raise SystemExit(code)
+        main(config.parse_config(config_cls, argv))
+        end_script()
+        return 0
+
+    run_script(run)

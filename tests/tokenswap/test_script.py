@@ -1,0 +1,44 @@
+"""tokenswap.script.run_script: the one way a recipe, the demo and the tiny kit end (besides ``tokenswap.cli.main``)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "sk-planted-0123456789abcdef"
+
+
+def run(body: str) -> subprocess.CompletedProcess:
+    code = "\n".join(["from tokenswap.errors import InputError", "from tokenswap.redaction import remember",
+                      "from tokenswap.script import run_script", f"remember({SECRET!r})", body])
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_an_input_error_is_one_masked_line_and_exit_2():
+    done = run(f"def main():\n    raise InputError('bad key {SECRET}: pass another')\nrun_script(main)")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == ["error: bad key [secret]: pass another"]
+
+
+def test_a_bug_is_a_traceback_with_the_secret_masked_and_exit_1():
+    # The interpreter prints an uncaught exception after the redacting streams are gone: the hook masks it.
+    done = run(f"def main():\n    raise RuntimeError('crashed holding {SECRET}')\nrun_script(main)")
+    assert done.returncode == 1
+    assert "Traceback (most recent call last)" in done.stderr and "RuntimeError: crashed holding" in done.stderr
+    assert SECRET not in done.stderr and SECRET[:12] not in done.stderr
+
+
+def test_success_is_exit_0_and_the_status_of_main_is_kept():
+    assert run("run_script(lambda: print('done'))").returncode == 0
+    assert run("run_script(lambda: 3)").returncode == 3
+
+
+def test_no_other_module_of_the_package_exits():
+    """Only tokenswap/script.py raises SystemExit and only cli.py's console entry calls sys.exit."""
+    found = []
+    for path in sorted((ROOT / "tokenswap").rglob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if ("raise SystemExit" in code or "sys.exit(" in code) and path.name not in ("script.py", "cli.py"):
+                found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert found == []
