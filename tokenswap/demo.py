@@ -110,17 +110,9 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0, n_group_a: int 
         n_group_a: concepts whose pictures TokenSwap practises with (default: half); the rest are group B.
         heldout_phrasings: question phrasings per fact in the benches (1-3; training uses phrasing 0).
     """
-    from tokenswap.concepts import Concept
-    from tokenswap.data.tokenswap_bench import write_tokenswap_bench
-    from tokenswap.eval.gap import NAMING_ANSWER, NAMING_PROMPT
-    from tokenswap.eval.mc import MCItem, format_prompt, swap_concepts
-    from tokenswap.eval.recognition import RECOGNITION_QUESTION, RECOGNITION_SUBJECT
-    from tokenswap.store.image_store import ImageStore, StoreWriter
     from tokenswap.store.sources import OpenMojiSource
 
-    # The naming-form recognition control asks exactly what the toy trains (its first naming pair).
-    if NAMING[0] != (NAMING_PROMPT.replace("<image 1>", "<image>"), NAMING_ANSWER.replace("{concept}", "{c}")):
-        raise AssertionError(f"demo NAMING[0] {NAMING[0]} must match the evaluator's {NAMING_PROMPT!r} -> {NAMING_ANSWER!r}")
+    _check_naming_matches_evaluator()
     if not 1 <= heldout_phrasings <= 3:
         raise ValueError(f"heldout_phrasings must be 1-3 (each attribute has 3 held-out phrasings), got {heldout_phrasings}")
     data = out / "data"
@@ -139,20 +131,51 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0, n_group_a: int 
     concepts = [c for c in CANDIDATES if c in vocab][:n_concepts]
     if len(concepts) < n_concepts:
         raise ValueError(f"only {len(concepts)} of the demo concepts are in the OpenMoji vocabulary")
-    pictures = source.images_for(concepts)
-    # Group A: concepts whose pictures appear inside questions during TokenSwap post-training.
-    # Group B: concepts whose pictures never do; the bench asks about them. TokenSwap's claim is
-    # that practising with pictures in place of words transfers to other concepts' pictures.
+    group_a, group_b = _split_groups(concepts, n_group_a)
+    _write_pictures(tmp, source.images_for(concepts), concepts, group_a)
+    facts = _draw_facts(concepts, world_seed)
+    cpt, swap, llava = _training_rows(concepts, group_a, facts, world_seed)
+    for name, rows in (("cpt.jsonl", cpt), ("swap.jsonl", swap)):
+        (tmp / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp / "llava.json").write_text(json.dumps(llava))
+    n_bench = _write_benches(tmp, {"bench": group_b, "bench_seen": group_a}, facts, heldout_phrasings)
+
+    world = {"settings": wanted, "concepts": concepts, "group_a": group_a, "group_b": group_b, "facts": facts,
+             "n_cpt": len(cpt), "n_llava": len(llava), "n_swap": len(swap), "n_bench": n_bench["bench"],
+             "n_bench_seen": n_bench["bench_seen"]}
+    (tmp / "world.json").write_text(json.dumps(world, indent=2))
+    tmp.rename(data)  # the world appears whole or not at all
+    return world
+
+
+def _check_naming_matches_evaluator() -> None:
+    """The naming-form recognition control asks exactly what the toy trains (its first naming pair)."""
+    from tokenswap.eval.gap import NAMING_ANSWER, NAMING_PROMPT
+
+    if NAMING[0] != (NAMING_PROMPT.replace("<image 1>", "<image>"), NAMING_ANSWER.replace("{concept}", "{c}")):
+        raise AssertionError(f"demo NAMING[0] {NAMING[0]} must match the evaluator's {NAMING_PROMPT!r} -> {NAMING_ANSWER!r}")
+
+
+def _split_groups(concepts: list[str], n_group_a: int | None) -> tuple[list[str], list[str]]:
+    """Group A: concepts whose pictures appear inside questions during TokenSwap post-training. Group B: concepts
+    whose pictures never do; the bench asks about them. TokenSwap's claim is that practising with pictures in place
+    of words transfers to other concepts' pictures."""
     if n_group_a is None:
-        group_a, group_b = concepts[0::2], concepts[1::2]
-    else:
-        if not 4 <= n_group_a <= n_concepts - 4:
-            raise ValueError(f"--group-a must leave at least 4 concepts in each group, got {n_group_a} of {n_concepts}")
-        # Spread group A over the list (the list mixes fruit, animals, vehicles, ...).
-        order = sorted(range(n_concepts), key=lambda k: (k * n_group_a) % n_concepts)
-        picked = set(order[:n_group_a])
-        group_a = [c for k, c in enumerate(concepts) if k in picked]
-        group_b = [c for k, c in enumerate(concepts) if k not in picked]
+        return concepts[0::2], concepts[1::2]
+    n_concepts = len(concepts)
+    if not 4 <= n_group_a <= n_concepts - 4:
+        raise ValueError(f"--group-a must leave at least 4 concepts in each group, got {n_group_a} of {n_concepts}")
+    # Spread group A over the list (the list mixes fruit, animals, vehicles, ...).
+    order = sorted(range(n_concepts), key=lambda k: (k * n_group_a) % n_concepts)
+    picked = set(order[:n_group_a])
+    return ([c for k, c in enumerate(concepts) if k in picked], [c for k, c in enumerate(concepts) if k not in picked])
+
+
+def _write_pictures(tmp: Path, pictures: dict, concepts: list[str], group_a: list[str]) -> None:
+    """``images/{concept}.png``, the image store of every picture, and ``store_train`` of group A's only (the
+    pictures TokenSwap may swap in)."""
+    from tokenswap.store.image_store import StoreWriter
+
     info = {"attribution": "OpenMoji (CC BY-SA 4.0), https://openmoji.org"}
     with StoreWriter(tmp / "store", info=info) as w_all, StoreWriter(tmp / "store_train", info=info) as w_train:
         for c in concepts:
@@ -162,21 +185,33 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0, n_group_a: int 
             if c in group_a:
                 w_train.add(c, image, source="openmoji", score=score, meta=meta)
 
-    attrs = list(ATTRIBUTES)
-    facts = {c: {a: ATTRIBUTES[a][0][int(unit_hash(world_seed, c, a) * 4)] for a in attrs} for c in concepts}
 
-    def mc(c: str, a: str, q: int) -> tuple[MCItem, dict]:
-        values, questions, _ = ATTRIBUTES[a]
-        item = MCItem(id=f"{_slug(c)}-{a}-q{q}", subject=SUBJECT, question=questions[q].format(c=c),
-                      choices=list(values), answer=values.index(facts[c][a]))
-        prompt = format_prompt(item)
-        start = prompt.index("Question: ") + len("Question: ") + item.question.index(c)
-        return item, {"message": 0, "start": start, "end": start + len(c), "key": c}
+def _draw_facts(concepts: list[str], world_seed: int) -> dict[str, dict[str, str]]:
+    return {c: {a: ATTRIBUTES[a][0][int(unit_hash(world_seed, c, a) * 4)] for a in ATTRIBUTES} for c in concepts}
+
+
+def _mc(facts: dict, c: str, a: str, q: int):
+    """The multiple-choice question on fact ``a`` of concept ``c`` in phrasing ``q``, and the concept's span in
+    its prompt (the TokenSwap data's ``concepts`` entry)."""
+    from tokenswap.eval.mc import MCItem, format_prompt
+
+    values, questions, _ = ATTRIBUTES[a]
+    item = MCItem(id=f"{_slug(c)}-{a}-q{q}", subject=SUBJECT, question=questions[q].format(c=c),
+                  choices=list(values), answer=values.index(facts[c][a]))
+    prompt = format_prompt(item)
+    start = prompt.index("Question: ") + len("Question: ") + item.question.index(c)
+    return item, {"message": 0, "start": start, "end": start + len(c), "key": c}
+
+
+def _training_rows(concepts: list[str], group_a: list[str], facts: dict,
+                   world_seed: int) -> tuple[list[dict], list[dict], list[dict]]:
+    """The CPT rows, the post-training "Magpie" rows (``swap.jsonl``) and the "LLaVA" rows."""
+    from tokenswap.eval.mc import format_prompt
 
     # CPT: every fact as text (three phrasings) + naming every picture (native images).
     cpt = []
     for c in concepts:
-        for a in attrs:
+        for a in ATTRIBUTES:
             for k, s in enumerate(ATTRIBUTES[a][2]):
                 text = s.format(c=c, v=facts[c][a])
                 cpt.append({"id": f"fact-{_slug(c)}-{a}-{k}", "messages": [
@@ -190,17 +225,24 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0, n_group_a: int 
     # group A only, so only group A pictures are ever swapped in.
     swap = []
     for c in concepts:
-        for a in attrs:
-            item, span = mc(c, a, 0)
+        for a in ATTRIBUTES:
+            item, span = _mc(facts, c, a, 0)
             swap.append({"id": f"mc-{item.id}", "messages": [
                 {"role": "user", "content": format_prompt(item)}, {"role": "assistant", "content": item.letter}],
                 "concepts": [span] if c in group_a else [], "images": []})
     # The same questions as text also go into CPT ("mixed training": QA next to the facts teaches
     # a small model to look facts up rather than memorise answers).
     cpt += [{**row, "id": "cpt-" + row["id"], "concepts": []} for row in swap]
-    # Post-training "LLaVA" data (every arm): picture naming for every concept, 4-way identification
-    # in the recognition control's own format, and a replay of the fact statements (without it,
-    # post-training on questions washes out what pre-training stored).
+    return cpt, swap, _llava_rows(concepts, cpt, world_seed)
+
+
+def _llava_rows(concepts: list[str], cpt: list[dict], world_seed: int) -> list[dict]:
+    """Post-training "LLaVA" data (every arm): picture naming for every concept, 4-way identification in the
+    recognition control's own format, and a replay of the fact statements (without it, post-training on
+    questions washes out what pre-training stored)."""
+    from tokenswap.eval.mc import MCItem, format_prompt
+    from tokenswap.eval.recognition import RECOGNITION_QUESTION, RECOGNITION_SUBJECT
+
     llava = [
         {"id": f"ll-{_slug(c)}-{k}", "image": f"{_slug(c)}.png",
          "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": ans.format(c=c)}]}
@@ -221,34 +263,35 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0, n_group_a: int 
             llava.append({"id": f"ll-{item.id}", "image": f"{_slug(c)}.png", "conversations": [
                 {"from": "human", "value": format_prompt(item).replace("<image 1>", "<image>")},
                 {"from": "gpt", "value": item.letter}]})
-    for name, rows in (("cpt.jsonl", cpt), ("swap.jsonl", swap)):
-        (tmp / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp / "llava.json").write_text(json.dumps(llava))
+    return llava
 
-    # The bench: group B's facts in phrasings no training sample used (phrasings 1..3), text and
-    # interleaved, in the TokenSwap-Bench hub layout. The facts were trained as text, so text
-    # accuracy measures knowledge; the interleaved form asks the same with the picture.
-    # A second bench asks the same about group A (pictures TokenSwap practised with, new phrasing):
-    # it separates "learned to read these pictures in questions" from "learned to read pictures".
+
+def _write_benches(tmp: Path, groups: dict[str, list[str]], facts: dict, heldout_phrasings: int) -> dict[str, int]:
+    """One TokenSwap-Bench (hub layout, text and interleaved) per group: its facts in the phrasings no training
+    sample used (1..``heldout_phrasings``); returns the questions per form of each.
+
+    ``bench`` asks about group B. The facts were trained as text, so text accuracy measures knowledge; the
+    interleaved form asks the same with the picture. ``bench_seen`` asks the same about group A (pictures
+    TokenSwap practised with, new phrasing): it separates "learned to read these pictures in questions" from
+    "learned to read pictures"."""
+    from tokenswap.concepts import Concept
+    from tokenswap.data.tokenswap_bench import write_tokenswap_bench
+    from tokenswap.eval.mc import swap_concepts
+    from tokenswap.store.image_store import ImageStore
+
     store = ImageStore(tmp / "store")
     n_bench = {}
-    for name, group in (("bench", group_b), ("bench_seen", group_a)):
+    for name, group in groups.items():
         pairs = []
         for c in group:
-            for a in attrs:
+            for a in ATTRIBUTES:
                 for q in range(1, 1 + heldout_phrasings):
-                    item, _ = mc(c, a, q)
+                    item, _ = _mc(facts, c, a, q)
                     start = item.question.index(c)
                     pairs.append((item, swap_concepts(item, [Concept(0, start, start + len(c), c)], store)))
         write_tokenswap_bench(pairs, tmp / name)
         n_bench[name] = len(pairs)
-
-    world = {"settings": wanted, "concepts": concepts, "group_a": group_a, "group_b": group_b, "facts": facts,
-             "n_cpt": len(cpt), "n_llava": len(llava), "n_swap": len(swap), "n_bench": n_bench["bench"],
-             "n_bench_seen": n_bench["bench_seen"]}
-    (tmp / "world.json").write_text(json.dumps(world, indent=2))
-    tmp.rename(data)  # the world appears whole or not at all
-    return world
+    return n_bench
 
 
 # ---------------------------------------------------------------------------- running recipes
