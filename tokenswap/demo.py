@@ -31,10 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tokenswap.swap import unit_hash
@@ -295,18 +298,71 @@ def _write_benches(tmp: Path, groups: dict[str, list[str]], facts: dict, heldout
 
 
 # ---------------------------------------------------------------------------- running recipes
-def launch(recipe: str, config: str, overrides: list[str], log: Path) -> None:
-    """``accelerate launch recipes/{recipe}.py --config {config} ...`` (one CPU process, the demo's :data:`NUMERICS`)."""
+def launch(recipe: str, config: str, overrides: list[str], log: Path, steps: int | None = None,
+           on_step: Callable[[int], None] | None = None) -> None:
+    """``accelerate launch recipes/{recipe}.py --config {config} ...`` (one CPU process, the demo's :data:`NUMERICS`).
+
+    ``on_step`` is called about once a second with the training step the run's log last showed (out of ``steps``).
+    """
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "recipes" / f"{recipe}.py"),
            "--config", config, *overrides]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
            "WANDB_SILENT": "true", "ACCELERATE_USE_CPU": "true", **NUMERICS}
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+    with open(log, "w") as f, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT) as proc:
+        while True:
+            try:
+                proc.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if on_step is not None and steps:
+                    on_step(_steps_logged(log, steps))
     if proc.returncode != 0:
         tail = log.read_text()[-3000:]
         raise RuntimeError(f"{recipe} failed (exit {proc.returncode}); log {log}:\n{tail}")
+    if on_step is not None and steps:
+        on_step(steps)
+
+
+# The Trainer's tqdm bar in a recipe's log: "| 120/1000 [00:50<06:23, 2.34it/s]".
+_TRAINER_BAR = re.compile(rb"(\d+)/(\d+) \[")
+
+
+def _steps_logged(log: Path, total: int) -> int:
+    """The last step out of ``total`` that the Trainer's progress bar wrote into ``log`` (0 before the first)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            tail = f.read()
+    except OSError:
+        return 0
+    done = [int(m[1]) for m in _TRAINER_BAR.finditer(tail) if int(m[2]) == total]
+    return done[-1] if done else 0
+
+
+class _Progress:
+    """One tqdm bar over several jobs' steps (the post-training runs go side by side; each reports its own step)."""
+
+    def __init__(self, total: int, desc: str, unit: str):
+        from tqdm.auto import tqdm
+
+        # A log file or CI console gets a line every 30 s rather than a redraw per step.
+        self.bar = tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True,
+                        mininterval=0.5 if sys.stderr.isatty() else 30.0)
+        self.done: dict[object, int] = {}
+        self.lock = threading.Lock()
+
+    def job(self, key: object) -> Callable[[int], None]:
+        def report(step: int) -> None:
+            with self.lock:
+                delta = step - self.done.get(key, 0)
+                if delta > 0:  # a log can show an older bar while a run resumes; never count back
+                    self.done[key] = step
+                    self.bar.update(delta)
+        return report
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def evaluate_checkpoint(path: Path, bench: Path, cache: Path | None = None) -> dict:
@@ -399,57 +455,26 @@ def main(argv: list[str] | None = None) -> int:
           f"{world['n_swap']} MC post-training samples, {world['n_bench']} bench questions per form "
           f"(group A: {world['n_bench_seen']})", flush=True)
 
-    from tokenswap.testing import build_tiny_qwen2vl
-
-    corpus = [json.loads(line)["messages"][1]["content"] for line in (data / "cpt.jsonl").read_text().splitlines()]
-    corpus += [json.loads(line)["messages"][0]["content"] for line in (data / "swap.jsonl").read_text().splitlines()]
-    # One pre-trained model (the knowledge every arm starts from); seeds vary post-training
-    # (data order, swap seed), which is the comparison the paper makes.
-    init = build_tiny_qwen2vl(out / "init", corpus=corpus, vocab_size=768, hidden_size=128, num_layers=4,
-                              min_pixels=PIXELS, max_pixels=PIXELS, seed=0)
-    pre = out / "pretrain"
-    if not (pre / "log_history.json").exists():
-        print(f"[demo] 2/5 continued pre-training ({args.pretrain_steps} steps: facts as text + naming pictures)", flush=True)
-        launch("pretrain", "demo/pretrain_text.yaml", [
-            f"run.output_dir={pre}", f"model.name_or_path={init}", f"data.swap_dataset={data / 'cpt.jsonl'}",
-            f"data.llava_image_root={data / 'images'}", f"train.max_steps={args.pretrain_steps}",
-            f"train.logging_steps={max(1, min(25, args.pretrain_steps // 10))}",
-        ], out / "logs" / "pretrain.log")
-    pre_metrics = {g: evaluate_checkpoint(pre, data / b, pre / f"eval_{g}.json") for g, b in GROUPS}
+    pre = _pretrain(args, out, data)
+    pre_metrics = {}
+    bar = _Progress(len(GROUPS), "[demo]     evaluating the pre-trained model", "bench")
+    for g, b in GROUPS:
+        pre_metrics[g] = evaluate_checkpoint(pre, data / b, pre / f"eval_{g}.json")
+        bar.job(g)(1)
+    bar.close()
     print("[demo]     after pre-training: " + "; ".join(
         f"group {g[-1].upper()}: acc_text {m['gap/acc_text']:.3f}, acc_interleaved {m['gap/acc_interleaved']:.3f}, "
         f"recognition naming {m['gap/recognition_naming']:.3f} / mc {m['gap/recognition_mc']:.3f}"
         for g, m in pre_metrics.items()), flush=True)
-    runs, todo = [], []
-    for seed in args.seeds:
-        for arm in ("baseline", "text", "tokenswap"):
-            post = out / f"post-{arm}-seed{seed}"
-            runs.append(post)
-            if not (post / "log_history.json").exists():
-                todo.append((seed, arm, post))
-    def post_train(job: tuple[int, str, Path]) -> None:
-        seed, arm, post = job
-        print(f"[demo] 3/5 seed {seed}: post-training, {arm} arm ({args.post_steps} steps)", flush=True)
-        launch("post_train", f"demo/post_{arm}.yaml", [
-            f"run.output_dir={post}", f"run.seed={seed}", f"data.seed={seed}", f"collator.swap_seed={seed}",
-            f"model.name_or_path={pre}", f"data.llava_json={data / 'llava.json'}",
-            f"data.llava_image_root={data / 'images'}", f"data.swap_dataset={data / 'swap.jsonl'}",
-            f"gap_eval.bench={data / 'bench'}", f"gap_eval.every_steps={args.eval_every}",
-            f"train.max_steps={args.post_steps}", f"train.logging_steps={max(1, min(25, args.post_steps // 6))}",
-            *([f"image_store={data / 'store_train'}"] if arm == "tokenswap" else []),
-        ], out / "logs" / f"post-{arm}-seed{seed}.log")
-
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(post_train, todo))  # list(): re-raises the first failure
+    runs = _post_train(args, out, data, pre)
 
     print("[demo] 4/5 comparing arms (group B in the loop; group A on the final checkpoints)", flush=True)
-    from tokenswap.compare import compare_runs, load_run, plot_runs, to_markdown
+    from tokenswap.compare import compare_runs, load_run, to_markdown
 
     records = [r for p in runs for r in load_run(str(p))]
     table = compare_runs(records, METRICS)
-    # Group B: the in-loop evaluator's last values (the final checkpoint); group A: evaluated here.
+    # Group B: the in-loop evaluator's last values (the final checkpoint); group A: evaluated on the final
+    # checkpoint as each run finished (_post_train), read back here.
     finals: dict[str, dict[str, dict[int, dict]]] = {"group_b": {}, "group_a": {}}
     for post, record in zip(runs, records):
         seed = int(record.config["run"]["seed"])
@@ -462,12 +487,86 @@ def main(argv: list[str] | None = None) -> int:
     (out / "report.json").write_text(json.dumps(report, indent=2))
     md = _report_md(report, to_markdown(table), argv if argv is not None else sys.argv[1:])
     (out / "report.md").write_text(md)
-    plot_runs(records, METRICS[:8], out / "comparison.png")
+    plot_demo(report, records, out / "comparison.png")
     print(f"[demo] 5/5 done in {report['seconds']:.0f} s wall, {report['cpu_seconds']:.0f} s CPU (this process "
           "and its children)")
     print(md)
     print(f"[demo] table: {out / 'report.md'}\n[demo] plot:  {out / 'comparison.png'}\n[demo] json:  {out / 'report.json'}")
     return 0
+
+
+def _pretrain(args, out: Path, data: Path) -> Path:
+    """Stage 2: the one pre-trained model every arm starts from (reused when its run finished before)."""
+    from tokenswap.testing import build_tiny_qwen2vl
+
+    corpus = [json.loads(line)["messages"][1]["content"] for line in (data / "cpt.jsonl").read_text().splitlines()]
+    corpus += [json.loads(line)["messages"][0]["content"] for line in (data / "swap.jsonl").read_text().splitlines()]
+    # One pre-trained model (the knowledge every arm starts from); seeds vary post-training
+    # (data order, swap seed), which is the comparison the paper makes.
+    init = build_tiny_qwen2vl(out / "init", corpus=corpus, vocab_size=768, hidden_size=128, num_layers=4,
+                              min_pixels=PIXELS, max_pixels=PIXELS, seed=0)
+    pre = out / "pretrain"
+    if not (pre / "log_history.json").exists():
+        print(f"[demo] 2/5 continued pre-training ({args.pretrain_steps} steps: facts as text + naming pictures; "
+              f"log {out / 'logs' / 'pretrain.log'})", flush=True)
+        bar = _Progress(args.pretrain_steps, "[demo]     pre-training", "step")
+        launch("pretrain", "demo/pretrain_text.yaml", [
+            f"run.output_dir={pre}", f"model.name_or_path={init}", f"data.swap_dataset={data / 'cpt.jsonl'}",
+            f"data.llava_image_root={data / 'images'}", f"train.max_steps={args.pretrain_steps}",
+            f"train.logging_steps={max(1, min(25, args.pretrain_steps // 10))}",
+        ], out / "logs" / "pretrain.log", steps=args.pretrain_steps, on_step=bar.job("pretrain"))
+        bar.close()
+    return pre
+
+
+def _post_train(args, out: Path, data: Path, pre: Path) -> list[Path]:
+    """Stage 3: every seed × arm post-training run, ``--jobs`` at a time, each evaluated on group A as it finishes
+    (here, while the other runs train, rather than all at the end); returns the run folders in seed, arm order."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    runs, todo = [], []
+    for seed in args.seeds:
+        for arm in ("baseline", "text", "tokenswap"):
+            post = out / f"post-{arm}-seed{seed}"
+            runs.append(post)
+            if not (post / "log_history.json").exists():
+                todo.append((seed, arm, post))
+    print(f"[demo] 3/5 post-training: {len(runs)} runs ({len(args.seeds)} seeds × baseline, text, tokenswap; "
+          f"{len(todo)} to train, {args.post_steps} steps each, {min(args.jobs, max(1, len(todo)))} at a time; "
+          f"logs in {out / 'logs'})", flush=True)
+    steps = _Progress(len(todo) * args.post_steps, "[demo]     post-training", "step")
+    evals = _Progress(len(runs), "[demo]     group A evaluation", "run")
+
+    def post_train(job: tuple[int, str, Path]) -> Path:
+        seed, arm, post = job
+        launch("post_train", f"demo/post_{arm}.yaml", [
+            f"run.output_dir={post}", f"run.seed={seed}", f"data.seed={seed}", f"collator.swap_seed={seed}",
+            f"model.name_or_path={pre}", f"data.llava_json={data / 'llava.json'}",
+            f"data.llava_image_root={data / 'images'}", f"data.swap_dataset={data / 'swap.jsonl'}",
+            f"gap_eval.bench={data / 'bench'}", f"gap_eval.every_steps={args.eval_every}",
+            f"train.max_steps={args.post_steps}", f"train.logging_steps={max(1, min(25, args.post_steps // 6))}",
+            *([f"image_store={data / 'store_train'}"] if arm == "tokenswap" else []),
+        ], out / "logs" / f"post-{arm}-seed{seed}.log", steps=args.post_steps, on_step=steps.job(post))
+        return post
+
+    def evaluate(post: Path) -> None:
+        evaluate_checkpoint(post, data / "bench_seen", post / "eval_group_a.json")
+        evals.job(post)(1)
+
+    try:
+        for post in runs:
+            if (post / "log_history.json").exists():
+                evaluate(post)
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            pending = {pool.submit(post_train, job) for job in todo}
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    evaluate(future.result())  # result(): re-raises the run's failure
+    finally:
+        steps.close()
+        evals.close()
+    return runs
 
 
 GROUPS = (("group_b", "bench"), ("group_a", "bench_seen"))
@@ -603,6 +702,121 @@ def _report_md(report: dict, inloop_md: str, argv: list[str]) -> str:
     lines.append("## In-loop log (group B, `tokenswap compare` over the runs)\n")
     lines.append(inloop_md)
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- the figure
+ARM_COLORS = {"baseline": "tab:gray", "text": "tab:blue", "tokenswap": "tab:orange"}
+GROUP_LABELS = (("group_b", "B (transfer,\nprimary)"), ("group_a", "A (practised)"))
+CURVES = (("loss", "training loss"), ("gap/abs", "gap = acc_text − acc_interleaved"),
+          ("gap/acc_interleaved", "acc_interleaved"))
+
+
+def plot_demo(report: dict, records: list, path: str | os.PathLike):
+    """The figure of the result the report concludes on; returns the (closed) matplotlib figure.
+
+    Top row, final checkpoints: the per-seed paired differences of both endpoints for groups B and A (a dot per
+    seed, the mean with its 95% CI), and each arm's gap per group (mean ± CI, the pre-trained model's as a dash).
+    Bottom row, group B in the loop: each arm's mean over seeds with a band of the 95% CI per step.
+    Every plotted artist carries a ``gid`` (``paired/group_b/<endpoint>/mean`` ...) so tests can read its data.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n_seeds = len(report["seeds"])
+    fig, axes = plt.subplots(2, 3, figsize=(14, 8.2))
+    for ax, (key, title) in zip(axes[0, :2], (
+            ("gap_text_minus_gap_tokenswap", "gap_text − gap_tokenswap"),
+            ("acc_interleaved_tokenswap_minus_text", "acc_interleaved: tokenswap − text"))):
+        _plot_paired(ax, report["paired_difference"], key, title)
+    _plot_arm_gaps(axes[0, 2], report)
+    for ax, (metric, title) in zip(axes[1], CURVES):
+        _plot_curves(ax, records, metric, title)
+    arms = [a for a in ARM_COLORS if a in report["groups"]["group_b"]]
+    handles = [matplotlib.lines.Line2D([], [], color=ARM_COLORS[a], lw=2.5, label=a) for a in arms]
+    fig.legend(handles=handles, loc="upper right", ncol=len(arms), frameon=False, title="arm")
+    band = "band: 95% CI over seeds" if n_seeds > 1 else "one seed: no band"
+    fig.suptitle(f"tokenswap demo, {n_seeds} seed{'s' * (n_seeds > 1)}: top, final checkpoints (paired per seed); "
+                 f"bottom, group B in the loop (mean; {band})", x=0.01, ha="left", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return fig
+
+
+def _ci_or_zero(cell: dict) -> float:
+    return cell["ci95"] if cell.get("ci95") is not None else 0.0
+
+
+def _plot_paired(ax, paired: dict, key: str, title: str) -> None:
+    shown = False
+    for x, (g, _) in enumerate(GROUP_LABELS):
+        cell = paired.get(g, {}).get(key)
+        if not cell:
+            continue
+        values = cell["values"]
+        # Seeds spread sideways in a fixed order so equal values stay visible.
+        offsets = [0.18 * (k - (len(values) - 1) / 2) / max(1, len(values) - 1) for k in range(len(values))]
+        ax.scatter([x - 0.25 + o for o in offsets], values, s=18, color="0.45", zorder=3, gid=f"paired/{g}/{key}/seeds",
+                   label="one seed" if not shown else None)
+        ax.errorbar([x + 0.1], [cell["mean"]], yerr=[[_ci_or_zero(cell)]], fmt="o", color="black", capsize=5, lw=1.8,
+                    ms=7, zorder=4, label=None if shown else "mean, 95% CI" if cell.get("ci95") is not None
+                    else "mean (one seed: no CI)").lines[0].set_gid(f"paired/{g}/{key}/mean")
+        text = f"{cell['mean']:+.3f}" if cell.get("ci95") is None else (
+            f"{cell['mean']:+.3f}\n[{cell['mean'] - cell['ci95']:+.3f},\n {cell['mean'] + cell['ci95']:+.3f}]")
+        ax.annotate(text, (x + 0.18, cell["mean"]), fontsize=8, va="center")
+        shown = True
+    ax.axhline(0, color="0.3", lw=0.8, ls="--")
+    ax.set_xticks(range(len(GROUP_LABELS)), [label for _, label in GROUP_LABELS])
+    ax.set_xlim(-0.6, len(GROUP_LABELS) - 0.2)
+    ax.set_title(f"paired: {title}\n(> 0: TokenSwap helped)", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    if shown:
+        ax.legend(fontsize=8, loc="best")
+
+
+def _plot_arm_gaps(ax, report: dict) -> None:
+    arms = [a for a in ARM_COLORS if a in report["groups"]["group_b"]]
+    for x, (g, _) in enumerate(GROUP_LABELS):
+        pre = report["pretrained_only"][g].get("gap/abs")
+        if pre is not None:
+            ax.hlines(pre, x - 0.35, x + 0.35, color="black", ls=":", lw=1.5, gid=f"arms/{g}/pretrained",
+                      label="pre-trained only" if x == 0 else None)
+        for k, arm in enumerate(arms):
+            cell = report["groups"][g][arm].get("gap/abs")
+            if cell:
+                ax.errorbar([x + 0.22 * (k - 1)], [cell["mean"]], yerr=[[_ci_or_zero(cell)]], fmt="s", ms=6,
+                            capsize=4, color=ARM_COLORS[arm]).lines[0].set_gid(f"arms/{g}/{arm}")
+    ax.set_xticks(range(len(GROUP_LABELS)), [label for _, label in GROUP_LABELS])
+    ax.set_xlim(-0.6, len(GROUP_LABELS) - 0.4)
+    ax.set_title("gap per arm, final checkpoint\n(mean, 95% CI over seeds)", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+
+
+def _plot_curves(ax, records: list, metric: str, title: str) -> None:
+    from tokenswap.eval.stats import mean_ci
+
+    for arm, color in ARM_COLORS.items():
+        by_step: dict[float, list[float]] = {}
+        for r in records:
+            if r.arm == arm:
+                for step, value in zip(*r.series(metric)):
+                    by_step.setdefault(step, []).append(value)
+        if not by_step:
+            continue
+        steps = sorted(by_step)
+        summary = [mean_ci(by_step[s]) for s in steps]
+        means = [m for m, _ in summary]
+        ax.plot(steps, means, color=color, lw=2, marker="o" if len(steps) < 12 else None, ms=4,
+                gid=f"curve/{metric}/{arm}")
+        if all(len(by_step[s]) > 1 for s in steps):
+            ax.fill_between(steps, [m - h for m, h in summary], [m + h for m, h in summary], color=color, alpha=0.2,
+                            lw=0, gid=f"band/{metric}/{arm}")
+    ax.set_title(f"group B, in the loop: {title}", fontsize=10)
+    ax.set_xlabel("post-training step")
+    ax.grid(alpha=0.3)
 
 
 if __name__ == "__main__":
