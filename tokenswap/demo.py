@@ -346,9 +346,11 @@ class _Progress:
     def __init__(self, total: int, desc: str, unit: str):
         from tqdm.auto import tqdm
 
-        # A log file or CI console gets a line every 30 s rather than a redraw per step.
-        self.bar = tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True,
-                        mininterval=0.5 if sys.stderr.isatty() else 30.0)
+        # A log file or CI console gets a line every 30 s rather than a redraw per step, and no cursor movements
+        # (tqdm's for bars stacked on a terminal).
+        tty = sys.stderr.isatty()
+        self.bar = tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, mininterval=0.5 if tty else 30.0,
+                        position=None if tty else 0)
         self.done: dict[object, int] = {}
         self.lock = threading.Lock()
 
