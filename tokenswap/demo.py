@@ -19,8 +19,8 @@
    candidate names, scored by log-likelihood; multiple-choice form): group B in the loop
    (``GapEvalCallback``) and on the final checkpoint, group A on the final checkpoint.
 5. **Analysis** fixed in advance (:data:`ANALYSIS`): validity checks, then the per-seed paired
-   difference text − tokenswap with a Student-t CI; ``report.md``, ``report.json``, a plot, and
-   ``tokenswap compare`` over the runs; W&B offline runs grouped by pair.
+   difference text − tokenswap with a Student-t CI; ``report.md``, ``report.json``, the figure of that result
+   (``comparison.png``, :func:`plot_demo`), and ``tokenswap compare`` over the runs; W&B offline runs grouped by pair.
 
 Every recipe is started with ``accelerate launch``, exactly as a user would. Finished runs and
 evaluations are reused, so an interrupted demo resumes.
