@@ -708,6 +708,8 @@ def _report_md(report: dict, inloop_md: str, argv: list[str]) -> str:
 
 # ---------------------------------------------------------------------------- the figure
 ARM_COLORS = {"baseline": "tab:gray", "text": "tab:blue", "tokenswap": "tab:orange"}
+# Dashes too, so an arm whose curve lies on another's (text and tokenswap often agree early on) stays visible.
+ARM_DASHES = {"baseline": ":", "text": "--", "tokenswap": "-"}
 GROUP_LABELS = (("group_b", "B (transfer,\nprimary)"), ("group_a", "A (practised)"))
 CURVES = (("loss", "training loss"), ("gap/abs", "gap = acc_text − acc_interleaved"),
           ("gap/acc_interleaved", "acc_interleaved"))
@@ -736,7 +738,7 @@ def plot_demo(report: dict, records: list, path: str | os.PathLike):
     for ax, (metric, title) in zip(axes[1], CURVES):
         _plot_curves(ax, records, metric, title)
     arms = [a for a in ARM_COLORS if a in report["groups"]["group_b"]]
-    handles = [matplotlib.lines.Line2D([], [], color=ARM_COLORS[a], lw=2.5, label=a) for a in arms]
+    handles = [matplotlib.lines.Line2D([], [], color=ARM_COLORS[a], ls=ARM_DASHES[a], lw=2.5, label=a) for a in arms]
     fig.legend(handles=handles, loc="upper right", ncol=len(arms), frameon=False, title="arm")
     band = "band: 95% CI over seeds" if n_seeds > 1 else "one seed: no band"
     fig.suptitle(f"tokenswap demo, {n_seeds} seed{'s' * (n_seeds > 1)}: top, final checkpoints (paired per seed); "
@@ -811,7 +813,9 @@ def _plot_curves(ax, records: list, metric: str, title: str) -> None:
         steps = sorted(by_step)
         summary = [mean_ci(by_step[s]) for s in steps]
         means = [m for m, _ in summary]
-        ax.plot(steps, means, color=color, lw=2, marker="o" if len(steps) < 12 else None, ms=4,
+        # Dashed arms above the solid one, so a dashed curve on a solid one shows.
+        ax.plot(steps, means, color=color, ls=ARM_DASHES[arm], lw=2, marker="o" if len(steps) < 12 else None, ms=4,
+                zorder=2 if ARM_DASHES[arm] == "-" else 3,
                 gid=f"curve/{metric}/{arm}")
         if all(len(by_step[s]) > 1 for s in steps):
             ax.fill_between(steps, [m - h for m, h in summary], [m + h for m, h in summary], color=color, alpha=0.2,
