@@ -6,6 +6,13 @@ BIN := $(VENV)/bin
 # local disk); pyproject.toml holds the ranges the library accepts.
 CONSTRAINTS ?= constraints.txt
 STAMP := $(VENV)/.installed
+# torch and torchvision: PyPI has only CUDA builds for x86-64 Linux, which pull 18 nvidia-* wheels and triton (a
+# 6.7 GB .venv). Without CUDA (no nvidia-smi) the Makefile installs the same versions' CPU builds from PyTorch's CPU
+# index instead; `make setup CUDA=1` (or a machine with nvidia-smi) installs PyPI's CUDA build. Where the CPU index
+# cannot be reached it says so and installs PyPI's build (docs/versions.md).
+CUDA ?= $(if $(shell command -v nvidia-smi 2>/dev/null),1,0)
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_PINS := $(shell grep -E '^(torch|torchvision)==' $(CONSTRAINTS))
 
 .PHONY: setup demo test slow_test quality bench clean
 
@@ -16,7 +23,14 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	  echo "warning: could not install the fonts; rendered text and CrossMath puzzles fall back to other fonts"
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+ifeq ($(CUDA),1)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) torch torchvision
+else
+	$(BIN)/pip install -q -c $(CONSTRAINTS) --extra-index-url $(TORCH_CPU_INDEX) $(addsuffix +cpu,$(TORCH_PINS)) || \
+	  { echo "warning: no CPU build of $(TORCH_PINS) from $(TORCH_CPU_INDEX) (unreachable?); installing PyPI's" \
+	    "CUDA build with its nvidia-* wheels (a 6.7 GB .venv). Set TORCH_CPU_INDEX=<a mirror> to retry."; \
+	    $(BIN)/pip install -q -c $(CONSTRAINTS) torch torchvision; }
+endif
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[dev]"
 	touch $(STAMP)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -60,9 +61,37 @@ def check_against_record(figures: dict[str, float], argv: list[str]) -> None:
     )
 
 
-def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch):
-    from tokenswap.compare import read_wandb_offline
-    from tokenswap.demo import main
+def check_figure(report: dict, records: list, out: Path, plot_demo) -> None:
+    """comparison.png shows the report's result: both groups' paired differences, each arm's gap per group, and
+    the in-loop curves of the runs' logs (the figure drawn again from the report is the demo's, byte for byte)."""
+    redrawn = out.parent / "redrawn.png"
+    fig = plot_demo(report, records, redrawn)
+    assert redrawn.read_bytes() == (out / "comparison.png").read_bytes()
+
+    def artist(gid: str):
+        found = [a for a in fig.findobj() if a.get_gid() == gid]
+        assert len(found) == 1, (gid, len(found))
+        return found[0]
+
+    for group in ("group_b", "group_a"):
+        for key, cell in report["paired_difference"][group].items():
+            assert list(artist(f"paired/{group}/{key}/mean").get_ydata()) == [cell["mean"]]
+            assert [y for _, y in artist(f"paired/{group}/{key}/seeds").get_offsets()] == cell["values"]
+        for arm, row in report["groups"][group].items():
+            assert list(artist(f"arms/{group}/{arm}").get_ydata()) == [row["gap/abs"]["mean"]]
+        pre = artist(f"arms/{group}/pretrained").get_segments()[0]
+        assert pre[0][1] == pre[1][1] == report["pretrained_only"][group]["gap/abs"]
+    for record in records:  # one seed: each arm's mean curve is its run's logged values
+        for metric in ("loss", "gap/abs", "gap/acc_interleaved"):
+            steps, values = record.series(metric)
+            line = artist(f"curve/{metric}/{record.arm}")
+            assert (list(line.get_xdata()), list(line.get_ydata())) == (steps, values)
+    assert not [a for a in fig.findobj() if (a.get_gid() or "").startswith("band/")]  # no band from one seed
+
+
+def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch, capfd):
+    from tokenswap.compare import load_run, read_wandb_offline
+    from tokenswap.demo import main, plot_demo
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     out = tmp_path / "demo"
@@ -71,6 +100,11 @@ def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch):
     # The demo pins its numerics itself (tokenswap.demo.NUMERICS: AVX2 kernels, one thread per process), so the
     # record holds on any x86-64 CI machine, whatever its cores and instruction set.
     assert main(argv) == 0
+    # a progress bar through every long stage, each reaching its total (3 runs x 6 post-training steps)
+    err = capfd.readouterr().err
+    for bar in ("pre-training: 100%.*12/12", "evaluating the pre-trained model: 100%.*2/2",
+                "post-training: 100%.*18/18", "group A evaluation: 100%.*3/3"):
+        assert re.search(r"\[demo\]\s+" + bar, err), (bar, err[-2000:])
 
     report = json.loads((out / "report.json").read_text())
     check_against_record(demo_figures(report), argv[2:])
@@ -106,7 +140,7 @@ def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch):
     assert md.index("## Analysis (stated before the results)") < md.index("## Paired result")
     assert "**Failed**" in md and "does TokenSwap shrink the gap" not in md
     assert "| tokenswap | 1 |" in md
-    assert (out / "comparison.png").stat().st_size > 5000
+    check_figure(report, [r for arm in arms for r in load_run(str(out / f"post-{arm}-seed0"))], out, plot_demo)
 
     # the text and tokenswap arms saw the same samples in the same order
     # (the 6 trained batches; a line for a prefetched, untrained 7th batch was once left in one arm's log by

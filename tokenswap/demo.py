@@ -19,8 +19,8 @@
    candidate names, scored by log-likelihood; multiple-choice form): group B in the loop
    (``GapEvalCallback``) and on the final checkpoint, group A on the final checkpoint.
 5. **Analysis** fixed in advance (:data:`ANALYSIS`): validity checks, then the per-seed paired
-   difference text − tokenswap with a Student-t CI; ``report.md``, ``report.json``, a plot, and
-   ``tokenswap compare`` over the runs; W&B offline runs grouped by pair.
+   difference text − tokenswap with a Student-t CI; ``report.md``, ``report.json``, the figure of that result
+   (``comparison.png``, :func:`plot_demo`), and ``tokenswap compare`` over the runs; W&B offline runs grouped by pair.
 
 Every recipe is started with ``accelerate launch``, exactly as a user would. Finished runs and
 evaluations are reused, so an interrupted demo resumes.
@@ -31,10 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tokenswap.swap import unit_hash
@@ -110,17 +113,9 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0, n_group_a: int 
         n_group_a: concepts whose pictures TokenSwap practises with (default: half); the rest are group B.
         heldout_phrasings: question phrasings per fact in the benches (1-3; training uses phrasing 0).
     """
-    from tokenswap.concepts import Concept
-    from tokenswap.data.tokenswap_bench import write_tokenswap_bench
-    from tokenswap.eval.gap import NAMING_ANSWER, NAMING_PROMPT
-    from tokenswap.eval.mc import MCItem, format_prompt, swap_concepts
-    from tokenswap.eval.recognition import RECOGNITION_QUESTION, RECOGNITION_SUBJECT
-    from tokenswap.store.image_store import ImageStore, StoreWriter
     from tokenswap.store.sources import OpenMojiSource
 
-    # The naming-form recognition control asks exactly what the toy trains (its first naming pair).
-    if NAMING[0] != (NAMING_PROMPT.replace("<image 1>", "<image>"), NAMING_ANSWER.replace("{concept}", "{c}")):
-        raise AssertionError(f"demo NAMING[0] {NAMING[0]} must match the evaluator's {NAMING_PROMPT!r} -> {NAMING_ANSWER!r}")
+    _check_naming_matches_evaluator()
     if not 1 <= heldout_phrasings <= 3:
         raise ValueError(f"heldout_phrasings must be 1-3 (each attribute has 3 held-out phrasings), got {heldout_phrasings}")
     data = out / "data"
@@ -139,20 +134,51 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0, n_group_a: int 
     concepts = [c for c in CANDIDATES if c in vocab][:n_concepts]
     if len(concepts) < n_concepts:
         raise ValueError(f"only {len(concepts)} of the demo concepts are in the OpenMoji vocabulary")
-    pictures = source.images_for(concepts)
-    # Group A: concepts whose pictures appear inside questions during TokenSwap post-training.
-    # Group B: concepts whose pictures never do; the bench asks about them. TokenSwap's claim is
-    # that practising with pictures in place of words transfers to other concepts' pictures.
+    group_a, group_b = _split_groups(concepts, n_group_a)
+    _write_pictures(tmp, source.images_for(concepts), concepts, group_a)
+    facts = _draw_facts(concepts, world_seed)
+    cpt, swap, llava = _training_rows(concepts, group_a, facts, world_seed)
+    for name, rows in (("cpt.jsonl", cpt), ("swap.jsonl", swap)):
+        (tmp / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp / "llava.json").write_text(json.dumps(llava))
+    n_bench = _write_benches(tmp, {"bench": group_b, "bench_seen": group_a}, facts, heldout_phrasings)
+
+    world = {"settings": wanted, "concepts": concepts, "group_a": group_a, "group_b": group_b, "facts": facts,
+             "n_cpt": len(cpt), "n_llava": len(llava), "n_swap": len(swap), "n_bench": n_bench["bench"],
+             "n_bench_seen": n_bench["bench_seen"]}
+    (tmp / "world.json").write_text(json.dumps(world, indent=2))
+    tmp.rename(data)  # the world appears whole or not at all
+    return world
+
+
+def _check_naming_matches_evaluator() -> None:
+    """The naming-form recognition control asks exactly what the toy trains (its first naming pair)."""
+    from tokenswap.eval.gap import NAMING_ANSWER, NAMING_PROMPT
+
+    if NAMING[0] != (NAMING_PROMPT.replace("<image 1>", "<image>"), NAMING_ANSWER.replace("{concept}", "{c}")):
+        raise AssertionError(f"demo NAMING[0] {NAMING[0]} must match the evaluator's {NAMING_PROMPT!r} -> {NAMING_ANSWER!r}")
+
+
+def _split_groups(concepts: list[str], n_group_a: int | None) -> tuple[list[str], list[str]]:
+    """Group A: concepts whose pictures appear inside questions during TokenSwap post-training. Group B: concepts
+    whose pictures never do; the bench asks about them. TokenSwap's claim is that practising with pictures in place
+    of words transfers to other concepts' pictures."""
     if n_group_a is None:
-        group_a, group_b = concepts[0::2], concepts[1::2]
-    else:
-        if not 4 <= n_group_a <= n_concepts - 4:
-            raise ValueError(f"--group-a must leave at least 4 concepts in each group, got {n_group_a} of {n_concepts}")
-        # Spread group A over the list (the list mixes fruit, animals, vehicles, ...).
-        order = sorted(range(n_concepts), key=lambda k: (k * n_group_a) % n_concepts)
-        picked = set(order[:n_group_a])
-        group_a = [c for k, c in enumerate(concepts) if k in picked]
-        group_b = [c for k, c in enumerate(concepts) if k not in picked]
+        return concepts[0::2], concepts[1::2]
+    n_concepts = len(concepts)
+    if not 4 <= n_group_a <= n_concepts - 4:
+        raise ValueError(f"--group-a must leave at least 4 concepts in each group, got {n_group_a} of {n_concepts}")
+    # Spread group A over the list (the list mixes fruit, animals, vehicles, ...).
+    order = sorted(range(n_concepts), key=lambda k: (k * n_group_a) % n_concepts)
+    picked = set(order[:n_group_a])
+    return ([c for k, c in enumerate(concepts) if k in picked], [c for k, c in enumerate(concepts) if k not in picked])
+
+
+def _write_pictures(tmp: Path, pictures: dict, concepts: list[str], group_a: list[str]) -> None:
+    """``images/{concept}.png``, the image store of every picture, and ``store_train`` of group A's only (the
+    pictures TokenSwap may swap in)."""
+    from tokenswap.store.image_store import StoreWriter
+
     info = {"attribution": "OpenMoji (CC BY-SA 4.0), https://openmoji.org"}
     with StoreWriter(tmp / "store", info=info) as w_all, StoreWriter(tmp / "store_train", info=info) as w_train:
         for c in concepts:
@@ -162,21 +188,33 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0, n_group_a: int 
             if c in group_a:
                 w_train.add(c, image, source="openmoji", score=score, meta=meta)
 
-    attrs = list(ATTRIBUTES)
-    facts = {c: {a: ATTRIBUTES[a][0][int(unit_hash(world_seed, c, a) * 4)] for a in attrs} for c in concepts}
 
-    def mc(c: str, a: str, q: int) -> tuple[MCItem, dict]:
-        values, questions, _ = ATTRIBUTES[a]
-        item = MCItem(id=f"{_slug(c)}-{a}-q{q}", subject=SUBJECT, question=questions[q].format(c=c),
-                      choices=list(values), answer=values.index(facts[c][a]))
-        prompt = format_prompt(item)
-        start = prompt.index("Question: ") + len("Question: ") + item.question.index(c)
-        return item, {"message": 0, "start": start, "end": start + len(c), "key": c}
+def _draw_facts(concepts: list[str], world_seed: int) -> dict[str, dict[str, str]]:
+    return {c: {a: ATTRIBUTES[a][0][int(unit_hash(world_seed, c, a) * 4)] for a in ATTRIBUTES} for c in concepts}
+
+
+def _mc(facts: dict, c: str, a: str, q: int):
+    """The multiple-choice question on fact ``a`` of concept ``c`` in phrasing ``q``, and the concept's span in
+    its prompt (the TokenSwap data's ``concepts`` entry)."""
+    from tokenswap.eval.mc import MCItem, format_prompt
+
+    values, questions, _ = ATTRIBUTES[a]
+    item = MCItem(id=f"{_slug(c)}-{a}-q{q}", subject=SUBJECT, question=questions[q].format(c=c),
+                  choices=list(values), answer=values.index(facts[c][a]))
+    prompt = format_prompt(item)
+    start = prompt.index("Question: ") + len("Question: ") + item.question.index(c)
+    return item, {"message": 0, "start": start, "end": start + len(c), "key": c}
+
+
+def _training_rows(concepts: list[str], group_a: list[str], facts: dict,
+                   world_seed: int) -> tuple[list[dict], list[dict], list[dict]]:
+    """The CPT rows, the post-training "Magpie" rows (``swap.jsonl``) and the "LLaVA" rows."""
+    from tokenswap.eval.mc import format_prompt
 
     # CPT: every fact as text (three phrasings) + naming every picture (native images).
     cpt = []
     for c in concepts:
-        for a in attrs:
+        for a in ATTRIBUTES:
             for k, s in enumerate(ATTRIBUTES[a][2]):
                 text = s.format(c=c, v=facts[c][a])
                 cpt.append({"id": f"fact-{_slug(c)}-{a}-{k}", "messages": [
@@ -190,17 +228,24 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0, n_group_a: int 
     # group A only, so only group A pictures are ever swapped in.
     swap = []
     for c in concepts:
-        for a in attrs:
-            item, span = mc(c, a, 0)
+        for a in ATTRIBUTES:
+            item, span = _mc(facts, c, a, 0)
             swap.append({"id": f"mc-{item.id}", "messages": [
                 {"role": "user", "content": format_prompt(item)}, {"role": "assistant", "content": item.letter}],
                 "concepts": [span] if c in group_a else [], "images": []})
     # The same questions as text also go into CPT ("mixed training": QA next to the facts teaches
     # a small model to look facts up rather than memorise answers).
     cpt += [{**row, "id": "cpt-" + row["id"], "concepts": []} for row in swap]
-    # Post-training "LLaVA" data (every arm): picture naming for every concept, 4-way identification
-    # in the recognition control's own format, and a replay of the fact statements (without it,
-    # post-training on questions washes out what pre-training stored).
+    return cpt, swap, _llava_rows(concepts, cpt, world_seed)
+
+
+def _llava_rows(concepts: list[str], cpt: list[dict], world_seed: int) -> list[dict]:
+    """Post-training "LLaVA" data (every arm): picture naming for every concept, 4-way identification in the
+    recognition control's own format, and a replay of the fact statements (without it, post-training on
+    questions washes out what pre-training stored)."""
+    from tokenswap.eval.mc import MCItem, format_prompt
+    from tokenswap.eval.recognition import RECOGNITION_QUESTION, RECOGNITION_SUBJECT
+
     llava = [
         {"id": f"ll-{_slug(c)}-{k}", "image": f"{_slug(c)}.png",
          "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": ans.format(c=c)}]}
@@ -221,49 +266,105 @@ def build_world(out: Path, n_concepts: int, world_seed: int = 0, n_group_a: int 
             llava.append({"id": f"ll-{item.id}", "image": f"{_slug(c)}.png", "conversations": [
                 {"from": "human", "value": format_prompt(item).replace("<image 1>", "<image>")},
                 {"from": "gpt", "value": item.letter}]})
-    for name, rows in (("cpt.jsonl", cpt), ("swap.jsonl", swap)):
-        (tmp / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp / "llava.json").write_text(json.dumps(llava))
+    return llava
 
-    # The bench: group B's facts in phrasings no training sample used (phrasings 1..3), text and
-    # interleaved, in the TokenSwap-Bench hub layout. The facts were trained as text, so text
-    # accuracy measures knowledge; the interleaved form asks the same with the picture.
-    # A second bench asks the same about group A (pictures TokenSwap practised with, new phrasing):
-    # it separates "learned to read these pictures in questions" from "learned to read pictures".
+
+def _write_benches(tmp: Path, groups: dict[str, list[str]], facts: dict, heldout_phrasings: int) -> dict[str, int]:
+    """One TokenSwap-Bench (hub layout, text and interleaved) per group: its facts in the phrasings no training
+    sample used (1..``heldout_phrasings``); returns the questions per form of each.
+
+    ``bench`` asks about group B. The facts were trained as text, so text accuracy measures knowledge; the
+    interleaved form asks the same with the picture. ``bench_seen`` asks the same about group A (pictures
+    TokenSwap practised with, new phrasing): it separates "learned to read these pictures in questions" from
+    "learned to read pictures"."""
+    from tokenswap.concepts import Concept
+    from tokenswap.data.tokenswap_bench import write_tokenswap_bench
+    from tokenswap.eval.mc import swap_concepts
+    from tokenswap.store.image_store import ImageStore
+
     store = ImageStore(tmp / "store")
     n_bench = {}
-    for name, group in (("bench", group_b), ("bench_seen", group_a)):
+    for name, group in groups.items():
         pairs = []
         for c in group:
-            for a in attrs:
+            for a in ATTRIBUTES:
                 for q in range(1, 1 + heldout_phrasings):
-                    item, _ = mc(c, a, q)
+                    item, _ = _mc(facts, c, a, q)
                     start = item.question.index(c)
                     pairs.append((item, swap_concepts(item, [Concept(0, start, start + len(c), c)], store)))
         write_tokenswap_bench(pairs, tmp / name)
         n_bench[name] = len(pairs)
-
-    world = {"settings": wanted, "concepts": concepts, "group_a": group_a, "group_b": group_b, "facts": facts,
-             "n_cpt": len(cpt), "n_llava": len(llava), "n_swap": len(swap), "n_bench": n_bench["bench"],
-             "n_bench_seen": n_bench["bench_seen"]}
-    (tmp / "world.json").write_text(json.dumps(world, indent=2))
-    tmp.rename(data)  # the world appears whole or not at all
-    return world
+    return n_bench
 
 
 # ---------------------------------------------------------------------------- running recipes
-def launch(recipe: str, config: str, overrides: list[str], log: Path) -> None:
-    """``accelerate launch recipes/{recipe}.py --config {config} ...`` (one CPU process, the demo's :data:`NUMERICS`)."""
+def launch(recipe: str, config: str, overrides: list[str], log: Path, steps: int | None = None,
+           on_step: Callable[[int], None] | None = None) -> None:
+    """``accelerate launch recipes/{recipe}.py --config {config} ...`` (one CPU process, the demo's :data:`NUMERICS`).
+
+    ``on_step`` is called about once a second with the training step the run's log last showed (out of ``steps``).
+    """
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "recipes" / f"{recipe}.py"),
            "--config", config, *overrides]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
            "WANDB_SILENT": "true", "ACCELERATE_USE_CPU": "true", **NUMERICS}
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+    with open(log, "w") as f, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT) as proc:
+        while True:
+            try:
+                proc.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if on_step is not None and steps:
+                    on_step(_steps_logged(log, steps))
     if proc.returncode != 0:
         tail = log.read_text()[-3000:]
         raise RuntimeError(f"{recipe} failed (exit {proc.returncode}); log {log}:\n{tail}")
+    if on_step is not None and steps:
+        on_step(steps)
+
+
+# The Trainer's tqdm bar in a recipe's log: "| 120/1000 [00:50<06:23, 2.34it/s]".
+_TRAINER_BAR = re.compile(rb"(\d+)/(\d+) \[")
+
+
+def _steps_logged(log: Path, total: int) -> int:
+    """The last step out of ``total`` that the Trainer's progress bar wrote into ``log`` (0 before the first)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            tail = f.read()
+    except OSError:
+        return 0
+    done = [int(m[1]) for m in _TRAINER_BAR.finditer(tail) if int(m[2]) == total]
+    return done[-1] if done else 0
+
+
+class _Progress:
+    """One tqdm bar over several jobs' steps (the post-training runs go side by side; each reports its own step)."""
+
+    def __init__(self, total: int, desc: str, unit: str):
+        from tqdm.auto import tqdm
+
+        # A log file or CI console gets a line every 30 s rather than a redraw per step, and no cursor movements
+        # (tqdm's for bars stacked on a terminal).
+        tty = sys.stderr.isatty()
+        self.bar = tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, mininterval=0.5 if tty else 30.0,
+                        position=None if tty else 0)
+        self.done: dict[object, int] = {}
+        self.lock = threading.Lock()
+
+    def job(self, key: object) -> Callable[[int], None]:
+        def report(step: int) -> None:
+            with self.lock:
+                delta = step - self.done.get(key, 0)
+                if delta > 0:  # a log can show an older bar while a run resumes; never count back
+                    self.done[key] = step
+                    self.bar.update(delta)
+        return report
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def evaluate_checkpoint(path: Path, bench: Path, cache: Path | None = None) -> dict:
@@ -356,57 +457,26 @@ def main(argv: list[str] | None = None) -> int:
           f"{world['n_swap']} MC post-training samples, {world['n_bench']} bench questions per form "
           f"(group A: {world['n_bench_seen']})", flush=True)
 
-    from tokenswap.testing import build_tiny_qwen2vl
-
-    corpus = [json.loads(line)["messages"][1]["content"] for line in (data / "cpt.jsonl").read_text().splitlines()]
-    corpus += [json.loads(line)["messages"][0]["content"] for line in (data / "swap.jsonl").read_text().splitlines()]
-    # One pre-trained model (the knowledge every arm starts from); seeds vary post-training
-    # (data order, swap seed), which is the comparison the paper makes.
-    init = build_tiny_qwen2vl(out / "init", corpus=corpus, vocab_size=768, hidden_size=128, num_layers=4,
-                              min_pixels=PIXELS, max_pixels=PIXELS, seed=0)
-    pre = out / "pretrain"
-    if not (pre / "log_history.json").exists():
-        print(f"[demo] 2/5 continued pre-training ({args.pretrain_steps} steps: facts as text + naming pictures)", flush=True)
-        launch("pretrain", "demo/pretrain_text.yaml", [
-            f"run.output_dir={pre}", f"model.name_or_path={init}", f"data.swap_dataset={data / 'cpt.jsonl'}",
-            f"data.llava_image_root={data / 'images'}", f"train.max_steps={args.pretrain_steps}",
-            f"train.logging_steps={max(1, min(25, args.pretrain_steps // 10))}",
-        ], out / "logs" / "pretrain.log")
-    pre_metrics = {g: evaluate_checkpoint(pre, data / b, pre / f"eval_{g}.json") for g, b in GROUPS}
+    pre = _pretrain(args, out, data)
+    pre_metrics = {}
+    bar = _Progress(len(GROUPS), "[demo]     evaluating the pre-trained model", "bench")
+    for g, b in GROUPS:
+        pre_metrics[g] = evaluate_checkpoint(pre, data / b, pre / f"eval_{g}.json")
+        bar.job(g)(1)
+    bar.close()
     print("[demo]     after pre-training: " + "; ".join(
         f"group {g[-1].upper()}: acc_text {m['gap/acc_text']:.3f}, acc_interleaved {m['gap/acc_interleaved']:.3f}, "
         f"recognition naming {m['gap/recognition_naming']:.3f} / mc {m['gap/recognition_mc']:.3f}"
         for g, m in pre_metrics.items()), flush=True)
-    runs, todo = [], []
-    for seed in args.seeds:
-        for arm in ("baseline", "text", "tokenswap"):
-            post = out / f"post-{arm}-seed{seed}"
-            runs.append(post)
-            if not (post / "log_history.json").exists():
-                todo.append((seed, arm, post))
-    def post_train(job: tuple[int, str, Path]) -> None:
-        seed, arm, post = job
-        print(f"[demo] 3/5 seed {seed}: post-training, {arm} arm ({args.post_steps} steps)", flush=True)
-        launch("post_train", f"demo/post_{arm}.yaml", [
-            f"run.output_dir={post}", f"run.seed={seed}", f"data.seed={seed}", f"collator.swap_seed={seed}",
-            f"model.name_or_path={pre}", f"data.llava_json={data / 'llava.json'}",
-            f"data.llava_image_root={data / 'images'}", f"data.swap_dataset={data / 'swap.jsonl'}",
-            f"gap_eval.bench={data / 'bench'}", f"gap_eval.every_steps={args.eval_every}",
-            f"train.max_steps={args.post_steps}", f"train.logging_steps={max(1, min(25, args.post_steps // 6))}",
-            *([f"image_store={data / 'store_train'}"] if arm == "tokenswap" else []),
-        ], out / "logs" / f"post-{arm}-seed{seed}.log")
-
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(post_train, todo))  # list(): re-raises the first failure
+    runs = _post_train(args, out, data, pre)
 
     print("[demo] 4/5 comparing arms (group B in the loop; group A on the final checkpoints)", flush=True)
-    from tokenswap.compare import compare_runs, load_run, plot_runs, to_markdown
+    from tokenswap.compare import compare_runs, load_run, to_markdown
 
     records = [r for p in runs for r in load_run(str(p))]
     table = compare_runs(records, METRICS)
-    # Group B: the in-loop evaluator's last values (the final checkpoint); group A: evaluated here.
+    # Group B: the in-loop evaluator's last values (the final checkpoint); group A: evaluated on the final
+    # checkpoint as each run finished (_post_train), read back here.
     finals: dict[str, dict[str, dict[int, dict]]] = {"group_b": {}, "group_a": {}}
     for post, record in zip(runs, records):
         seed = int(record.config["run"]["seed"])
@@ -419,12 +489,86 @@ def main(argv: list[str] | None = None) -> int:
     (out / "report.json").write_text(json.dumps(report, indent=2))
     md = _report_md(report, to_markdown(table), argv if argv is not None else sys.argv[1:])
     (out / "report.md").write_text(md)
-    plot_runs(records, METRICS[:8], out / "comparison.png")
+    plot_demo(report, records, out / "comparison.png")
     print(f"[demo] 5/5 done in {report['seconds']:.0f} s wall, {report['cpu_seconds']:.0f} s CPU (this process "
           "and its children)")
     print(md)
     print(f"[demo] table: {out / 'report.md'}\n[demo] plot:  {out / 'comparison.png'}\n[demo] json:  {out / 'report.json'}")
     return 0
+
+
+def _pretrain(args, out: Path, data: Path) -> Path:
+    """Stage 2: the one pre-trained model every arm starts from (reused when its run finished before)."""
+    from tokenswap.testing import build_tiny_qwen2vl
+
+    corpus = [json.loads(line)["messages"][1]["content"] for line in (data / "cpt.jsonl").read_text().splitlines()]
+    corpus += [json.loads(line)["messages"][0]["content"] for line in (data / "swap.jsonl").read_text().splitlines()]
+    # One pre-trained model (the knowledge every arm starts from); seeds vary post-training
+    # (data order, swap seed), which is the comparison the paper makes.
+    init = build_tiny_qwen2vl(out / "init", corpus=corpus, vocab_size=768, hidden_size=128, num_layers=4,
+                              min_pixels=PIXELS, max_pixels=PIXELS, seed=0)
+    pre = out / "pretrain"
+    if not (pre / "log_history.json").exists():
+        print(f"[demo] 2/5 continued pre-training ({args.pretrain_steps} steps: facts as text + naming pictures; "
+              f"log {out / 'logs' / 'pretrain.log'})", flush=True)
+        bar = _Progress(args.pretrain_steps, "[demo]     pre-training", "step")
+        launch("pretrain", "demo/pretrain_text.yaml", [
+            f"run.output_dir={pre}", f"model.name_or_path={init}", f"data.swap_dataset={data / 'cpt.jsonl'}",
+            f"data.llava_image_root={data / 'images'}", f"train.max_steps={args.pretrain_steps}",
+            f"train.logging_steps={max(1, min(25, args.pretrain_steps // 10))}",
+        ], out / "logs" / "pretrain.log", steps=args.pretrain_steps, on_step=bar.job("pretrain"))
+        bar.close()
+    return pre
+
+
+def _post_train(args, out: Path, data: Path, pre: Path) -> list[Path]:
+    """Stage 3: every seed × arm post-training run, ``--jobs`` at a time, each evaluated on group A as it finishes
+    (here, while the other runs train, rather than all at the end); returns the run folders in seed, arm order."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    runs, todo = [], []
+    for seed in args.seeds:
+        for arm in ("baseline", "text", "tokenswap"):
+            post = out / f"post-{arm}-seed{seed}"
+            runs.append(post)
+            if not (post / "log_history.json").exists():
+                todo.append((seed, arm, post))
+    print(f"[demo] 3/5 post-training: {len(runs)} runs ({len(args.seeds)} seeds × baseline, text, tokenswap; "
+          f"{len(todo)} to train, {args.post_steps} steps each, {min(args.jobs, max(1, len(todo)))} at a time; "
+          f"logs in {out / 'logs'})", flush=True)
+    steps = _Progress(len(todo) * args.post_steps, "[demo]     post-training", "step")
+    evals = _Progress(len(runs), "[demo]     group A evaluation", "run")
+
+    def post_train(job: tuple[int, str, Path]) -> Path:
+        seed, arm, post = job
+        launch("post_train", f"demo/post_{arm}.yaml", [
+            f"run.output_dir={post}", f"run.seed={seed}", f"data.seed={seed}", f"collator.swap_seed={seed}",
+            f"model.name_or_path={pre}", f"data.llava_json={data / 'llava.json'}",
+            f"data.llava_image_root={data / 'images'}", f"data.swap_dataset={data / 'swap.jsonl'}",
+            f"gap_eval.bench={data / 'bench'}", f"gap_eval.every_steps={args.eval_every}",
+            f"train.max_steps={args.post_steps}", f"train.logging_steps={max(1, min(25, args.post_steps // 6))}",
+            *([f"image_store={data / 'store_train'}"] if arm == "tokenswap" else []),
+        ], out / "logs" / f"post-{arm}-seed{seed}.log", steps=args.post_steps, on_step=steps.job(post))
+        return post
+
+    def evaluate(post: Path) -> None:
+        evaluate_checkpoint(post, data / "bench_seen", post / "eval_group_a.json")
+        evals.job(post)(1)
+
+    try:
+        for post in runs:
+            if (post / "log_history.json").exists():
+                evaluate(post)
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            pending = {pool.submit(post_train, job) for job in todo}
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    evaluate(future.result())  # result(): re-raises the run's failure
+    finally:
+        steps.close()
+        evals.close()
+    return runs
 
 
 GROUPS = (("group_b", "bench"), ("group_a", "bench_seen"))
@@ -560,6 +704,125 @@ def _report_md(report: dict, inloop_md: str, argv: list[str]) -> str:
     lines.append("## In-loop log (group B, `tokenswap compare` over the runs)\n")
     lines.append(inloop_md)
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- the figure
+ARM_COLORS = {"baseline": "tab:gray", "text": "tab:blue", "tokenswap": "tab:orange"}
+# Dashes too, so an arm whose curve lies on another's (text and tokenswap often agree early on) stays visible.
+ARM_DASHES = {"baseline": ":", "text": "--", "tokenswap": "-"}
+GROUP_LABELS = (("group_b", "B (transfer,\nprimary)"), ("group_a", "A (practised)"))
+CURVES = (("loss", "training loss"), ("gap/abs", "gap = acc_text − acc_interleaved"),
+          ("gap/acc_interleaved", "acc_interleaved"))
+
+
+def plot_demo(report: dict, records: list, path: str | os.PathLike):
+    """The figure of the result the report concludes on; returns the (closed) matplotlib figure.
+
+    Top row, final checkpoints: the per-seed paired differences of both endpoints for groups B and A (a dot per
+    seed, the mean with its 95% CI), and each arm's gap per group (mean ± CI, the pre-trained model's as a dash).
+    Bottom row, group B in the loop: each arm's mean over seeds with a band of the 95% CI per step.
+    Every plotted artist carries a ``gid`` (``paired/group_b/<endpoint>/mean`` ...) so tests can read its data.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n_seeds = len(report["seeds"])
+    fig, axes = plt.subplots(2, 3, figsize=(14, 8.2))
+    for ax, (key, title) in zip(axes[0, :2], (
+            ("gap_text_minus_gap_tokenswap", "gap_text − gap_tokenswap"),
+            ("acc_interleaved_tokenswap_minus_text", "acc_interleaved: tokenswap − text"))):
+        _plot_paired(ax, report["paired_difference"], key, title)
+    _plot_arm_gaps(axes[0, 2], report)
+    for ax, (metric, title) in zip(axes[1], CURVES):
+        _plot_curves(ax, records, metric, title)
+    arms = [a for a in ARM_COLORS if a in report["groups"]["group_b"]]
+    handles = [matplotlib.lines.Line2D([], [], color=ARM_COLORS[a], ls=ARM_DASHES[a], lw=2.5, label=a) for a in arms]
+    fig.legend(handles=handles, loc="upper right", ncol=len(arms), frameon=False, title="arm")
+    band = "band: 95% CI over seeds" if n_seeds > 1 else "one seed: no band"
+    fig.suptitle(f"tokenswap demo, {n_seeds} seed{'s' * (n_seeds > 1)}: top, final checkpoints (paired per seed); "
+                 f"bottom, group B in the loop (mean; {band})", x=0.01, ha="left", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return fig
+
+
+def _ci_or_zero(cell: dict) -> float:
+    return cell["ci95"] if cell.get("ci95") is not None else 0.0
+
+
+def _plot_paired(ax, paired: dict, key: str, title: str) -> None:
+    shown = False
+    for x, (g, _) in enumerate(GROUP_LABELS):
+        cell = paired.get(g, {}).get(key)
+        if not cell:
+            continue
+        values = cell["values"]
+        # Seeds spread sideways in a fixed order so equal values stay visible.
+        offsets = [0.18 * (k - (len(values) - 1) / 2) / max(1, len(values) - 1) for k in range(len(values))]
+        ax.scatter([x - 0.25 + o for o in offsets], values, s=18, color="0.45", zorder=3, gid=f"paired/{g}/{key}/seeds",
+                   label="one seed" if not shown else None)
+        ax.errorbar([x + 0.1], [cell["mean"]], yerr=[[_ci_or_zero(cell)]], fmt="o", color="black", capsize=5, lw=1.8,
+                    ms=7, zorder=4, label=None if shown else "mean, 95% CI" if cell.get("ci95") is not None
+                    else "mean (one seed: no CI)").lines[0].set_gid(f"paired/{g}/{key}/mean")
+        text = f"{cell['mean']:+.3f}" if cell.get("ci95") is None else (
+            f"{cell['mean']:+.3f}\n[{cell['mean'] - cell['ci95']:+.3f},\n {cell['mean'] + cell['ci95']:+.3f}]")
+        ax.annotate(text, (x + 0.18, cell["mean"]), fontsize=8, va="center")
+        shown = True
+    ax.axhline(0, color="0.3", lw=0.8, ls="--")
+    ax.set_xticks(range(len(GROUP_LABELS)), [label for _, label in GROUP_LABELS])
+    ax.set_xlim(-0.6, len(GROUP_LABELS) - 0.2)
+    ax.set_title(f"paired: {title}\n(> 0: TokenSwap helped)", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    if shown:
+        ax.legend(fontsize=8, loc="best")
+
+
+def _plot_arm_gaps(ax, report: dict) -> None:
+    arms = [a for a in ARM_COLORS if a in report["groups"]["group_b"]]
+    for x, (g, _) in enumerate(GROUP_LABELS):
+        pre = report["pretrained_only"][g].get("gap/abs")
+        if pre is not None:
+            ax.hlines(pre, x - 0.35, x + 0.35, color="black", ls=":", lw=1.5, gid=f"arms/{g}/pretrained",
+                      label="pre-trained only" if x == 0 else None)
+        for k, arm in enumerate(arms):
+            cell = report["groups"][g][arm].get("gap/abs")
+            if cell:
+                ax.errorbar([x + 0.22 * (k - 1)], [cell["mean"]], yerr=[[_ci_or_zero(cell)]], fmt="s", ms=6,
+                            capsize=4, color=ARM_COLORS[arm]).lines[0].set_gid(f"arms/{g}/{arm}")
+    ax.set_xticks(range(len(GROUP_LABELS)), [label for _, label in GROUP_LABELS])
+    ax.set_xlim(-0.6, len(GROUP_LABELS) - 0.4)
+    ax.set_title("gap per arm, final checkpoint\n(mean, 95% CI over seeds)", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+
+
+def _plot_curves(ax, records: list, metric: str, title: str) -> None:
+    from tokenswap.eval.stats import mean_ci
+
+    for arm, color in ARM_COLORS.items():
+        by_step: dict[float, list[float]] = {}
+        for r in records:
+            if r.arm == arm:
+                for step, value in zip(*r.series(metric)):
+                    by_step.setdefault(step, []).append(value)
+        if not by_step:
+            continue
+        steps = sorted(by_step)
+        summary = [mean_ci(by_step[s]) for s in steps]
+        means = [m for m, _ in summary]
+        # Dashed arms above the solid one, so a dashed curve on a solid one shows.
+        ax.plot(steps, means, color=color, ls=ARM_DASHES[arm], lw=2, marker="o" if len(steps) < 12 else None, ms=4,
+                zorder=2 if ARM_DASHES[arm] == "-" else 3,
+                gid=f"curve/{metric}/{arm}")
+        if all(len(by_step[s]) > 1 for s in steps):
+            ax.fill_between(steps, [m - h for m, h in summary], [m + h for m, h in summary], color=color, alpha=0.2,
+                            lw=0, gid=f"band/{metric}/{arm}")
+    ax.set_title(f"group B, in the loop: {title}", fontsize=10)
+    ax.set_xlabel("post-training step")
+    ax.grid(alpha=0.3)
 
 
 if __name__ == "__main__":
