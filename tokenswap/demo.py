@@ -427,13 +427,14 @@ def _cpu_seconds() -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tokenswap.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="demo_out", help="output folder (reused: finished runs are skipped)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--concepts", type=int, default=24)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4],
+                        help="post-training seeds: one run per arm and group each (default 0 1 2 3 4)")
+    parser.add_argument("--concepts", type=int, default=24, help="concepts of the toy world (default 24)")
     parser.add_argument("--group-a", type=int, default=None, help="concepts TokenSwap practises with (default half)")
     parser.add_argument("--phrasings", type=int, default=3, help="held-out question phrasings per fact (1-3)")
-    parser.add_argument("--pretrain-steps", type=int, default=1000)
-    parser.add_argument("--post-steps", type=int, default=100)
-    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--pretrain-steps", type=int, default=1000, help="steps of the shared pre-training")
+    parser.add_argument("--post-steps", type=int, default=100, help="steps of each post-training run")
+    parser.add_argument("--eval-every", type=int, default=50, help="steps between in-loop gap evaluations")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="post-training runs at once, one thread each (default: one per core); the figures do "
                              "not depend on it")
@@ -826,4 +827,6 @@ def _plot_curves(ax, records: list, metric: str, title: str) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from tokenswap.script import run_script
+
+    run_script(main)
