@@ -63,7 +63,7 @@ def test_recognition_control_on_always_b(b_model, make_pairs):
     pairs = make_pairs(8)
     # Two more questions showing the same pictures (as a bench asks several questions per concept).
     pairs += [(replace(t, id=t.id + "b"), replace(i, id=i.id + "b")) for t, i in pairs[4:6]]
-    result = GapEvaluator(processor, pairs, recognition=True, batch_size=4, progress=False).evaluate(model)
+    result = GapEvaluator(processor, pairs, forms=("recognition",), batch_size=4, progress=False).evaluate(model)
     rec = recognition_items([i for _, i in pairs])
     pictures = list(dict.fromkeys(r.id for _, _, r in rec))  # one per distinct (picture, concept)
     assert len(rec) == sum(i.num_images for _, i in pairs) > len(pictures)
@@ -96,7 +96,7 @@ def test_naming_recognition_scores_each_reply_like_a_plain_forward(b_model, make
 
     model, processor = b_model
     pairs = make_pairs(5)
-    result = GapEvaluator(processor, pairs, recognition=True, batch_size=3, progress=False).evaluate(model)
+    result = GapEvaluator(processor, pairs, forms=("recognition",), batch_size=3, progress=False).evaluate(model)
     rec = recognition_items([i for _, i in pairs])
     tok = processor.tokenizer
     item_of = {r.id: r for _, _, r in rec}
@@ -129,7 +129,7 @@ def test_naming_recognition_finds_the_name_a_model_was_taught(tiny_qwen2vl, make
     model, processor = load_checkpoint(tiny_qwen2vl)
     pairs = make_pairs(6)
     rec = recognition_items([i for _, i in pairs])
-    ev = GapEvaluator(processor, pairs, recognition=True, batch_size=8, progress=False)
+    ev = GapEvaluator(processor, pairs, forms=("recognition",), batch_size=8, progress=False)
     # Train on the evaluator's own candidate rows: the right name of every picture, via its labels.
     units = [u for u in ev.units if u.naming and u.candidate == u.item.answer]
     from tokenswap.eval.gap import naming_inputs
@@ -225,7 +225,7 @@ _SCRIPT = textwrap.dedent(
     out = {{}}
     for scorer in ("loglik", "generate"):
         ev = GapEvaluator(processor, make_pairs(7), scorer=scorer, batch_size=2, max_new_tokens=3,
-                          recognition=True, progress=False)
+                          forms=("recognition",), progress=False)
         out[scorer] = ev.evaluate(model).to_dict()
     out["world"] = state.num_processes
     if state.is_main_process:
@@ -246,7 +246,7 @@ def test_two_process_cpu_equals_single_process(tiny_qwen2vl, tmp_path, make_pair
     single = {}
     for scorer in ("loglik", "generate"):
         ev = GapEvaluator(
-            processor, make_pairs(7), scorer=scorer, batch_size=2, max_new_tokens=3, recognition=True, progress=False
+            processor, make_pairs(7), scorer=scorer, batch_size=2, max_new_tokens=3, forms=("recognition",), progress=False
         )
         single[scorer] = ev.evaluate(model).to_dict()
     dest = tmp_path / "dist.json"
