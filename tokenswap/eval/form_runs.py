@@ -13,10 +13,16 @@ independent and go out at once (three streams with an OpenAI-compatible endpoint
 checkpoint (``hf``) runs the streams one after another, captions first. Each distinct picture is captioned once per
 run (by its bytes) and identified once (by its concept and bytes), whichever items show it.
 
-What cannot be scored is left out and said: an item whose tags lack concept names (the bench's text and img rows do
-not align there) is not asked at all when a form needs the names (``skipped``); a caption that is empty or absurdly
-long (:data:`tokenswap.eval.forms.CAPTION_MAX_CHARS`) skips the items that need it; a failed caption or recognition
-request excludes the items that show its picture (``error``), until a rerun answers it.
+What cannot be scored is left out and said, form by form (forms are independent): an item whose tags lack concept
+names (the bench's text and img rows do not align there) is not asked in the forms that need the names
+(``skipped``) and is asked in the others; a caption that is empty or absurdly long
+(:data:`tokenswap.eval.forms.CAPTION_MAX_CHARS`) skips the caption form of the items that need it; a failed caption
+or recognition request leaves the items that show its picture out of that form (``error``), until a rerun answers
+it. An item leaves the gap only when its text or interleaved form has no answer.
+
+:class:`FormPlan` is the one planner: ``tokenswap eval`` runs its units through a backend (:func:`run_plan`), the
+in-loop :class:`tokenswap.eval.gap.GapEvaluator` scores the same units on the ranks, and both read the records back
+by unit key (:func:`collect`, :func:`tokenswap.eval.gap.plan_result`).
 """
 
 from __future__ import annotations

@@ -162,6 +162,10 @@ class GapResult:
             when no naming records were given; None without the control).
         recognition: one record per distinct picture (the items showing it, picture id, concept, the MC prediction and
             ``correct_mc``, the naming prediction, its candidate log-likelihoods and ``correct_naming``).
+        forms: the forms run; pictures: one record per distinct picture of the items; decomposition: the split of
+            the gap over the items scored in every form.
+        excluded: one record per item left out of the gap (its text or interleaved form has no answer).
+        form_counts: per form, ``n`` (items scored in it), ``failed`` and ``skipped``.
     """
 
     scorer: str
@@ -253,7 +257,6 @@ class GapResult:
             "items": self.items,
             "recognition": self.recognition,
             **self.form_fields(),
-            "excluded": self.excluded,
         }
         return clean(d)
 
