@@ -377,7 +377,7 @@ def evaluate_checkpoint(path: Path, bench: Path, cache: Path | None = None) -> d
 
     model, processor = load_checkpoint(path)
     evaluator = GapEvaluator(processor, load_tokenswap_bench_pairs(str(bench)), scorer="loglik", batch_size=32,
-                             recognition=True, progress=False)
+                             forms=("recognition",), progress=False)
     metrics = evaluator.evaluate(model).metrics("gap/")
     if cache is not None:
         cache.write_text(json.dumps(metrics, indent=1))

@@ -24,7 +24,9 @@ class GapEvalCallback(TrainerCallback):
             ``gap/images_K/...``; with the recognition control ``gap/recognition_naming``,
             ``gap/recognition_mc``, ``gap/recognition_rate``, ``gap/recognised_only/abs`` and
             ``gap/controlled/...``; with the ``both`` form ``gap/acc_both``, ``gap/load`` and ``gap/content``;
-            with ``both`` or recognition the split of the gap ``gap/components/{load,recognition,rest}``).
+            with ``both`` or recognition the split of the gap ``gap/components/{load,recognition,rest}``; and each
+            control's own ``gap/n_<form>``: an item without concept names is skipped in the forms that need them,
+            as in ``tokenswap eval``, and a form left with no item is logged with n 0, never raised).
         evaluator: a :class:`GapEvaluator` on the held-out pairs (inputs are built once and reused).
         eval_steps: evaluate when ``global_step`` is a multiple of this; 0 for train end only.
         at_train_end: also evaluate when training ends (skipped if that step was just evaluated).

@@ -132,7 +132,9 @@ def cli_main(argv: list[str] | None = None) -> int:
 
 
 def _world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    from tokenswap.ranks import rank_and_world
+
+    return rank_and_world()[1]
 
 
 class EvalLockedError(FolderLockedError):
@@ -213,20 +215,10 @@ def _evaluate_in_one_pass(args) -> int:
             f"the release's settings for this model ({'; '.join(settings.applied)}) need the per-item path, which "
             "runs in one process: drop accelerate launch, or pass --no-model-settings"
         )
-    from tokenswap.eval.forms import CONCEPT_FORMS, missing_concepts
-
     state = Accelerator()  # sets up the process group from the launcher's env (ACCELERATE_USE_CPU included)
     with _lock(Path(args.out), state.process_index):
-        all_pairs = _load_pairs(args.bench, args.split, args.limit)
+        pairs = _load_pairs(args.bench, args.split, args.limit)
         shots = _shots(args)
-        # Items whose tags lack concept names cannot be asked in the forms that need them: left out, counted.
-        need = [f for f in args.forms if f in CONCEPT_FORMS]
-        pairs = [(t, i) for t, i in all_pairs if not (need and missing_concepts(i))]
-        excluded = [{"id": t.id, "skipped": f"tags {missing_concepts(i)} have no concept name",
-                     "forms": {f: f"skipped: tags {missing_concepts(i)} have no concept name" for f in args.forms}}
-                    for t, i in all_pairs if need and missing_concepts(i)]
-        require_items(pairs, f"--bench {args.bench!r}", "items with concept names for every tag",
-                      f"--forms {','.join(need)} need them; run without those forms")
         model, processor = load_checkpoint(args.model)
         model.to(state.device)
         budget = max_new_tokens(args, settings)
@@ -240,14 +232,40 @@ def _evaluate_in_one_pass(args) -> int:
         result = evaluator.evaluate(model)
         if state.is_main_process:
             payload = {"model": str(args.model), "bench": str(args.bench), "split": args.split, **result.to_dict()}
+            n_failed = sum(any(r.startswith("error") for r in e["forms"].values()) for e in result.excluded)
             payload.update(backend="hf", max_new_tokens=budget, model_settings=settings.as_dict(),
-                           n_pairs=len(all_pairs), n_failed=0, n_skipped=len(excluded), excluded=excluded)
-            _write(Path(args.out), payload, result.to_markdown())
+                           n_pairs=len(pairs), n_failed=n_failed, n_skipped=len(result.excluded) - n_failed,
+                           excluded=result.excluded)
+            _write(Path(args.out), payload, result.to_markdown() + _form_lines(result))
             if result.decomposition is not None:
                 from tokenswap.eval.form_runs import plot_forms
 
                 plot_forms(payload, Path(args.out) / "gap_forms.png")
+        _refuse_empty_forms(result)
     return 0
+
+
+def _form_lines(result) -> str:
+    """gap.md's lines for the forms that lost items (each form's n, and its first reason)."""
+    from tokenswap.eval.form_runs import _reasons
+
+    lines = []
+    for form, c in result.form_counts.items():
+        if c["failed"] or c["skipped"]:
+            first = next((f"{e['id']}: {r}" for e in (*result.excluded, *result.items)
+                          for f, r in _reasons(e).items() if f == form), None)
+            lines.append(f"{form}: n {c['n']}, {c['failed']} failed, {c['skipped']} skipped (first: {first})")
+    return "\nPer form:\n" + "\n".join(f"- {line}" for line in lines) + "\n" if lines else ""
+
+
+def _refuse_empty_forms(result) -> None:
+    """Exit status 1 when a form run rests on no item: that form's number would be a mean over nothing."""
+    from tokenswap.errors import IncompleteRunError
+
+    empty = result.empty_forms()
+    if empty:
+        raise IncompleteRunError(f"{empty[0]}; gap.json counts each form's n and skips (form_counts); rerun "
+                                 "without that form, or fix what its reason names")
 
 
 def _identity(args, settings, budget: int) -> dict:
@@ -294,9 +312,8 @@ def check_run_identity(out: Path, identity: dict, command: str) -> None:
 
 
 def _evaluate_records(args) -> int:
-    from tokenswap.eval.decompose import decompose
-    from tokenswap.eval.form_runs import FormPlan, collect, naming_records, plot_forms, run_plan
-    from tokenswap.eval.gap import summarize
+    from tokenswap.eval.form_runs import FormPlan, plot_forms, run_plan
+    from tokenswap.eval.gap import naming_records, plan_result
     from tokenswap.eval.mc import shots_for
     from tokenswap.inference.backends import describe_arguments, model_family_source, open_backend, resolve_settings
     from tokenswap.inference.runs import RecordLog, check_error_share, tally
@@ -333,19 +350,10 @@ def _evaluate_records(args) -> int:
                 backend.close()
         rows = [log.records[u.key] for u in units if u.key in log.records]
         counts = tally(rows)
-        items, pictures, excluded, left_out = collect(plan, log, args.scorer)
-        recognition = naming_recs = None
-        if plan.recognition:
-            index = {r["id"]: k for k, r in enumerate(items)}
-            recognition = [{"items": [index[i] for i in p["items"]], "correct": p["correct_recognition"]}
-                           for p in pictures]
-            if naming:
-                naming_recs = [{"items": [index[i] for i in p["items"]], "correct": p["correct_naming"]}
-                               for p in pictures]
-        result = summarize(args.scorer, args.prompt, items, recognition, naming_recs)
-        result.forms, result.pictures = plan.forms, pictures
-        if items:
-            result.decomposition = decompose(items, pictures if plan.recognition else None)
+        result = plan_result(plan, log.records, args.scorer, args.prompt)
+        items, excluded = result.items, result.excluded
+        n_failed = sum(any(r.startswith("error") for r in e["forms"].values()) for e in excluded)
+        left_out = {"failed": n_failed, "skipped": len(excluded) - n_failed}
         payload = {"model": str(args.model), "bench": str(args.bench), "split": args.split, **result.to_dict()}
         family, source = model_family_source(args)
         payload.update(
@@ -367,7 +375,8 @@ def _evaluate_records(args) -> int:
         usage = counts["usage"]
         markdown += f"\nTokens: {usage['prompt_tokens']:,} prompt, {usage['completion_tokens']:,} completion " \
                     f"over {usage['requests']:,} requests\n"
-        _write(out, payload, markdown)
+        _write(out, payload, markdown + _form_lines(result))
         if result.decomposition is not None:
             plot_forms(payload, out / "gap_forms.png")
+        _refuse_empty_forms(result)
     return 0

@@ -38,12 +38,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tokenswap.eval.forms import ITEM_FORMS
 from tokenswap.eval.stats import DEFAULT_RESAMPLES, LEVEL, bootstrap_indices, percentile_interval
 
-__all__ = ["DEFAULT_RESAMPLES", "ITEM_FORMS", "LEVEL", "check_decomposable", "decompose", "decomposition_markdown"]
-
-# The forms asked per item, in the order results show them; ``recognition`` is asked per picture.
-ITEM_FORMS = ("text", "interleaved", "both", "caption", "rendered")
+__all__ = ["DEFAULT_RESAMPLES", "LEVEL", "check_decomposable", "decompose", "decomposition_markdown"]
 
 
 def _estimate(value: float, draws: np.ndarray, level: float) -> dict:

@@ -13,10 +13,16 @@ independent and go out at once (three streams with an OpenAI-compatible endpoint
 checkpoint (``hf``) runs the streams one after another, captions first. Each distinct picture is captioned once per
 run (by its bytes) and identified once (by its concept and bytes), whichever items show it.
 
-What cannot be scored is left out and said: an item whose tags lack concept names (the bench's text and img rows do
-not align there) is not asked at all when a form needs the names (``skipped``); a caption that is empty or absurdly
-long (:data:`tokenswap.eval.forms.CAPTION_MAX_CHARS`) skips the items that need it; a failed caption or recognition
-request excludes the items that show its picture (``error``), until a rerun answers it.
+What cannot be scored is left out and said, form by form (forms are independent): an item whose tags lack concept
+names (the bench's text and img rows do not align there) is not asked in the forms that need the names
+(``skipped``) and is asked in the others; a caption that is empty or absurdly long
+(:data:`tokenswap.eval.forms.CAPTION_MAX_CHARS`) skips the caption form of the items that need it; a failed caption
+or recognition request leaves the items that show its picture out of that form (``error``), until a rerun answers
+it. An item leaves the gap only when its text or interleaved form has no answer.
+
+:class:`FormPlan` is the one planner: ``tokenswap eval`` runs its units through a backend (:func:`run_plan`), the
+in-loop :class:`tokenswap.eval.gap.GapEvaluator` scores the same units on the ranks, and both read the records back
+by unit key (:func:`collect`, :func:`tokenswap.eval.gap.plan_result`).
 """
 
 from __future__ import annotations
@@ -33,18 +39,16 @@ from tokenswap.eval.forms import (
     CAPTION_PROMPT,
     CONCEPT_FORMS,
     ITEM_FORMS,
-    both_item,
     caption_conversation,
-    caption_item,
     clean_caption,
+    form_item,
     images_sent,
     missing_concepts,
-    rendered_item,
 )
 from tokenswap.eval.mc import MCItem, build_conversation, extract_answer, format_prompt, image_tags
 from tokenswap.eval.recognition import picture_digest, recognition_items
 
-__all__ = ["FormPlan", "Unit", "collect", "naming_records", "plot_forms", "run_plan"]
+__all__ = ["Collected", "FormPlan", "Unit", "collect", "empty_forms", "plot_forms", "run_plan"]
 
 
 @dataclass(frozen=True)
@@ -91,15 +95,19 @@ class FormPlan:
         self.prompt = prompt
         self.shots = list(shots) if shots is not None else [((), ())] * len(self.pairs)
         need = [f for f in self.forms if f in CONCEPT_FORMS]
-        self.skipped: dict[int, str] = {}
+        # Per item, the forms it is not asked in and why. Forms are independent: an item whose tags lack concept
+        # names is still asked in text, interleaved and caption, which need none.
+        self.skipped: dict[int, dict[str, str]] = {}
         for i, (_, inter) in enumerate(self.pairs):
             missing = missing_concepts(inter)
             if need and missing:
                 tags = ", ".join(f"<image {t}>" for t in missing)
-                self.skipped[i] = (f"not asked: {tags} {'has' if len(missing) == 1 else 'have'} no concept name (the "
-                                   f"bench's text and img rows do not align there), which --forms {','.join(need)} "
-                                   "need")
-        # Per item: tag -> picture id; pictures by id (those of the items that are asked), in order of appearance.
+                why = (f"not asked: {tags} {'has' if len(missing) == 1 else 'have'} no concept name (the bench's text "
+                       f"and img rows do not align there), which --forms {','.join(need)} need")
+                self.skipped[i] = dict.fromkeys(need, why)
+        # Per item: tag -> picture id; pictures by id, in order of appearance. A picture's id is its concept and its
+        # bytes (the recognition item's id); a caption is asked once per distinct bytes (``images``), whatever the
+        # concept.
         self.item_pictures: list[dict[int, str]] = []
         self.pictures: dict[str, _Picture] = {}
         for i, (_, inter) in enumerate(self.pairs):
@@ -108,21 +116,24 @@ class FormPlan:
                 digest = picture_digest(inter.images[tag])
                 name = inter.concepts.get(tag)
                 ids[tag] = f"{normalize_concept(name) if name else ''}#{digest}"
-                if i not in self.skipped:
-                    picture = self.pictures.setdefault(ids[tag], _Picture(ids[tag], digest, name and normalize_concept(
-                        name), inter.images[tag]))
-                    if i not in picture.items:
-                        picture.items.append(i)
+                picture = self.pictures.setdefault(ids[tag], _Picture(ids[tag], digest, name and normalize_concept(
+                    name), inter.images[tag]))
+                if i not in picture.items:
+                    picture.items.append(i)
             self.item_pictures.append(ids)
         self.recognition_items: dict[str, MCItem] = {}
         if self.recognition:
-            asked = [inter for i, (_, inter) in enumerate(self.pairs) if i not in self.skipped]
-            for _, _, item in recognition_items(asked, seed=recognition_seed):
+            named = [i for i in range(len(self.pairs)) if "recognition" not in self.skipped.get(i, {})]
+            for _, _, item in recognition_items([self.pairs[i][1] for i in named], seed=recognition_seed):
                 self.recognition_items.setdefault(item.id, item)
-        self.images = {}  # digest -> the picture (a caption is asked once per distinct image, whatever its concept)
+        self.images = {}  # digest -> the picture
         for picture in self.pictures.values():
             self.images.setdefault(picture.digest, picture.image)
         self.digests = list(self.images)
+
+    def asks(self, index: int, form: str) -> bool:
+        """Whether item ``index`` is asked in ``form`` (every form that needs no concept name it lacks)."""
+        return form in self.forms and form not in self.skipped.get(index, {})
 
     # -- units ---------------------------------------------------------------------
 
@@ -133,8 +144,8 @@ class FormPlan:
 
     def independent_units(self) -> list[Unit]:
         """The item forms that need no caption, item by item, then the recognition items."""
-        units = [Unit(f"{form}|{text.id}", form, i) for i, (text, _) in enumerate(self.pairs) if i not in self.skipped
-                 for form in self.item_forms if form != "caption"]
+        units = [Unit(f"{form}|{text.id}", form, i) for i, (text, _) in enumerate(self.pairs)
+                 for form in self.item_forms if form != "caption" and self.asks(i, form)]
         units += [Unit(f"recognition|{pid}", "recognition", picture=pid) for pid in self.recognition_items]
         return units
 
@@ -145,7 +156,7 @@ class FormPlan:
             Unit(f"caption|{text.id}", "caption", i,
                  needs=tuple(dict.fromkeys(f"captioning|{self.pictures[p].digest}" for p in self.item_pictures[i]
                                            .values())))
-            for i, (text, _) in enumerate(self.pairs) if i not in self.skipped
+            for i, (text, _) in enumerate(self.pairs) if self.asks(i, "caption")
         ]
 
     def all_units(self) -> list[Unit]:
@@ -155,16 +166,10 @@ class FormPlan:
 
     def item(self, unit: Unit, captions: dict[str, str] | None = None) -> MCItem:
         text, inter = self.pairs[unit.index]
-        if unit.form == "text":
-            return text
-        if unit.form == "interleaved":
-            return inter
-        if unit.form == "both":
-            return both_item(inter)
-        if unit.form == "rendered":
-            return rendered_item(inter)
-        by_tag = {tag: captions[self.pictures[pid].digest] for tag, pid in self.item_pictures[unit.index].items()}
-        return caption_item(inter, by_tag)
+        by_tag = None
+        if unit.form == "caption":
+            by_tag = {tag: captions[self.pictures[pid].digest] for tag, pid in self.item_pictures[unit.index].items()}
+        return form_item(unit.form, text, inter, by_tag)
 
     def conversation(self, unit: Unit, captions: dict[str, str] | None = None) -> list[dict]:
         if unit.form == "captioning":
@@ -395,75 +400,106 @@ def run_plan(backend, log, plan: FormPlan, scorer: str, max_new_tokens: int, pro
     return runs.asked
 
 
-def naming_records(backend, log, plan: FormPlan, progress: str | None = None) -> int:
-    """hf's log-likelihood naming control per distinct picture: ``naming|{picture id}`` records (resumable).
-
-    Each of the picture's four candidate names is scored after the naming prompt
-    (:data:`tokenswap.eval.gap.NAMING_PROMPT`), on the picture as the backend prepares it for generation.
-    """
-    from tqdm.auto import tqdm
-
-    from tokenswap.eval.gap import naming_inputs, naming_loglik
-    from tokenswap.eval.mc import _as_rgb
-
-    todo = [(pid, item) for pid, item in plan.recognition_items.items()
-            if log.records.get(f"naming|{pid}", {}).get("choices") != list(item.choices)]
-    rows_per_batch = max(1, backend.batch_size // 4) if hasattr(backend, "batch_size") else 2
-    was_training = backend.model.training
-    backend.model.eval()
-    try:
-        for start in tqdm(range(0, len(todo), rows_per_batch), desc=progress and f"{progress} naming",
-                          disable=progress is None, file=sys.stderr):
-            chunk = todo[start : start + rows_per_batch]
-            rows = [(backend.prepare_image(_as_rgb(item.images[1])), name) for _, item in chunk for name in item.choices]
-            scores = naming_loglik(backend.model, naming_inputs(backend.processor, rows))
-            for j, (pid, item) in enumerate(chunk):
-                mine = scores[4 * j : 4 * j + 4]
-                best = max(range(4), key=mine.__getitem__)
-                log.append({log.key_field: f"naming|{pid}", "form": "naming", "picture": pid,
-                            "choices": list(item.choices), "loglik": mine, "pred": item.choices[best],
-                            "correct": best == item.answer})
-    finally:
-        backend.model.train(was_training)
-    return len(todo)
-
-
 # ----------------------------------------------------------------------------- results
 
 
-def collect(plan: FormPlan, log, scorer: str) -> tuple[list[dict], list[dict], list[dict], dict]:
-    """The records of a finished run as ``(items, pictures, excluded, counts)`` (see ``gap.json`` in the docs).
+@dataclass
+class Collected:
+    """The results of one run, read from its records by unit key (:func:`collect`); see ``gap.json`` in the docs.
 
-    ``items``: one record per item answered in every form run; ``pictures``: one per distinct picture those items
-    show; ``excluded``: one per item left out, with the reason per form; ``counts``: ``failed`` and ``skipped``
-    items (an item both failed and skipped in different forms counts as failed).
+    Args:
+        items: one record per item of the gap (answered in text and interleaved), ``correct_<form>`` per item form
+            run: true/false, or None with ``skipped_<form>`` / ``error_<form>`` saying why that form has no answer;
+            with recognition ``recognized`` (None where a picture of the item has no identification).
+        pictures: one per distinct picture those items show.
+        excluded: one per item left out of the gap, with the reason per form.
+        counts: ``failed`` and ``skipped`` items of ``excluded`` (an item both failed and skipped in different
+            forms counts as failed).
+        form_counts: per form run, ``n`` (items of the gap scored in it), ``failed`` and ``skipped`` (items whose
+            request of that form failed or was not made); for recognition also ``pictures`` (identified or not).
     """
-    records = log.records
-    items, excluded = [], []
-    for i, (text, inter) in enumerate(plan.pairs):
+
+    items: list[dict]
+    pictures: list[dict]
+    excluded: list[dict]
+    counts: dict
+    form_counts: dict
+
+    def complete(self) -> tuple[list[dict], list[dict]]:
+        """The items scored in every form run and the pictures they show: what the decomposition rests on (its
+        differences are paired over items, so every form must have the same items)."""
+        forms = [k[len("correct_"):] for k in (self.items[0] if self.items else {}) if k.startswith("correct_")]
+        items = [r for r in self.items if all(r[f"correct_{f}"] is not None for f in forms)
+                 and r.get("recognized", False) is not None]
+        by_id = {p["picture"]: p for p in self.pictures}
+        return items, [by_id[pid] for pid in dict.fromkeys(pid for r in items for pid in r["pictures"])]
+
+    def empty_forms(self) -> list[str]:
+        return empty_forms(self.form_counts, self.excluded, self.items)
+
+
+def empty_forms(form_counts: dict, excluded: Sequence[dict], items: Sequence[dict]) -> list[str]:
+    """One line per form run that rests on no item (recognition: on no identified picture), saying why."""
+    out = []
+    for form, c in form_counts.items():
+        if c["pictures"] if form == "recognition" else c["n"]:
+            continue
+        first = next((f"{e['id']}: {r}" for e in (*excluded, *items) for f, r in _reasons(e).items() if f == form),
+                     None)
+        what = "identified pictures" if form == "recognition" else "items"
+        why = f"{c['failed']} items failed and {c['skipped']} were skipped in it" + (f" (first: {first})" if first else "")
+        out.append(f"the {form} form rests on 0 {what}: {why}")
+    return out
+
+
+def _reasons(entry: dict) -> dict[str, str]:
+    """Form -> "error: ..." / "skipped: ..." of an excluded entry or of an item record's per-form fields."""
+    if "forms" in entry and isinstance(entry["forms"], dict):
+        return entry["forms"]
+    out = {}
+    for key, value in entry.items():
+        for kind in ("error", "skipped"):
+            if key.startswith(f"{kind}_") and value:
+                out[key[len(kind) + 1:]] = f"{kind}: {value}"
+    return out
+
+
+def collect(plan: FormPlan, records: dict[str, dict], scorer: str) -> Collected:
+    """The records of a finished run (unit key -> record, as :class:`~tokenswap.inference.runs.RecordLog` holds
+    them), read by unit key.
+
+    Forms are independent: a form whose request for an item failed or was not made (a caption that is empty, a tag
+    without a concept name) leaves that item out of that form only; an item leaves the gap (``excluded``) only
+    when its text or interleaved form has no answer.
+    """
+    reasons_of: list[dict[str, str]] = []
+    rows_of: list[dict[str, dict]] = []
+    for i, (text, _) in enumerate(plan.pairs):
         reasons: dict[str, str] = {}
         rows: dict[str, dict] = {}
-        if i in plan.skipped:
-            reasons = {f: f"skipped: {plan.skipped[i]}" for f in plan.forms}
-        else:
-            for form in plan.item_forms:
-                row = records.get(f"{form}|{text.id}")
-                if form == "caption" and row is None:
-                    for tag, pid in plan.item_pictures[i].items():
-                        _, why = caption_of(records.get(f"captioning|{plan.pictures[pid].digest}"))
-                        if why is not None:
-                            kind, _, detail = why.partition(": ")
-                            reasons[form] = f"{kind}: caption of picture {pid} (<image {tag}>): {detail}"
-                            break
-                    else:
-                        reasons[form] = "error: not asked"
-                elif row is None:
-                    reasons[form] = "error: not asked"
-                elif "error" in row or "skipped" in row:
-                    reasons[form] = f"error: {row['error']}" if "error" in row else f"skipped: {row['skipped']}"
+        for form in plan.item_forms:
+            row = records.get(f"{form}|{text.id}")
+            if not plan.asks(i, form):
+                reasons[form] = f"skipped: {plan.skipped[i][form]}"
+            elif form == "caption" and row is None:
+                for tag, pid in plan.item_pictures[i].items():
+                    _, why = caption_of(records.get(f"captioning|{plan.pictures[pid].digest}"))
+                    if why is not None:
+                        kind, _, detail = why.partition(": ")
+                        reasons[form] = f"{kind}: caption of picture {pid} (<image {tag}>): {detail}"
+                        break
                 else:
-                    rows[form] = row
-            if plan.recognition:
+                    reasons[form] = "error: not asked"
+            elif row is None:
+                reasons[form] = "error: not asked"
+            elif "error" in row or "skipped" in row:
+                reasons[form] = f"error: {row['error']}" if "error" in row else f"skipped: {row['skipped']}"
+            else:
+                rows[form] = row
+        if plan.recognition:
+            if not plan.asks(i, "recognition"):
+                reasons["recognition"] = f"skipped: {plan.skipped[i]['recognition']}"
+            else:
                 for pid in dict.fromkeys(plan.item_pictures[i].values()):
                     row = records.get(f"recognition|{pid}")
                     if row is None or "error" in row or "skipped" in row:
@@ -471,7 +507,13 @@ def collect(plan: FormPlan, log, scorer: str) -> tuple[list[dict], list[dict], l
                         kind = "skipped" if row is not None and "skipped" in row else "error"
                         reasons["recognition"] = f"{kind}: recognition of picture {pid}: {detail}"
                         break
-        if reasons:
+        reasons_of.append(reasons)
+        rows_of.append(rows)
+
+    items, excluded = [], []
+    for i, (text, inter) in enumerate(plan.pairs):
+        reasons, rows = reasons_of[i], rows_of[i]
+        if "text" in reasons or "interleaved" in reasons:
             entry = {"id": text.id, "forms": reasons}
             for kind in ("error", "skipped"):  # today's fields: the first reason of each kind
                 first = next((r.partition(": ")[2] for r in reasons.values() if r.startswith(kind)), None)
@@ -479,23 +521,29 @@ def collect(plan: FormPlan, log, scorer: str) -> tuple[list[dict], list[dict], l
                     entry[kind] = first
             excluded.append(entry)
             continue
-        inter_shots = plan.shots[i][1]
         rec = {
             "id": text.id, "subject": text.subject, "answer": text.letter, "num_images": inter.num_images,
-            "images_sent": images_sent(format_prompt(inter, plan.prompt, inter_shots)),
+            "images_sent": images_sent(format_prompt(inter, plan.prompt, plan.shots[i][1])),
             "pictures": list(dict.fromkeys(plan.item_pictures[i].values())),
         }
         for form in plan.item_forms:
-            rec[f"pred_{form}"] = rows[form]["pred"]
+            rec[f"pred_{form}"] = rows[form]["pred"] if form in rows else None
         for form in plan.item_forms:
-            rec[f"correct_{form}"] = rows[form]["pred"] == text.letter
+            rec[f"correct_{form}"] = rows[form]["pred"] == text.letter if form in rows else None
         for form in plan.item_forms:
-            r = rows[form]
+            r = rows.get(form)
+            if r is None:
+                kind, _, detail = reasons[form].partition(": ")
+                rec[f"{kind}_{form}"] = detail
+                continue
             if scorer == "generate":
                 rec[f"response_{form}"] = r["response"]
             for extra in ("reasoning", "letter_probs", "outside_mass"):
                 if extra in r:
                     rec[f"{extra}_{form}"] = r[extra]
+        if "recognition" in reasons:
+            kind, _, detail = reasons["recognition"].partition(": ")
+            rec[f"{kind}_recognition"] = detail
         items.append(rec)
 
     shown: dict[str, list[str]] = {}
@@ -507,12 +555,15 @@ def collect(plan: FormPlan, log, scorer: str) -> tuple[list[dict], list[dict], l
         picture = plan.pictures[pid]
         out = {"picture": pid, "concept": picture.concept, "items": ids}
         if plan.recognition:
-            row = records[f"recognition|{pid}"]
-            out.update(pred_recognition=row["pred"], correct_recognition=row["pred"] == row["answer"])
-            if scorer == "generate":
-                out["response_recognition"] = row["response"]
-            if "letter_probs" in row:
-                out["letter_probs_recognition"] = row["letter_probs"]
+            row = records.get(f"recognition|{pid}")
+            if row is None or "error" in row or "skipped" in row:  # no answer: neither right nor wrong
+                out.update(pred_recognition=None, correct_recognition=None)
+            else:
+                out.update(pred_recognition=row["pred"], correct_recognition=row["pred"] == row["answer"])
+                if scorer == "generate":
+                    out["response_recognition"] = row["response"]
+                if "letter_probs" in row:
+                    out["letter_probs_recognition"] = row["letter_probs"]
         if "caption" in plan.forms:
             out["caption"] = caption_of(records.get(f"captioning|{picture.digest}"))[0]
         naming = records.get(f"naming|{pid}")
@@ -522,9 +573,20 @@ def collect(plan: FormPlan, log, scorer: str) -> tuple[list[dict], list[dict], l
     if plan.recognition:
         correct = {p["picture"]: p["correct_recognition"] for p in pictures}
         for rec in items:
-            rec["recognized"] = all(correct[pid] for pid in rec["pictures"])
+            flags = [correct[pid] for pid in rec["pictures"]]
+            rec["recognized"] = None if "recognition" in _reasons(rec) or None in flags else all(flags)
+
+    form_counts = {}
+    for form in plan.forms:
+        said = [r[form] for r in reasons_of if form in r]
+        scored = (sum(r.get("recognized") is not None for r in items) if form == "recognition"
+                  else sum(r[f"correct_{form}"] is not None for r in items))
+        form_counts[form] = {"n": scored, "failed": sum(r.startswith("error") for r in said),
+                             "skipped": sum(r.startswith("skipped") for r in said)}
+        if form == "recognition":
+            form_counts[form]["pictures"] = sum(p["correct_recognition"] is not None for p in pictures)
     failed = sum(any(r.startswith("error") for r in e["forms"].values()) for e in excluded)
-    return items, pictures, excluded, {"failed": failed, "skipped": len(excluded) - failed}
+    return Collected(items, pictures, excluded, {"failed": failed, "skipped": len(excluded) - failed}, form_counts)
 
 
 def plot_forms(payload: dict, path) -> None:

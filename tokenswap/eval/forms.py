@@ -17,6 +17,10 @@ them by aligning the two configs, :func:`tokenswap.eval.mc.swap_concepts` fills 
 
 ``both``, ``rendered`` and ``recognition`` need every tag's concept name (:func:`missing_concepts`);
 ``caption`` needs the captions. Everything else is the interleaved item's own text, byte for byte.
+
+This module and :class:`tokenswap.eval.form_runs.FormPlan` own which requests one evaluation makes, for
+``tokenswap eval`` and the in-loop :class:`tokenswap.eval.gap.GapEvaluator` alike: the forms (:data:`ITEM_FORMS`,
+:data:`FORMS`), the item each form asks (:func:`form_item`), and which forms an item can be asked in.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from tokenswap.eval.decompose import ITEM_FORMS
 from tokenswap.eval.mc import IMAGE_TAG, MCItem, image_tags
 
 __all__ = [
@@ -41,6 +44,7 @@ __all__ = [
     "caption_conversation",
     "caption_item",
     "clean_caption",
+    "form_item",
     "images_sent",
     "missing_concepts",
     "parse_forms",
@@ -48,6 +52,8 @@ __all__ = [
     "rendered_word",
 ]
 
+ITEM_FORMS = ("text", "interleaved", "both", "caption", "rendered")
+"""The forms asked per item, in the order results show them."""
 FORMS = (*ITEM_FORMS, "recognition")
 """Every form, in the order outputs show them (``recognition`` is asked per picture, the others per item)."""
 CONCEPT_FORMS = ("both", "rendered", "recognition")
@@ -162,6 +168,29 @@ def clean_caption(reply: str | None) -> tuple[str | None, str | None]:
     if len(text) > CAPTION_MAX_CHARS:
         return None, f"the caption is {len(text)} characters, more than {CAPTION_MAX_CHARS}"
     return text, None
+
+
+def form_item(form: str, text: MCItem, inter: MCItem, captions: Mapping[int, str] | None = None) -> MCItem:
+    """The item asked in ``form`` for the pair ``(text, inter)``; ``captions`` (tag -> caption) for ``caption``.
+
+    >>> i = MCItem("0", "s", "Is a <image 1> big?", ["yes", "no", "c", "d"], 0, {1: b""}, {1: "cat"})
+    >>> t = MCItem("0", "s", "Is a cat big?", ["yes", "no", "c", "d"], 0)
+    >>> form_item("text", t, i) is t, form_item("both", t, i).question
+    (True, 'Is a cat <image 1> big?')
+    """
+    if form == "text":
+        return text
+    if form == "interleaved":
+        return inter
+    if form == "both":
+        return both_item(inter)
+    if form == "rendered":
+        return rendered_item(inter)
+    if form == "caption":
+        if captions is None:
+            raise ValueError("the caption form needs the captions of the item's pictures")
+        return caption_item(inter, captions)
+    raise ValueError(f"{form!r} is no item form; the item forms are {', '.join(ITEM_FORMS)}")
 
 
 def caption_conversation(image) -> list[dict]:

@@ -8,7 +8,7 @@ Two scorers:
   letter is that of ``"X"`` plus that of ``" X"`` (both are how a reply can start; the release's
   strict match accepts either), summed in probability space (logsumexp of the log-probs).
 
-Two recognition controls (``recognition=True``), both over the same 4 candidate concept names
+Two recognition controls (the ``recognition`` form), both over the same 4 candidate concept names
 per swapped image (:func:`tokenswap.eval.recognition.recognition_items`):
 
 * ``recognition_naming``: the question the model learned to answer about a picture: the naming
@@ -46,6 +46,7 @@ caches they are measured with.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
@@ -64,7 +65,6 @@ from tokenswap.eval.mc import (
     pair_ids_match,
     shots_for,
 )
-from tokenswap.eval.recognition import recognition_items
 from tokenswap.inference.hf import (
     OPEN_THINK,
     build_inputs,
@@ -75,7 +75,8 @@ from tokenswap.inference.hf import (
 )
 
 __all__ = ["NAMING_ANSWER", "NAMING_PROMPT", "GapEvaluator", "GapResult", "GapStats", "Scorer", "decomposition_metrics",
-           "form_fields", "letter_token_ids", "naming_inputs", "naming_loglik", "summarize"]
+           "form_fields", "letter_token_ids", "naming_inputs", "naming_loglik", "naming_records", "plan_result",
+           "summarize"]
 # letter_token_ids lives in tokenswap.inference.hf (the hf backend scores letters too); named here for its users.
 
 Scorer = Literal["loglik", "generate"]
@@ -161,6 +162,10 @@ class GapResult:
             when no naming records were given; None without the control).
         recognition: one record per distinct picture (the items showing it, picture id, concept, the MC prediction and
             ``correct_mc``, the naming prediction, its candidate log-likelihoods and ``correct_naming``).
+        forms: the forms run; pictures: one record per distinct picture of the items; decomposition: the split of
+            the gap over the items scored in every form.
+        excluded: one record per item left out of the gap (its text or interleaved form has no answer).
+        form_counts: per form, ``n`` (items scored in it), ``failed`` and ``skipped``.
     """
 
     scorer: str
@@ -176,6 +181,8 @@ class GapResult:
     forms: tuple[str, ...] = ("text", "interleaved")
     pictures: list[dict] = field(default_factory=list, repr=False)
     decomposition: dict | None = field(default=None, repr=False)
+    excluded: list[dict] = field(default_factory=list, repr=False)
+    form_counts: dict = field(default_factory=dict, repr=False)
 
     @property
     def acc_text(self) -> float:
@@ -205,18 +212,25 @@ class GapResult:
         if self.controlled is not None:
             out.update(self.controlled.metrics(f"{prefix}controlled/"))
         out.update(decomposition_metrics(self.decomposition, prefix))
+        for form, counts in self.form_counts.items():  # each control's own n: its items can be fewer than the gap's
+            if form not in ("text", "interleaved"):
+                out[f"{prefix}n_{form}"] = float(counts["n"])
         return out
 
     @property
     def recognition_rate(self) -> float | None:
         """Share of distinct pictures the recognition form identified (None when it did not run)."""
-        if "recognition" not in self.forms or not self.pictures:
-            return None
-        return sum(p["correct_recognition"] for p in self.pictures) / len(self.pictures)
+        return form_fields(self.forms, self.items, self.pictures, None)["recognition_rate"]
 
     def form_fields(self) -> dict:
         """The forms' top-level fields of ``gap.json``: ``forms``, ``acc_<form>``, ``recognition_rate``, ..."""
-        return form_fields(self.forms, self.items, self.pictures, self.decomposition)
+        return form_fields(self.forms, self.items, self.pictures, self.decomposition, self.form_counts)
+
+    def empty_forms(self) -> list[str]:
+        """One line per form run that rests on no item (recognition: no identified picture), saying why."""
+        from tokenswap.eval.form_runs import empty_forms
+
+        return empty_forms(self.form_counts, self.excluded, self.items)
 
     def to_dict(self) -> dict:
         """JSON-ready (NaN becomes None)."""
@@ -280,19 +294,25 @@ class GapResult:
         return "\n".join(lines) + "\n"
 
 
-def form_fields(forms: Sequence[str], items: Sequence[dict], pictures: Sequence[dict], decomposition: dict | None) -> dict:
-    """``forms``, ``acc_<form>`` per item form (over the items answered in every form), ``recognition_rate``,
-    ``n_pictures``, ``pictures`` and ``decomposition``: what ``gap.json`` adds to the gap for the forms run."""
-    from tokenswap.eval.decompose import ITEM_FORMS
+def form_fields(forms: Sequence[str], items: Sequence[dict], pictures: Sequence[dict], decomposition: dict | None,
+                form_counts: dict | None = None) -> dict:
+    """``forms``, ``acc_<form>`` per item form (over the items scored in that form), ``recognition_rate`` (over the
+    pictures identified or not), ``n_pictures``, ``pictures``, ``decomposition`` (over the items scored in every
+    form) and ``form_counts`` (each form's ``n``, ``failed`` and ``skipped``): what ``gap.json`` adds to the gap."""
+    from tokenswap.eval.forms import ITEM_FORMS
 
     out: dict = {"forms": list(forms)}
     for form in forms:
         if form in ITEM_FORMS:
-            out[f"acc_{form}"] = sum(r[f"correct_{form}"] for r in items) / len(items) if items else None
+            scored = [r[f"correct_{form}"] for r in items if r.get(f"correct_{form}") is not None]
+            out[f"acc_{form}"] = sum(scored) / len(scored) if scored else None
     rate = None
-    if "recognition" in forms and pictures:
-        rate = sum(p["correct_recognition"] for p in pictures) / len(pictures)
+    verdicts = [p["correct_recognition"] for p in pictures if p.get("correct_recognition") is not None]
+    if "recognition" in forms and verdicts:
+        rate = sum(verdicts) / len(verdicts)
     out.update(recognition_rate=rate, n_pictures=len(pictures), pictures=list(pictures), decomposition=decomposition)
+    if form_counts is not None:
+        out["form_counts"] = form_counts
     return out
 
 
@@ -337,8 +357,9 @@ def summarize(
         recognition: multiple-choice identification records ``{"item": index into items, "correct": bool}``
             (or ``"items": [indices]`` for a picture several items show).
         naming: naming-form identification records, same shape. An item is ``recognized`` when all of its MC
-            records are correct (``recognized_naming``: all of its naming records); ``controlled`` is over the
-            items recognized in naming form (in MC form when ``naming`` is None).
+            records are correct (``recognized_naming``: all of its naming records), None when one of them has
+            ``correct`` None (no identification); ``controlled`` is over the items recognized in naming form (in
+            MC form when ``naming`` is None).
     """
     by: dict[int, list[dict]] = {}
     for r in items:
@@ -351,20 +372,22 @@ def summarize(
         items=items,
     )
     def share(records: Sequence[dict]) -> float:
-        return sum(r["correct"] for r in records) / len(records) if records else math.nan
+        answered = [r["correct"] for r in records if r["correct"] is not None]
+        return sum(answered) / len(answered) if answered else math.nan
 
     if recognition is not None:
-        result.recognition_n = len(recognition)
+        result.recognition_n = sum(r["correct"] is not None for r in recognition)
         result.recognition_mc = share(recognition)
     if naming is not None:
-        result.recognition_n = len(naming)
+        result.recognition_n = sum(r["correct"] is not None for r in naming)
         result.recognition_naming = share(naming)
 
-    def flags(control: Sequence[dict]) -> list[bool]:
-        ok = [True] * len(items)
+    def flags(control: Sequence[dict]) -> list[bool | None]:
+        # None: a picture of the item has no identification (its request failed, or it has no concept name).
+        ok: list[bool | None] = [True] * len(items)
         for r in control:
             for i in r.get("items", [r.get("item")]):
-                ok[i] = ok[i] and bool(r["correct"])
+                ok[i] = None if ok[i] is None or r["correct"] is None else ok[i] and bool(r["correct"])
         return ok
 
     control = None
@@ -381,18 +404,49 @@ def summarize(
     return result
 
 
+def plan_result(plan, records: Mapping[str, dict], scorer: str, prompt: str, resamples: int | None = None) -> GapResult:
+    """The :class:`GapResult` of a :class:`~tokenswap.eval.form_runs.FormPlan` from its records (unit key -> record):
+    what ``tokenswap eval`` and :class:`GapEvaluator` both report, read one way.
+
+    The gap rests on the items answered in text and interleaved; each other form on the items scored in it; the
+    decomposition on the items scored in every form (its differences are paired). A form resting on no item is
+    reported with ``n`` 0 (see :meth:`GapResult.empty_forms`), never raised here.
+    """
+    from tokenswap.eval.decompose import DEFAULT_RESAMPLES, decompose
+    from tokenswap.eval.form_runs import collect
+
+    got = collect(plan, dict(records), scorer)
+    items, pictures = got.items, got.pictures
+    recognition = naming = None
+    if plan.recognition:
+        index = {r["id"]: k for k, r in enumerate(items)}
+        recognition = [{"items": [index[i] for i in p["items"]], "correct": p["correct_recognition"]}
+                       for p in pictures]
+        if any("correct_naming" in p for p in pictures):  # hf's log-likelihood naming control ran
+            naming = [{"items": [index[i] for i in p["items"]], "correct": p.get("correct_naming")} for p in pictures]
+    result = summarize(scorer, prompt, items, recognition, naming)
+    result.forms, result.pictures = tuple(plan.forms), pictures
+    result.excluded, result.form_counts = got.excluded, got.form_counts
+    complete, shown = got.complete()
+    if complete:
+        result.decomposition = decompose(complete, shown if plan.recognition else None,
+                                         resamples=DEFAULT_RESAMPLES if resamples is None else resamples)
+    return result
+
+
 # ----------------------------------------------------------------------------- scoring helpers
 
 
 @dataclass(frozen=True)
 class _Unit:
-    """One conversation to score: an MC prompt, or (``key[0] == "naming"``) one candidate name of a
-    recognition item after the naming prompt (``candidate`` indexes its choices)."""
+    """One conversation to score: the :class:`~tokenswap.eval.form_runs.FormPlan` unit ``key`` (an item form,
+    ``recognition|...``), or one candidate name (``candidate`` indexes the choices) of ``naming|{picture id}``."""
 
-    key: tuple[str, int]
+    key: str
     item: MCItem
     shots: tuple[MCItem, ...] = ()
     candidate: int = -1
+    mode: str = "zero_shot"
 
     @property
     def has_images(self) -> bool:
@@ -400,7 +454,7 @@ class _Unit:
 
     @property
     def naming(self) -> bool:
-        return self.key[0] == "naming"
+        return self.key.startswith("naming|")
 
 
 # ----------------------------------------------------------------------------- evaluator
@@ -420,17 +474,17 @@ class GapEvaluator:
         k: number of shots.
         batch_size: conversations per forward/generate call (left padded).
         max_new_tokens: generation budget (the release uses 2048; 128 for Qwen2.5-VL).
-        recognition: also score the concept-identification controls, naming form and
-            multiple-choice form (needs ``concepts`` on the interleaved items); the same as
-            ``"recognition"`` in ``forms``.
         recognition_seed: seed of the controls' distractors.
         naming_prompt: the naming-form control's user turn; ``<image 1>`` is the picture.
         naming_answer: the candidate reply scored after it; ``{concept}`` is the candidate name.
         progress: tqdm bar on rank 0.
         forms: the forms scored (:mod:`tokenswap.eval.forms`): ``text`` and ``interleaved`` always, and any of
-            ``both``, ``rendered`` and ``recognition`` (``caption`` needs a generation pass before its items and
-            runs in ``tokenswap eval`` only). ``both``, ``rendered`` and ``recognition`` need every tag's concept
-            name; ``both`` and ``rendered`` run zero-shot or with ``cot`` (shots exist for the two ends only).
+            ``both``, ``rendered`` and ``recognition`` (the concept-identification controls, multiple-choice and
+            naming form; ``caption`` needs a generation pass before its items and runs in ``tokenswap eval`` only).
+            What is asked is :class:`~tokenswap.eval.form_runs.FormPlan`'s plan, the one ``tokenswap eval`` makes:
+            an item whose tags lack concept names is skipped (and counted, with the reason) in ``both``,
+            ``rendered`` and ``recognition`` and scored in the others; ``both`` and ``rendered`` run zero-shot or
+            with ``cot`` (shots exist for the two ends only).
         resamples: bootstrap resamples of the decomposition (:func:`tokenswap.eval.decompose.decompose`).
 
     Ranks and world size come from ``accelerate.PartialState``: create the ``Accelerator`` (or
@@ -454,7 +508,6 @@ class GapEvaluator:
         k: int = 5,
         batch_size: int = 8,
         max_new_tokens: int = 128,
-        recognition: bool = False,
         recognition_seed: int = 0,
         naming_prompt: str = NAMING_PROMPT,
         naming_answer: str = NAMING_ANSWER,
@@ -463,7 +516,8 @@ class GapEvaluator:
         resamples: int | None = None,
     ):
         from tokenswap.eval.decompose import DEFAULT_RESAMPLES
-        from tokenswap.eval.forms import FORMS, both_item, missing_concepts, order_forms, rendered_item
+        from tokenswap.eval.form_runs import FormPlan
+        from tokenswap.eval.forms import FORMS, order_forms
 
         if scorer not in ("loglik", "generate"):
             raise ValueError(f"scorer must be 'loglik' or 'generate', got {scorer!r}")
@@ -483,20 +537,12 @@ class GapEvaluator:
         if "caption" in forms:
             raise ValueError("the caption form asks the model for captions before its items (two passes); run it with "
                              "`tokenswap eval --forms caption`, not in GapEvaluator")
-        self.forms = order_forms([*forms, *(["recognition"] if recognition else [])])
+        self.forms = order_forms(forms)
         self.item_forms = [f for f in self.forms if f != "recognition"]
         if prompt == "k_shot" and len(self.item_forms) > 2:
             raise ValueError(f"prompt='k_shot' has shots for the text and interleaved forms only, not for "
                              f"{', '.join(self.item_forms[2:])}; use zero_shot or cot")
         pair_ids_match(pairs)
-        if any(f in ("both", "rendered", "recognition") for f in self.forms):
-            lacking = [inter.id for _, inter in pairs if missing_concepts(inter)]
-            if lacking:
-                raise ValueError(
-                    f"forms {[f for f in self.forms if f in ('both', 'rendered', 'recognition')]} need the concept "
-                    f"name of every tag; items {lacking[:5]}{' ...' if len(lacking) > 5 else ''} lack some (their "
-                    "text and img rows do not align there): leave them out of the held-out pairs"
-                )
         if "{concept}" not in naming_answer:
             raise ValueError(f"naming_answer must contain '{{concept}}' (the candidate name), got {naming_answer!r}")
         if "<image 1>" not in naming_prompt:
@@ -517,43 +563,27 @@ class GapEvaluator:
         self._opens_think = processor.apply_chat_template(probe, tokenize=False, add_generation_prompt=True).endswith(
             OPEN_THINK)
 
-        text_shots: dict[str, list[MCItem]] = {}
-        inter_shots: dict[str, list[MCItem]] = {}
+        item_shots = None
         if prompt == "k_shot":
-            for subject in {t.subject for t, _ in self.pairs}:
-                chosen = shots_for({subject: list(shots.get(subject, ()))}, subject, k)
-                text_shots[subject] = [t for t, _ in chosen]
-                inter_shots[subject] = [i for _, i in chosen]
-        build = {"text": lambda t, i: t, "interleaved": lambda t, i: i, "both": lambda t, i: both_item(i),
-                 "rendered": lambda t, i: rendered_item(i)}
+            chosen = {subject: shots_for({subject: list(shots.get(subject, ()))}, subject, k)
+                      for subject in {t.subject for t, _ in self.pairs}}
+            item_shots = [(tuple(t for t, _ in chosen[text.subject]), tuple(i for _, i in chosen[text.subject]))
+                          for text, _ in self.pairs]
+        # The plan of `tokenswap eval` decides what is asked (and what is skipped, and why); this evaluator only
+        # scores its units on the ranks. Raises ValueError for recognition on fewer than 4 distinct concepts.
+        self.plan = FormPlan(self.pairs, self.forms, prompt, item_shots, recognition_seed)
+        recognition_mode = "zero_shot" if prompt == "k_shot" else prompt
         self.units: list[_Unit] = []
-        for i, (text, inter) in enumerate(self.pairs):
-            for form in self.item_forms:
-                form_shots = {"text": text_shots, "interleaved": inter_shots}.get(form, {})
-                self.units.append(_Unit((form, i), build[form](text, inter), tuple(form_shots.get(text.subject, ()))))
-        recognition = "recognition" in self.forms
-        self.recognition = (
-            recognition_items([i for _, i in self.pairs], seed=recognition_seed) if recognition else None
-        )
-        # Each distinct picture is scored once (a bench asks many questions about one picture).
-        self.pictures: list[MCItem] = []
-        self.items_of_picture: list[list[int]] = []
-        self._item_pictures: list[list[str]] = [[] for _ in self.pairs]
-        index: dict[str, int] = {}
-        for item_index, _, item in self.recognition or ():
-            if item.id not in index:
-                index[item.id] = len(self.pictures)
-                self.pictures.append(item)
-                self.items_of_picture.append([])
-            if item_index not in self.items_of_picture[index[item.id]]:
-                self.items_of_picture[index[item.id]].append(item_index)
-            if item.id not in self._item_pictures[item_index]:
-                self._item_pictures[item_index].append(item.id)
-        for j, item in enumerate(self.pictures):
-            self.units.append(_Unit(("recognition", j), item))
-        for j, item in enumerate(self.pictures):
+        for unit in self.plan.independent_units():
+            if unit.form == "recognition":
+                self.units.append(_Unit(unit.key, self.plan.recognition_items[unit.picture], mode=recognition_mode))
+                continue
+            text_shots, inter_shots = self.plan.shots[unit.index]
+            form_shots = {"text": text_shots, "interleaved": inter_shots}.get(unit.form, ())
+            self.units.append(_Unit(unit.key, self.plan.item(unit), tuple(form_shots), mode=prompt))
+        for pid, item in self.plan.recognition_items.items():
             for c in range(len(item.choices)):
-                self.units.append(_Unit(("naming", 4 * j + c), item, candidate=c))
+                self.units.append(_Unit(f"naming|{pid}", item, candidate=c))
         self._batches: list[tuple[list[int | None], object]] | None = None
         self._built_for: tuple[int, int] | None = None
 
@@ -590,7 +620,7 @@ class GapEvaluator:
                         for u, _ in slots]
                 self._batches.append((idx, naming_inputs(self.processor, rows, self.naming_prompt, self.naming_answer)))
                 continue
-            convs = [build_conversation(self.units[u].item, self.prompt, self.units[u].shots) for u, _ in slots]
+            convs = [build_conversation(self.units[u].item, self.units[u].mode, self.units[u].shots) for u, _ in slots]
             # loglik reads the answer's first token: after a closed think block where the template opens one.
             self._batches.append((idx, build_inputs(self.processor, convs, close_think=self.scorer == "loglik")))
         self._built_for = (rank, world)
@@ -640,60 +670,42 @@ class GapEvaluator:
         return self._summarize({u: (p, r) for u, p, r in gathered})
 
     def _summarize(self, outputs: dict[int, tuple[str | float | None, str | None]]) -> GapResult:
-        from tokenswap.eval.decompose import decompose
-        from tokenswap.eval.forms import images_sent
-
         if len(outputs) != len(self.units):
             raise RuntimeError(
                 f"gap eval gathered {len(outputs)} results for {len(self.units)} units; a rank is missing"
             )
-        k = len(self.item_forms)
-        records = []
-        for i, (text, inter) in enumerate(self.pairs):
-            rec = {
-                "id": text.id,
-                "subject": text.subject,
-                "answer": text.letter,
-                "num_images": inter.num_images,
-                "images_sent": images_sent(format_prompt(inter, self.prompt, self.units[k * i + 1].shots)),
-                "pictures": self._item_pictures[i],
-            }
-            for j, form in enumerate(self.item_forms):
-                pred, _ = outputs[k * i + j]
-                rec[f"pred_{form}"] = pred
-                rec[f"correct_{form}"] = pred == text.letter
-            if self.scorer == "generate":
-                for j, form in enumerate(self.item_forms):
-                    rec[f"response_{form}"] = outputs[k * i + j][1]
-            records.append(rec)
-        recognition = naming = None
-        if self.recognition is not None:
-            recognition, naming = [], []
-            base = k * len(self.pairs)
-            n_rec = len(self.pictures)
-            for j, item in enumerate(self.pictures):
-                pred = outputs[base + j][0]
-                common = {"items": self.items_of_picture[j], "picture": item.id, "concept": item.concepts[1]}
-                recognition.append({**common, "pred": pred, "correct": pred == item.letter,
-                                    "response": outputs[base + j][1]})
-                scores = [outputs[base + n_rec + 4 * j + c][0] for c in range(len(item.choices))]
-                best = max(range(len(scores)), key=lambda c: scores[c])
-                naming.append({**common, "pred": item.choices[best], "loglik": scores, "correct": best == item.answer})
-        result = summarize(self.scorer, self.prompt, records, recognition, naming)
-        result.forms = self.forms
-        for mc, nm in zip(recognition or (), naming or ()):
-            result.recognition.append({**{k: mc[k] for k in ("items", "picture", "concept")}, "pred_mc": mc["pred"],
-                                       "correct_mc": mc["correct"], "pred_naming": nm["pred"],
-                                       "loglik_naming": nm["loglik"], "correct_naming": nm["correct"]})
-            picture = {"picture": mc["picture"], "concept": mc["concept"],
-                       "items": [self.pairs[i][0].id for i in mc["items"]], "pred_recognition": mc["pred"],
-                       "correct_recognition": mc["correct"]}
-            if self.scorer == "generate":
-                picture["response_recognition"] = mc["response"]
-            picture.update(pred_naming=nm["pred"], correct_naming=nm["correct"], loglik_naming=nm["loglik"])
-            result.pictures.append(picture)
-        result.decomposition = decompose(records, result.pictures if self.recognition is not None else None,
-                                         resamples=self.resamples)
+        # The records `tokenswap eval` would have written, by unit key: the same reading of them follows.
+        records: dict[str, dict] = {}
+        for u, unit in enumerate(self.units):
+            pred, response = outputs[u]
+            if unit.naming:
+                row = records.setdefault(unit.key, {"form": "naming", "picture": unit.key.split("|", 1)[1],
+                                                    "choices": list(unit.item.choices), "loglik": []})
+                row["loglik"].append(pred)
+                if len(row["loglik"]) == len(unit.item.choices):
+                    best = max(range(len(row["loglik"])), key=row["loglik"].__getitem__)
+                    row.update(pred=unit.item.choices[best], correct=best == unit.item.answer)
+                continue
+            form, _, name = unit.key.partition("|")
+            row = {"form": form, "pred": pred}
+            if response is not None:
+                row["response"] = response
+            if form == "recognition":
+                row.update(picture=name, choices=list(unit.item.choices), answer=unit.item.letter)
+            records[unit.key] = row
+        result = plan_result(self.plan, records, self.scorer, self.prompt, self.resamples)
+        index = {r["id"]: k for k, r in enumerate(result.items)}
+        for picture in result.pictures:
+            if picture.get("correct_recognition") is None:
+                continue
+            result.recognition.append({
+                "items": [index[i] for i in picture["items"]], "picture": picture["picture"],
+                "concept": picture["concept"], "pred_mc": picture["pred_recognition"],
+                "correct_mc": picture["correct_recognition"], "pred_naming": picture["pred_naming"],
+                "loglik_naming": picture["loglik_naming"], "correct_naming": picture["correct_naming"]})
+        empty = result.empty_forms()
+        if empty:  # a training run goes on; the log says which form has nothing to report
+            print(f"gap eval: {'; '.join(empty)}", file=sys.stderr)
         return result
 
 
@@ -746,3 +758,35 @@ def naming_loglik(model, built) -> list[float]:
     targets = batch["input_ids"][:, -keep + 1 :]
     token_lp = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, keep-1)
     return [float(token_lp[row, token_lp.shape[1] - n :].sum()) for row, n in enumerate(reply_len)]
+
+
+def naming_records(backend, log, plan, progress: str | None = None) -> int:
+    """hf's log-likelihood naming control per distinct picture: ``naming|{picture id}`` records (resumable).
+
+    Each of the picture's four candidate names is scored after the naming prompt
+    (:data:`NAMING_PROMPT`), on the picture as the backend prepares it for generation.
+    """
+    from tqdm.auto import tqdm
+
+    from tokenswap.eval.mc import _as_rgb
+
+    todo = [(pid, item) for pid, item in plan.recognition_items.items()
+            if log.records.get(f"naming|{pid}", {}).get("choices") != list(item.choices)]
+    rows_per_batch = max(1, backend.batch_size // 4) if hasattr(backend, "batch_size") else 2
+    was_training = backend.model.training
+    backend.model.eval()
+    try:
+        for start in tqdm(range(0, len(todo), rows_per_batch), desc=progress and f"{progress} naming",
+                          disable=progress is None, file=sys.stderr):
+            chunk = todo[start : start + rows_per_batch]
+            rows = [(backend.prepare_image(_as_rgb(item.images[1])), name) for _, item in chunk for name in item.choices]
+            scores = naming_loglik(backend.model, naming_inputs(backend.processor, rows))
+            for j, (pid, item) in enumerate(chunk):
+                mine = scores[4 * j : 4 * j + 4]
+                best = max(range(4), key=mine.__getitem__)
+                log.append({log.key_field: f"naming|{pid}", "form": "naming", "picture": pid,
+                            "choices": list(item.choices), "loglik": mine, "pred": item.choices[best],
+                            "correct": best == item.answer})
+    finally:
+        backend.model.train(was_training)
+    return len(todo)

@@ -63,7 +63,8 @@ from pathlib import Path
 import numpy as np
 
 from tokenswap.eval import stats
-from tokenswap.eval.decompose import ITEM_FORMS, check_decomposable, decompose
+from tokenswap.eval.decompose import check_decomposable, decompose
+from tokenswap.eval.forms import ITEM_FORMS
 from tokenswap.eval.leaderboard_figures import plot_by_images, plot_components, plot_gaps
 from tokenswap.eval.leaderboard_runs import ALL_FORMS, LeaderboardError, Run, left_out, load_run
 from tokenswap.eval.stats import DEFAULT_RESAMPLES, LEVEL, bootstrap_indices, percentile_interval, welch_t_test

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenswap.errors import InputError
-from tokenswap.eval.decompose import ITEM_FORMS
+from tokenswap.eval.forms import ITEM_FORMS
 from tokenswap.files import read_json_object, read_jsonl
 
 __all__ = ["ALL_FORMS", "CROSSMATH_FORMS", "REST_FORMS", "LeaderboardError", "Run", "left_out", "load_run"]

@@ -62,7 +62,6 @@ def build_gap_callback(cfg: GapEvalConfig, processor, trainer):
 
     pairs = load_tokenswap_bench_pairs(cfg.bench, split=cfg.split, limit=cfg.limit)
     evaluator = GapEvaluator(
-        processor, pairs, scorer=cfg.scorer, batch_size=cfg.batch_size, recognition=cfg.recognition, progress=False,
-        forms=cfg.forms,
+        processor, pairs, scorer=cfg.scorer, batch_size=cfg.batch_size, progress=False, forms=cfg.forms,
     )
     return GapEvalCallback(trainer, evaluator, eval_steps=cfg.every_steps)

@@ -234,8 +234,8 @@ class GapEvalConfig:
     split: str = "test"
     """Bench split to evaluate on."""
     recognition: bool = False
-    """Also score the concept-identification control (which concept does each image show?); the same as adding
-    `recognition` to `forms`."""
+    """Also score the concept-identification control (which concept does each image show?). Kept for the configs
+    that set it: true adds `recognition` to `forms` (the one switch the evaluator reads)."""
     forms: list[str] = field(default_factory=lambda: ["text", "interleaved"])
     """Forms scored at each evaluation (tokenswap.eval.forms): text and interleaved always; `both` (every concept
     word kept, its picture right after it), `rendered` (the word rendered as a picture) and `recognition` (which of
@@ -254,6 +254,8 @@ class GapEvalConfig:
         if unknown:
             problems.append(f"`forms` must be among {', '.join(self.IN_LOOP_FORMS)}, got {unknown}")
         _raise(problems)
+        if self.recognition and "recognition" not in self.forms:
+            self.forms = [*self.forms, "recognition"]
 
 
 @dataclass(kw_only=True)

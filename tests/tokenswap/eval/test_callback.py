@@ -67,3 +67,16 @@ def test_callback_logs_gap_metrics_and_restores_train_mode(tiny_qwen2vl, tmp_pat
         assert h["gap/abs"] == h["gap/acc_text"] - h["gap/acc_interleaved"]
     assert all(probe.modes) and len(probe.modes) == 5
     assert callback.last_result is not None and callback.last_result.overall.n == 4
+
+
+def test_gap_eval_recognition_key_is_the_recognition_form(tiny_bench, tiny_processor):
+    """`gap_eval.recognition: true` (configs/demo/*.yaml) stays accepted: it adds the recognition form, the one switch
+    the evaluator reads, so the callback built from it identifies pictures."""
+    from tokenswap.training.builders import build_gap_callback
+    from tokenswap.training.config import GapEvalConfig
+
+    cfg = GapEvalConfig(bench=str(tiny_bench), recognition=True, limit=4)
+    assert cfg.forms == ["text", "interleaved", "recognition"]
+    assert GapEvalConfig(bench=str(tiny_bench), recognition=True, forms=["recognition"]).forms == ["recognition"]
+    callback = build_gap_callback(cfg, tiny_processor, trainer=None)
+    assert callback.evaluator.forms == ("text", "interleaved", "recognition") and callback.evaluator.plan.recognition

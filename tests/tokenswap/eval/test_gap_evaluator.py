@@ -63,7 +63,7 @@ def test_recognition_control_on_always_b(b_model, make_pairs):
     pairs = make_pairs(8)
     # Two more questions showing the same pictures (as a bench asks several questions per concept).
     pairs += [(replace(t, id=t.id + "b"), replace(i, id=i.id + "b")) for t, i in pairs[4:6]]
-    result = GapEvaluator(processor, pairs, recognition=True, batch_size=4, progress=False).evaluate(model)
+    result = GapEvaluator(processor, pairs, forms=("recognition",), batch_size=4, progress=False).evaluate(model)
     rec = recognition_items([i for _, i in pairs])
     pictures = list(dict.fromkeys(r.id for _, _, r in rec))  # one per distinct (picture, concept)
     assert len(rec) == sum(i.num_images for _, i in pairs) > len(pictures)
@@ -96,7 +96,7 @@ def test_naming_recognition_scores_each_reply_like_a_plain_forward(b_model, make
 
     model, processor = b_model
     pairs = make_pairs(5)
-    result = GapEvaluator(processor, pairs, recognition=True, batch_size=3, progress=False).evaluate(model)
+    result = GapEvaluator(processor, pairs, forms=("recognition",), batch_size=3, progress=False).evaluate(model)
     rec = recognition_items([i for _, i in pairs])
     tok = processor.tokenizer
     item_of = {r.id: r for _, _, r in rec}
@@ -129,7 +129,7 @@ def test_naming_recognition_finds_the_name_a_model_was_taught(tiny_qwen2vl, make
     model, processor = load_checkpoint(tiny_qwen2vl)
     pairs = make_pairs(6)
     rec = recognition_items([i for _, i in pairs])
-    ev = GapEvaluator(processor, pairs, recognition=True, batch_size=8, progress=False)
+    ev = GapEvaluator(processor, pairs, forms=("recognition",), batch_size=8, progress=False)
     # Train on the evaluator's own candidate rows: the right name of every picture, via its labels.
     units = [u for u in ev.units if u.naming and u.candidate == u.item.answer]
     from tokenswap.eval.gap import naming_inputs
@@ -225,7 +225,7 @@ _SCRIPT = textwrap.dedent(
     out = {{}}
     for scorer in ("loglik", "generate"):
         ev = GapEvaluator(processor, make_pairs(7), scorer=scorer, batch_size=2, max_new_tokens=3,
-                          recognition=True, progress=False)
+                          forms=("recognition",), progress=False)
         out[scorer] = ev.evaluate(model).to_dict()
     out["world"] = state.num_processes
     if state.is_main_process:
@@ -246,7 +246,7 @@ def test_two_process_cpu_equals_single_process(tiny_qwen2vl, tmp_path, make_pair
     single = {}
     for scorer in ("loglik", "generate"):
         ev = GapEvaluator(
-            processor, make_pairs(7), scorer=scorer, batch_size=2, max_new_tokens=3, recognition=True, progress=False
+            processor, make_pairs(7), scorer=scorer, batch_size=2, max_new_tokens=3, forms=("recognition",), progress=False
         )
         single[scorer] = ev.evaluate(model).to_dict()
     dest = tmp_path / "dist.json"
@@ -307,3 +307,28 @@ def test_loglik_scores_qwen3_5_where_training_puts_the_answer(tiny_family, make_
             backend = HFBackend(model, processor, "tiny-qwen3.5", letter_ids=letter_ids)
             (scored,) = backend.score_letters([conv])
             assert scored.letter_probs == pytest.approx(letters.exp().tolist(), rel=1e-4, abs=1e-6)
+
+
+def test_in_loop_items_without_concept_names_keep_the_gap_and_an_empty_form_is_logged(b_model, make_pairs, capsys):
+    """The in-loop evaluator follows `tokenswap eval`'s plan: an item without concept names is scored in text and
+    interleaved and skipped in both; a form left with no item is logged with n 0, never raised (training goes on)."""
+    from dataclasses import replace
+
+    model, processor = b_model
+    pairs = make_pairs(6)
+    nameless = [(t, replace(i, concepts={})) for t, i in pairs]  # no item's rows aligned: no concept names at all
+    result = GapEvaluator(processor, nameless, forms=("both",), batch_size=4, progress=False).evaluate(model)
+    with_pictures = sum(i.num_images > 0 for _, i in pairs)
+    assert result.overall.n == len(pairs) and result.excluded == []
+    assert result.form_counts["both"] == {"n": len(pairs) - with_pictures, "failed": 0, "skipped": with_pictures}
+    skipped = [r for r in result.items if r["correct_both"] is None]
+    assert len(skipped) == with_pictures and all("no concept name" in r["skipped_both"] for r in skipped)
+    metrics = result.metrics()
+    assert metrics["gap/n"] == len(pairs) and metrics["gap/n_both"] == len(pairs) - with_pictures
+    # Only items with pictures, none with concept names: both has no item at all, said on stderr, not raised.
+    capsys.readouterr()
+    pictured = [(t, replace(i, concepts={})) for t, i in pairs if i.num_images]
+    result = GapEvaluator(processor, pictured, forms=("both",), batch_size=4, progress=False).evaluate(model)
+    assert result.form_counts["both"]["n"] == 0 and result.decomposition is None and result.overall.n == len(pictured)
+    assert "gap eval: the both form rests on 0 items: 0 items failed and 4 were skipped in it" in capsys.readouterr().err
+    assert result.metrics()["gap/n_both"] == 0.0 and "gap/acc_both" not in result.metrics()
