@@ -9,13 +9,10 @@ from tokenswap.ranks import print0, rank_and_world
 PACKAGE = Path(tokenswap.__file__).parent
 # A read of the launcher's variables: os.environ["RANK"], os.environ.get("WORLD_SIZE"), os.getenv("LOCAL_RANK").
 READ = re.compile(r"""(environ(\.get)?\s*[\[(]|getenv\s*\()\s*["'](RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE)["']""")
-# Being moved onto tokenswap.ranks by other branches of this round (issue 37 item 4); delete once merged.
-NOT_YET = {"eval/cli.py"}
-
 
 def test_only_ranks_reads_rank_and_world_size_from_the_environment():
     readers = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if READ.search(p.read_text(encoding="utf-8"))}
-    assert readers - NOT_YET == {"ranks.py"}
+    assert readers == {"ranks.py"}
 
 
 def test_print0_prints_on_rank_0_only(monkeypatch, capsys):
