@@ -10,6 +10,7 @@ PACKAGE = Path(tokenswap.__file__).parent
 # A read of the launcher's variables: os.environ["RANK"], os.environ.get("WORLD_SIZE"), os.getenv("LOCAL_RANK").
 READ = re.compile(r"""(environ(\.get)?\s*[\[(]|getenv\s*\()\s*["'](RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE)["']""")
 
+
 def test_only_ranks_reads_rank_and_world_size_from_the_environment():
     readers = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if READ.search(p.read_text(encoding="utf-8"))}
     assert readers == {"ranks.py"}
