@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -267,16 +266,23 @@ def test_a_sigterm_stop(planted, tiny_qwen2vl, capfd, monkeypatch):
     monkeypatch.setenv(FAULT_PAUSE_ENV, "3@1")  # the signal lands while step 1 is saved: the run stops after step 2
     marker = out / "checkpoint-1" / "trainer_state.json"
 
+    ended = threading.Event()
+
     def signal_when_saving():
-        deadline = time.monotonic() + 600
-        while not marker.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)
+        # Waits on the run's state, not a clock; a run that ends before it saves (a refusal) is not signalled,
+        # so this process is never sent a SIGTERM outside the run.
+        while not marker.exists() and not ended.wait(0.05):
+            pass
+        if not ended.is_set():
+            os.kill(os.getpid(), signal.SIGTERM)
 
     thread = threading.Thread(target=signal_when_saving, daemon=True)
     thread.start()
-    result = run_script(capfd, overrides(out, tiny_qwen2vl, "train.save_steps=1"))
-    thread.join()
+    try:
+        result = run_script(capfd, overrides(out, tiny_qwen2vl, "train.save_steps=1"))
+    finally:
+        ended.set()
+        thread.join()
     assert_ends(result, PREEMPTED_EXIT, f"[tokenswap] stopped by SIGTERM after step 2: {masked(out / 'checkpoint-2')} "
                                         "is complete", "out")
     assert "error: " not in result[2]
