@@ -2015,6 +2015,21 @@ def _end_job(p: subprocess.Popen, hang_s: float = 600) -> str:
         return f"still running {hang_s:g}s later (hung)"
 
 
+def _holds(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` has ``path`` open, by inode (the lock was opened under its tagged temporary's name)."""
+    try:
+        want = os.stat(path)
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(FileNotFoundError):
+            there = os.stat(f"/proc/{pid}/fd/{fd}")
+            if (there.st_dev, there.st_ino) == (want.st_dev, want.st_ino):
+                return True
+    return False
+
+
 def _children(pid: int) -> list[int]:
     kids = []
     for task in os.listdir(f"/proc/{pid}/task"):
@@ -2101,9 +2116,9 @@ def section_runs_end(t: Tally, work: Path, model: Path, store: Path) -> None:
             problem = f"the run never reached checkpoint-2: {log.read_text()[-300:]}"
         else:
             kids = _children(p.pid)
-            lock = str(out / ".train-lock-r000")
-            holding = [k for k in kids if lock in (os.path.realpath(f"/proc/{k}/fd/{fd}")
-                                                    for fd in os.listdir(f"/proc/{k}/fd"))]
+            holding = [k for k in kids if _holds(k, out / ".train-lock-r000")]
+            if not _holds(p.pid, out / ".train-lock-r000"):
+                problem = "the run does not hold its folder's lock file: the check below would see nothing"
             p.kill()
             p.wait()
             try:
