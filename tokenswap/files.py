@@ -6,7 +6,8 @@
   :func:`remove_dead_temporaries`, which long jobs call on their folder when they start.
 * :class:`FolderLock`: one job per output folder, an exclusive ``flock`` released by the kernel when its holder
   dies. Processes forked while it is held (data-loader workers) drop their copy at once, so a killed holder
-  frees the folder at once, not when its orphaned workers notice. The lock file is never followed as a symlink.
+  frees the folder at once, not when its orphaned workers notice. The lock file is never followed as a symlink,
+  and it holds its holder's tag from the first instant (a locked, tagged temporary hard-linked into place).
 * :func:`read_json` / :func:`iter_jsonl` / :func:`read_jsonl` / :func:`json_loads`: a missing, unreadable, empty,
   truncated or hostile file (nesting Python's parser cannot take, integers past its digit limit) is an
   :class:`InputError` naming the file (and ``path:line``) and the fix, not a traceback. :func:`iter_jsonl` is the
