@@ -56,10 +56,11 @@ def section_sigterm(t: Tally, work: Path, rng: random.Random, model: Path, store
     ref = _train_reference(work, model, store)
     history = json.loads((work / "train-ref" / "log_history.json").read_text())
     step_s = max(h["train_runtime"] for h in history if "train_runtime" in h) / TRAIN_STEPS
-    # 1. during a save (held open 2 s): the run stops at the end of the next step
+    # 1. during a save (held open 10 s: the signal lands in it however late a loaded machine delivers it; the run then
+    # sleeps out the pause): the run stops at the end of the next step
     out = work / "sigterm-save"
     log = work / "sigterm-save.log"
-    p = _start(train_cmd(out, model, store), log, {PAUSE_ENV: "2@4"})
+    p = _start(train_cmd(out, model, store), log, {PAUSE_ENV: "10@4"})
     problem = "" if _wait_text(p, log, f"checkpoint-4 {PAUSE_LINE}") else f"never reached checkpoint-4: {log.read_text()[-300:]}"
     if not problem:
         p.send_signal(signal.SIGTERM)
@@ -119,7 +120,7 @@ def section_sigterm(t: Tally, work: Path, rng: random.Random, model: Path, store
     out = work / "sigterm-2rank"
     log = work / "sigterm-2rank.log"
     tag = f"sigterm-{os.getpid()}"
-    p = _start(_two_rank_cmd(out, model, store, _free_port()), log, {PAUSE_ENV: "4@2", "FAULTS_TAG": tag})
+    p = _start(_two_rank_cmd(out, model, store, _free_port()), log, {PAUSE_ENV: "10@2", "FAULTS_TAG": tag})
     problem = ""
     if not _wait_text(p, log, f"checkpoint-2 {PAUSE_LINE}"):
         problem = f"never reached checkpoint-2: {log.read_text()[-300:]}"
@@ -150,7 +151,9 @@ def section_sigterm(t: Tally, work: Path, rng: random.Random, model: Path, store
     # them 30 s later, so the step end and the save must fit in that.
     out = work / "sigterm-launcher"
     log = work / "sigterm-launcher.log"
-    p = _start(_two_rank_cmd(out, model, store, _free_port()), log, {PAUSE_ENV: "4@2"})
+    # The pause (6 s) must leave the rest of the step and the save inside elastic's 30 s, and be long enough for the
+    # signal to land in it on a loaded machine.
+    p = _start(_two_rank_cmd(out, model, store, _free_port()), log, {PAUSE_ENV: "6@2"})
     problem = ""
     if not _wait_text(p, log, f"checkpoint-2 {PAUSE_LINE}"):
         problem = f"never reached checkpoint-2: {log.read_text()[-300:]}"
