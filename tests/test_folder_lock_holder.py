@@ -188,11 +188,13 @@ def test_a_real_build_on_a_held_folder_names_the_holder(tmp_path, capsys):
 def test_a_real_evaluation_on_a_held_out_names_the_holder(tmp_path, capsys):
     from tokenswap.cli import main
 
+    bench = tmp_path / "bench"  # the lock is taken before the bench is read: an empty one in its layout will do
+    (bench / "text").mkdir(parents=True)
+    (bench / "img").mkdir()
     worker, out = _holder("eval", tmp_path)
     try:
         code, err = _refusal(lambda: main(["eval", "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1",
-                                           "--model", "m", "--bench", str(tmp_path / "bench"), "--out", str(out)]),
-                             capsys)
+                                           "--model", "m", "--bench", str(bench), "--out", str(out)]), capsys)
     finally:
         _end([worker])
     assert code == 1 and f"{out} is being evaluated by another process (pid {worker.pid} on host " in err, err
@@ -212,7 +214,7 @@ def test_a_real_training_run_on_a_held_folder_names_the_holder(tiny_qwen2vl, tin
     cfg = load_config(post.PostTrainConfig, "tiny/post_tokenswap.yaml", [
         f"run.output_dir={out}", f"model.name_or_path={tiny_qwen2vl}", f"data.swap_dataset={assets / 'swap_tiny.jsonl'}",
         f"data.llava_json={assets / 'llava_tiny.json'}", f"data.llava_image_root={assets / 'images'}",
-        f"image_store={tiny_store.root}"])
+        f"image_store={tiny_store.root}", "gap_eval.bench=null"])
     try:
         code, err = _refusal(lambda: post.main(cfg), capsys)
     finally:
