@@ -42,7 +42,8 @@ CASES = [
      rf"eval serving: \d+\.\d req/s at concurrency 4 = \d+% of the ceiling \(4 in flight / latency, set by the "
      rf"client's --concurrency\); {RATIO} concurrency 1; TokenSwap-Bench --forms all: \d+\.\d min", True),
     # the sections that take about three minutes together on the CI machine; "0 tried" would check nothing, so it fails
-    ("faults.py", ["--sections", "data,malformed,llm,concurrency,shard_rewrite,workers", "--concurrency-kills", "2"],
+    ("faults.py", ["--sections", "data,malformed,llm,concurrency,shard_rewrite,workers,runs_end:persistent",
+                   "--concurrency-kills", "2"],
      r"faults: [1-9]\d* tried, \d+ handled, 0 lost", False),
 ]
 

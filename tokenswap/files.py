@@ -6,7 +6,8 @@
   :func:`remove_dead_temporaries`, which long jobs call on their folder when they start.
 * :class:`FolderLock`: one job per output folder, an exclusive ``flock`` released by the kernel when its holder
   dies. Processes forked while it is held (data-loader workers) drop their copy at once, so a killed holder
-  frees the folder at once, not when its orphaned workers notice. The lock file is never followed as a symlink.
+  frees the folder at once, not when its orphaned workers notice. The lock file is never followed as a symlink,
+  and it holds its holder's tag from the first instant (a locked, tagged temporary hard-linked into place).
 * :func:`read_json` / :func:`iter_jsonl` / :func:`read_jsonl` / :func:`json_loads`: a missing, unreadable, empty,
   truncated or hostile file (nesting Python's parser cannot take, integers past its digit limit) is an
   :class:`InputError` naming the file (and ``path:line``) and the fix, not a traceback. :func:`iter_jsonl` is the
@@ -25,6 +26,7 @@ import json
 import os
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -150,6 +152,22 @@ def _drop_inherited_locks() -> None:
 os.register_at_fork(after_in_child=_drop_inherited_locks)
 
 
+# How long a refused job waits for a held lock's tag to name a live holder before saying "unknown process": the
+# tag is in the file before the lock is, so only a file written by an older tokenswap, or one being taken over from
+# a dead holder, is read without it, and either settles within microseconds.
+_TAG_WAIT_S = 2.0
+_TAG = re.compile(r"^pid (?P<pid>\d+) on host (?P<host>\S+) since ")
+
+
+def _command() -> str:
+    """The program and its subcommand (``tokenswap build-store``): the rest of a command line may hold a secret
+    (``judge.api_key=...``), and the tag is written into the output folder."""
+    words = [os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"]
+    if len(sys.argv) > 1 and re.fullmatch(r"[A-Za-z][\w.-]*", sys.argv[1]):
+        words.append(sys.argv[1])
+    return " ".join(words)
+
+
 class FolderLock:
     """An exclusive ``flock`` on ``<folder>/<prefix>-rRRR``, held until :meth:`release` (or the process ends).
 
@@ -157,8 +175,14 @@ class FolderLock:
     SIGKILLed job never leaves a stale lock behind. A forked child (a data-loader worker) would share that open
     file and keep the lock alive until it exits: every child closes its copy right after the fork. Each rank locks
     its own file: the ranks of one launch never wait on each other, while a second job on the folder collides with
-    the first on rank 0's file. The holder's PID, host and start time are written into the file so the refused job
-    can say who holds it. Works on local disks and on NFS (Linux emulates flock with POSIX locks there).
+    the first on rank 0's file. Works on local disks and on NFS (Linux emulates flock with POSIX locks there).
+
+    The holder's tag (PID, host, start time, command) is in the file from the first instant the lock is: the tag
+    is written into a temporary file, which is locked and then hard-linked into place (``link`` fails if the lock
+    file exists, so two jobs cannot both succeed). A lock file left by a dead holder is taken over by locking it
+    (nobody holds it) and renaming the new tagged, locked file over it; a refused job checks that the file it
+    read is still the one in place and that its tag names a live process, and looks again for a bounded moment
+    otherwise. :meth:`release` removes the file before unlocking it, so a file left behind is a dead holder's.
 
     Args:
         folder: the folder to lock (created if missing).
@@ -179,48 +203,127 @@ class FolderLock:
         self._doing, self._error, self._what = doing, error, what
         self._fd: int | None = None
 
-    def _open(self) -> int:
+    def _unusable(self, e: OSError) -> InputError | None:
+        if e.errno == errno.ELOOP:
+            return InputError(
+                f"{self.path} is a symbolic link; tokenswap does not follow it (its target would be overwritten): "
+                "remove the link and rerun"
+            )
+        if e.errno == errno.EISDIR:
+            return InputError(f"{self.path} is a folder where the lock file goes; remove it and rerun")
+        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return InputError(
+                f"cannot create the lock file {self.path} ({e.strerror}): the folder must be writable; pick an "
+                "output folder on a writable disk"
+            )
+        return None
+
+    def _tagged(self) -> tuple[int, Path]:
+        """A new file holding this process's tag, locked by it: what the lock file becomes when it is taken."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        tag = f"pid {os.getpid()} on host {socket.gethostname()} since {stamp}, running {_command()}\n"
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}-{threading.get_ident()}-{_HOST}.tmp")
         try:
-            # O_NOFOLLOW: a symlink planted in the lock's place must not make us truncate and write its target.
-            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
         except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise InputError(
-                    f"{self.path} is a symbolic link; tokenswap does not follow it (its target would be overwritten): "
-                    "remove the link and rerun"
-                ) from None
-            if e.errno == errno.EISDIR:
-                raise InputError(f"{self.path} is a folder where the lock file goes; remove it and rerun") from None
-            if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-                raise InputError(
-                    f"cannot create the lock file {self.path} ({e.strerror}): the folder must be writable; pick an "
-                    "output folder on a writable disk"
-                ) from None
+            raise (self._unusable(e) or e) from None
+        _HELD_FDS.add(fd)  # a fork from another thread must not carry it off
+        try:
+            os.write(fd, tag.encode())
+            os.fsync(fd)  # on NFS another client reads the tag as soon as the link is there
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new and unnamed: nobody else can hold it
+        except BaseException:
+            self._close(fd)
+            tmp.unlink(missing_ok=True)
             raise
+        return fd, tmp
+
+    def _in_place(self, fd: int) -> bool:
+        """Whether ``fd`` is the file now at :attr:`path` (not one a taker has renamed over, or a released one)."""
+        try:
+            here = os.lstat(self.path)
+        except FileNotFoundError:
+            return False
+        there = os.fstat(fd)
+        return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+    def _holder(self, fd: int) -> tuple[str, bool]:
+        """The tag of the held file ``fd`` and whether it can be believed: it is the file in place and names a
+        live process (one of another host cannot be judged from here)."""
+        tag = os.pread(fd, 512, 0).decode("utf-8", "replace").strip()
+        m = _TAG.match(tag)
+        if m is None or not self._in_place(fd):
+            return tag, False
+        return tag, m["host"] != socket.gethostname() or _alive(int(m["pid"]))
+
+    @staticmethod
+    def _close(fd: int) -> None:
+        _HELD_FDS.discard(fd)
+        os.close(fd)
 
     def acquire(self) -> FolderLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = self._open()
+        folder = self.path.parent
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob(f"{glob_escape(self.path.name)}.*.tmp"):  # a job killed while taking the lock
+            if _dead_temporary(stale, self.path.name):
+                stale.unlink(missing_ok=True)
+        mine, tmp = self._tagged()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "unknown process"
-            os.close(fd)
-            raise self._error(
-                f"{self.path.parent} is {self._doing} by another process ({holder}); wait for it to finish "
-                f"(a killed {self._what} releases the folder at once), or use another output folder"
-            ) from None
-        os.ftruncate(fd, 0)
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()} since {stamp}\n".encode(), 0)
-        self._fd = fd
-        _HELD_FDS.add(fd)
+            self._take(mine, tmp)
+        except BaseException:
+            self._close(mine)
+            tmp.unlink(missing_ok=True)
+            raise
+        tmp.unlink(missing_ok=True)  # linked into place (or renamed there): the lock file is its other name
+        self._fd = mine
         return self
+
+    def _take(self, mine: int, tmp: Path) -> None:
+        deadline = time.monotonic() + _TAG_WAIT_S
+        while True:
+            try:
+                os.link(tmp, self.path)
+                return
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise (self._unusable(e) or e) from None
+            try:
+                # O_NOFOLLOW: a symlink planted in the lock's place must not lead us to its target. Read-write: NFS
+                # grants an exclusive lock only on a file open for writing.
+                fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW)
+            except FileNotFoundError:  # released between the link and the open
+                continue
+            except OSError as e:
+                raise (self._unusable(e) or e) from None
+            _HELD_FDS.add(fd)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    tag, believed = self._holder(fd)
+                    if believed or time.monotonic() > deadline:
+                        raise self._error(
+                            f"{self.path.parent} is {self._doing} by another process ({tag or 'unknown process'}); "
+                            f"wait for it to finish (a killed {self._what} releases the folder at once), or use "
+                            "another output folder"
+                        ) from None
+                    time.sleep(0.005)  # a takeover or a release in its last microseconds: look again
+                    continue
+                if self._in_place(fd):
+                    # A dead holder's file, now locked by us: nobody can replace it meanwhile, so ours goes in its
+                    # place whole (tag and lock together).
+                    os.rename(tmp, self.path)
+                    return
+            finally:
+                self._close(fd)
 
     def release(self) -> None:
         if self._fd is not None:
-            _HELD_FDS.discard(self._fd)
-            os.close(self._fd)  # closing the last descriptor releases the flock
+            # Removed while still held: a lock file left in a folder is then always a dead holder's.
+            if self._in_place(self._fd):
+                self.path.unlink(missing_ok=True)
+            self._close(self._fd)  # closing the last descriptor releases the flock
             self._fd = None
 
     def __enter__(self) -> FolderLock:

@@ -442,9 +442,13 @@ def test_a_sigkill_of_a_run_with_workers_frees_the_folder_at_once(tiny_qwen2vl, 
         wait_for_line(proc, "checkpoint-2 has trainer_state.json")  # mid-run: the workers are serving batches
         workers = _children(proc.pid)
         assert len(workers) >= 2
-        lock = str(out / f"{LOCK_PREFIX}-r000")
+        # By inode: the holder's descriptor was opened under the tagged temporary's name, linked into place.
+        lock = os.stat(out / f"{LOCK_PREFIX}-r000")
+        held = [os.stat(f"/proc/{proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{proc.pid}/fd")]
+        assert (lock.st_dev, lock.st_ino) in [(s.st_dev, s.st_ino) for s in held]  # the check can see a holder
         for pid in workers:  # the workers dropped their copy of the lock right after the fork
-            assert lock not in [os.path.realpath(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            assert (lock.st_dev, lock.st_ino) not in [(s.st_dev, s.st_ino) for s in
+                                                      (os.stat(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))]
         proc.kill()
         proc.wait()
         # The first try, right after the holder died (its orphaned workers may still be alive), gets the lock.

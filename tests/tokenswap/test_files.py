@@ -248,3 +248,115 @@ def test_cut_torn_tail_removes_only_an_unterminated_last_line(tmp_path):
     assert cut_torn_tail(lines) == 6 and lines.read_bytes() == b'{"a": 1}\n{"b": 2}\n'
     lines.write_bytes(b'{"c": ')
     assert cut_torn_tail(lines) == 6 and lines.read_bytes() == b""
+
+
+# A job taking the lock, paused right after a successful exclusive flock: "first" waits for a line on stdin after its
+# first one, "lockfile" sleeps 1 s (less than the readers' wait for a believable tag) after the one of the lock file.
+# It then prints "acquired" or the refusal, and holds what it holds until stdin closes.
+_PAUSED_TAKER = textwrap.dedent("""
+    import fcntl, os, sys, time
+    from tokenswap.files import FolderLock, FolderLockedError
+    folder, mode = sys.argv[1], sys.argv[2]
+    lock_path = os.path.join(folder, ".job-lock-r000")
+    real, paused = fcntl.flock, []
+    def flock(fd, op):
+        real(fd, op)
+        if op & fcntl.LOCK_EX and not paused:
+            if mode == "first":
+                paused.append(1)
+                print("locked", flush=True)
+                sys.stdin.readline()
+            elif os.readlink(f"/proc/self/fd/{fd}") == lock_path:
+                paused.append(1)
+                print("locked", flush=True)
+                time.sleep(1.0)
+    fcntl.flock = flock
+    try:
+        FolderLock(folder, prefix=".job-lock").acquire()
+        print("acquired", flush=True)
+    except FolderLockedError as e:
+        print(f"refused {e}", flush=True)
+    sys.stdin.read()
+""")
+
+
+def _paused_taker(folder: Path, mode: str) -> subprocess.Popen:
+    taker = subprocess.Popen([sys.executable, "-c", _PAUSED_TAKER, str(folder), mode], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert taker.stdout.readline().strip() == "locked"
+    return taker
+
+
+def test_a_lock_held_for_an_instant_already_names_its_holder(tmp_path):
+    # Paused the instant its flock succeeded: a job that collides with it then must learn its pid (the tag used to be
+    # written after the flock, and the second of two builds started together said "unknown process"). Either the
+    # contender is refused naming the taker, or it gets the lock and the taker is refused naming the contender.
+    taker = _paused_taker(tmp_path, "first")
+    try:
+        try:
+            mine = FolderLock(tmp_path, prefix=".job-lock").acquire()
+        except FolderLockedError as e:
+            assert f"(pid {taker.pid} on host " in str(e), str(e)
+            mine = None
+        taker.stdin.write("go\n")
+        taker.stdin.flush()
+        said = taker.stdout.readline()
+        if mine is not None:
+            assert said.startswith("refused ") and f"(pid {os.getpid()} on host " in said, said
+            mine.release()
+        else:
+            assert said.strip() == "acquired"
+    finally:
+        taker.stdin.close()
+        taker.wait()
+
+
+def test_a_dead_holders_lock_file_is_taken_over_and_names_the_new_holder(tmp_path):
+    # A holder SIGKILLed leaves its lock file and tag; the next job takes it over. A job colliding with the taker
+    # while it holds the dead one's file must name the taker, not the dead holder.
+    dead = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, signal
+        from tokenswap.files import FolderLock
+        FolderLock({str(tmp_path)!r}, prefix=".job-lock").acquire()
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    dead.wait()
+    assert f"pid {dead.pid} on host" in (tmp_path / ".job-lock-r000").read_text()
+    taker = _paused_taker(tmp_path, "lockfile")
+    try:
+        with pytest.raises(FolderLockedError) as refused:
+            FolderLock(tmp_path, prefix=".job-lock").acquire()
+        assert f"(pid {taker.pid} on host " in str(refused.value), str(refused.value)
+        assert taker.stdout.readline().strip() == "acquired"
+        assert f"pid {taker.pid} on host" in (tmp_path / ".job-lock-r000").read_text()
+    finally:
+        taker.stdin.close()
+        taker.wait()
+    assert not list(tmp_path.glob("*.tmp"))  # the taker's tagged temporary went into place
+
+
+def test_the_tag_names_the_command_without_its_secrets_and_release_removes_the_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/tokenswap", "build-store", "judge.api_key=sk-very-secret"])
+    lock = FolderLock(tmp_path, prefix=".job-lock").acquire()
+    tag = (tmp_path / ".job-lock-r000").read_text()
+    assert tag.startswith(f"pid {os.getpid()} on host ") and tag.endswith(", running tokenswap build-store\n")
+    assert "secret" not in tag
+    lock.release()
+    assert not list(tmp_path.iterdir())  # a lock file left in a folder is a dead holder's
+
+
+def test_a_held_lock_without_a_readable_tag_is_named_unknown_after_a_bounded_wait(tmp_path, monkeypatch):
+    import fcntl
+
+    import tokenswap.files as files
+
+    monkeypatch.setattr(files, "_TAG_WAIT_S", 0.3)
+    fd = os.open(tmp_path / ".job-lock-r000", os.O_RDWR | os.O_CREAT)  # an untagged holder (an older tokenswap)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        t0 = time.monotonic()
+        with pytest.raises(FolderLockedError, match=r"by another process \(unknown process\)"):
+            FolderLock(tmp_path, prefix=".job-lock").acquire()
+        assert 0.3 <= time.monotonic() - t0 < 5
+    finally:
+        os.close(fd)
