@@ -59,17 +59,19 @@ class _Items:
     by_sent: dict[int, np.ndarray]
 
 
-def _scores(items: Sequence[dict], form: str) -> np.ndarray:
+def _true_false(records: Sequence[dict], key: str, what: str, id_key: str, fix: str) -> np.ndarray:
+    """``records[*][key]`` as 0/1, each a bool or a ``ValueError`` naming the record (``what`` and its ``id_key``)."""
     values = []
-    for i, record in enumerate(items):
-        v = record.get(f"correct_{form}")
+    for i, record in enumerate(records):
+        v = record.get(key)
         if not isinstance(v, bool):
-            raise ValueError(
-                f"item {record.get('id', i)!r}: correct_{form} is {v!r}, not true/false; leave failed and skipped "
-                "items out before decomposing"
-            )
+            raise ValueError(f"{what} {record.get(id_key, i)!r}: {key} is {v!r}, not true/false; {fix}")
         values.append(v)
     return np.array(values, dtype=np.float64)
+
+
+def _scores(items: Sequence[dict], form: str) -> np.ndarray:
+    return _true_false(items, f"correct_{form}", "item", "id", "leave failed and skipped items out before decomposing")
 
 
 def _read_forms(items: Sequence[dict]) -> tuple[list[str], dict[str, np.ndarray], np.ndarray | None]:
@@ -102,16 +104,8 @@ def _read_images_sent(items: Sequence[dict]) -> dict[int, np.ndarray]:
 
 
 def _read_pictures(pictures: Sequence[dict]) -> np.ndarray:
-    values = []
-    for j, record in enumerate(pictures):
-        v = record.get("correct_recognition")
-        if not isinstance(v, bool):
-            raise ValueError(
-                f"picture {record.get('picture', j)!r}: correct_recognition is {v!r}, not true/false; leave "
-                "pictures whose request failed out first"
-            )
-        values.append(v)
-    return np.array(values, dtype=np.float64)
+    return _true_false(pictures, "correct_recognition", "picture", "picture",
+                       "leave pictures whose request failed out first")
 
 
 def _read(items: Sequence[dict], pictures: Sequence[dict] | None) -> tuple[_Items, np.ndarray | None]:
