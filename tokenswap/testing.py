@@ -820,6 +820,10 @@ class LoadLLMServer:
                     return
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError):
             return  # the client hung up (or sent something this test server does not speak)
+        except asyncio.CancelledError:
+            # close() ends open connections by cancelling them; ending normally here keeps Python 3.11's stream
+            # callback from logging a CancelledError traceback per connection (it calls task.exception()).
+            return
         finally:
             writer.close()
 
