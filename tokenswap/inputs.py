@@ -19,6 +19,7 @@ from pathlib import Path
 from tokenswap.errors import InputError
 
 __all__ = [
+    "HubMissError",
     "check_output_dir",
     "from_hub",
     "local_or_hub",
@@ -80,11 +81,17 @@ _UNREACHABLE = ("couldn't connect to", "couldn't reach", "offline mode")
 _NO_SUCH_ID = ("is not a valid model identifier", "repo id must", "doesn't exist on the hub")
 
 
+class HubMissError(InputError):
+    """A value :func:`local_or_hub` took for a hub id that the hub cannot serve (unreachable, or no such id); the
+    message already names the flag and the fix, so a caller that prefixes its own errors passes this one on."""
+
+
 @contextlib.contextmanager
-def from_hub(name: str, what: str, holds: str, kind: str = "folder") -> Iterator[None]:
+def from_hub(name: str, what: str, holds: str, kind: str = "folder", repo_type: str = "model") -> Iterator[None]:
     """Around the load of a value :func:`local_or_hub` took for a hub id: a hub that cannot be reached, or has no
     such id, is an InputError saying that no such local path exists either, and what a valid one holds (a mistyped
-    local path such as ``data/mmlu`` reads as an ``owner/name`` id and ends here)."""
+    local path such as ``data/mmlu`` reads as an ``owner/name`` id and ends here). An unreachable hub's line also
+    says how to fetch the id where the hub can be reached (``hf download``, with ``repo_type``) and pass the copy."""
     try:
         yield
     except Exception as e:
@@ -98,8 +105,13 @@ def from_hub(name: str, what: str, holds: str, kind: str = "folder") -> Iterator
         if os.path.exists(os.path.expanduser(name)):  # a local path: whatever failed, it was no hub lookup
             raise
         first = (str(e).splitlines() or [type(e).__name__])[0]
-        raise InputError(f"{what} {name!r} does not exist locally (no such {kind}), and the hub {reason} ({first}); "
-                         f"{holds}") from None
+        fetch = ""
+        if reason == "cannot be reached":
+            flag = "" if repo_type == "model" else f" --repo-type {repo_type}"
+            fetch = (f"; for the hub's {name}, download it where the hub is reachable (`hf download {name}{flag} "
+                     f"--local-dir DIR`) and pass {what} DIR")
+        raise HubMissError(f"{what} {name!r} does not exist locally (no such {kind}), and the hub {reason} ({first})"
+                         f"{fetch}; {holds}") from None
 
 
 MODEL_HOLDS = ("a checkpoint folder holds config.json and the weights (a training run's output_dir or one of its "

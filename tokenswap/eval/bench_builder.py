@@ -395,7 +395,7 @@ def build_bench(cfg: BenchBuildConfig) -> dict:
         split=cfg.split,
         concurrency=max(request_concurrency(c) for c in (cfg.extractor.llm, cfg.judge, cfg.proxy, cfg.captioner)),
     )
-    with from_hub(cfg.source, "`source`", SOURCE_HOLDS):
+    with from_hub(cfg.source, "`source`", SOURCE_HOLDS, repo_type="dataset"):
         items = load_mmlu(cfg.source, cfg.subject, cfg.split, cfg.limit)
     summary = builder.run(items, progress=cfg.progress)
     (out / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))

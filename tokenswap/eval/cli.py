@@ -50,7 +50,15 @@ from pathlib import Path
 
 from tokenswap.errors import InputError
 from tokenswap.files import FolderLock, FolderLockedError
-from tokenswap.inputs import local_or_hub, positive_int, require_items, require_model, require_output_dir
+from tokenswap.inputs import (
+    HubMissError,
+    from_hub,
+    local_or_hub,
+    positive_int,
+    require_items,
+    require_model,
+    require_output_dir,
+)
 
 __all__ = ["cli_main"]
 
@@ -160,20 +168,17 @@ def _load_pairs(bench: str, split: str, limit: int | None = None) -> list:
     """The bench's paired items; a bench whose rows are malformed or missing is an InputError naming it."""
     from datasets.exceptions import DatasetGenerationError
 
-    from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs
+    from tokenswap.data.tokenswap_bench import BENCH_HOLDS, load_tokenswap_bench_pairs
 
     try:
-        pairs = load_tokenswap_bench_pairs(bench, split, limit)
+        with from_hub(bench, "--bench", BENCH_HOLDS, repo_type="dataset"):
+            pairs = load_tokenswap_bench_pairs(bench, split, limit)
+    except HubMissError:  # already one line naming --bench and the fix
+        raise
     except (KeyError, ValueError) as e:  # a missing field, an answer out of range, the two configs disagreeing
         raise InputError(f"--bench {bench!r}: {e.args[0] if isinstance(e, KeyError) else e}") from None
     except DatasetGenerationError as e:  # a damaged parquet file; datasets' own message names no file
         raise InputError(f"--bench {bench!r}: cannot be read ({e.__cause__ or e}); restore or rebuild it") from None
-    except ConnectionError as e:  # no local folder of that name, and the hub cannot be reached (offline)
-        raise InputError(
-            f"--bench {bench!r} is no local folder and the hub cannot be reached ({e}); pass a local copy "
-            f"(`huggingface-cli download --repo-type dataset {bench} --local-dir bench`, then --bench bench) or "
-            "check the path"
-        ) from None
     require_items(pairs, f"--bench {bench!r} (split {split!r})", "rows",
                   "pass a bench built by `tokenswap build-bench` or the hub's dongx1997/TokenSwap-Bench, and a split "
                   "it has")

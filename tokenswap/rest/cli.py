@@ -99,7 +99,7 @@ def _build(args: argparse.Namespace) -> int:
         if not args.data:
             raise InputError(f"--data (a hub id or a local file or folder) is required for --source {args.source}")
         local_or_hub(args.data, "--data", SOURCE_HOLDS, kind="file or folder")
-        with from_hub(args.data, "--data", SOURCE_HOLDS, kind="file or folder"):
+        with from_hub(args.data, "--data", SOURCE_HOLDS, kind="file or folder", repo_type="dataset"):
             items, counts = load_source(args.source, args.data, n=args.n, split=args.split, config=args.config)
         extra["filter_counts"] = dict(counts)
     if not items:

@@ -492,8 +492,12 @@ def test_an_unreachable_hub_bench_is_one_line_and_leaves_no_run_json(bench, tmp_
         args[args.index(str(root))] = "dongx1997/TokenSwap-Bench"  # offline here: the hub cannot be reached
         assert tokenswap_main(args) == 2
         errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
-        assert len(errors) == 1 and "--bench 'dongx1997/TokenSwap-Bench' is no local folder and the hub cannot be " \
-            "reached" in errors[0] and "huggingface-cli download --repo-type dataset" in errors[0]
+        assert len(errors) == 1 and "--bench 'dongx1997/TokenSwap-Bench' does not exist locally (no such folder), " \
+            "and the hub cannot be reached" in errors[0]
+        # the fix for a hub id names a command that exists (huggingface_hub 1.x has `hf`, not `huggingface-cli`)
+        assert "`hf download dongx1997/TokenSwap-Bench --repo-type dataset --local-dir DIR`" in errors[0]
+        # a mistyped local path is shaped like a hub id: the line says what a bench folder holds, too
+        assert "a bench folder holds text/ and img/ parquet splits" in errors[0]
         assert not (out / "run.json").exists() and not server.requests
         assert tokenswap_main(_eval(server, root, out)) == 0  # the corrected command is not refused
         assert len(server.requests) == 2 * len(views)
