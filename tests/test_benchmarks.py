@@ -69,13 +69,18 @@ def test_every_benchmark_script_is_covered():
     assert scripts == {c[0] for c in CASES}
 
 
+# gpu_wheels.sh reads the tested versions from (and builds deepspeed with) the project's interpreter, .venv/bin/python
+# by default: a checkout without its own .venv (a worktree) names the one running the tests.
+TWIN_ENV = {"VENV_PY": sys.executable}
+
+
 def test_gpu_check_runs_every_step_on_the_cpu_twin_of_the_gpu_image(tmp_path):
     """What a GPU rental would run, run first on the CPU twin (benchmarks/gpu_twin.sh: the image's packages at its
     versions, cached in ~/.cache/tokenswap) with the carried wheels over it, through the same launcher, parsing and
     summary (issue 27: a carried huggingface_hub 2.x, liger-kernel failing to patch, the ZeRO-3 run killed before
     its JSON, 4-bit weights counted at half size each failed this first)."""
     report = tmp_path / "report"
-    env = {**os.environ, "SCRATCH": str(tmp_path / "scratch")}
+    env = {**os.environ, **TWIN_ENV, "SCRATCH": str(tmp_path / "scratch")}
     env.pop("PYTHONPATH", None)  # the twin's interpreter sees the image's packages and the carried wheels only
     archive = tmp_path / "out" / "report.tar.gz"
     done = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), "--dry-run", "--report", str(report),
@@ -117,7 +122,7 @@ def test_gpu_check_runs_every_step_on_the_cpu_twin_of_the_gpu_image(tmp_path):
 def test_gpu_check_part_1_fails_when_its_steps_do_not_fit_its_budget(tmp_path):
     """Part 1 (exactness, packed-vs-padded benches) never overruns its share of the lease: a step that might is
     skipped, said, and fails the part (its figures are what the lease is for)."""
-    env = {**os.environ, "SCRATCH": str(tmp_path / "scratch"), "PART_BUDGET": "1"}
+    env = {**os.environ, **TWIN_ENV, "SCRATCH": str(tmp_path / "scratch"), "PART_BUDGET": "1"}
     env.pop("PYTHONPATH", None)
     done = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), "--dry-run", "--part", "1", "--report",
                            str(tmp_path / "report")], env=env, capture_output=True, text=True, timeout=1800)
@@ -130,7 +135,7 @@ def test_gpu_check_part_1_fails_when_its_steps_do_not_fit_its_budget(tmp_path):
 def test_gpu_check_part_2_runs_what_the_lease_has_left_and_says_what_it_skipped(tmp_path):
     """--lease-left S: part 2 keeps 60 s for the way back and 100 s to rerun one run, and starts only the runs whose
     timeout fits the rest; the others read "skipped (lease: ...)" and the part passes."""
-    env = {**os.environ, "SCRATCH": str(tmp_path / "scratch"), "STEP_TIMEOUT": "100"}
+    env = {**os.environ, **TWIN_ENV, "SCRATCH": str(tmp_path / "scratch"), "STEP_TIMEOUT": "100"}
     env.pop("PYTHONPATH", None)
     archive = tmp_path / "out" / "part2.tar.gz"
     done = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), "--dry-run", "--part", "2", "--lease-left", "161",
@@ -242,7 +247,7 @@ def test_part_1_does_not_need_part_2s_packages_and_part_2_reuses_part_1s_install
     for whl in Path(cached).glob("*.whl"):
         if not whl.name.startswith(("trl-", "datasets-", "deepspeed-")):
             (wheels / whl.name).symlink_to(whl)
-    env = {**os.environ, "SCRATCH": str(tmp_path / "scratch")}
+    env = {**os.environ, **TWIN_ENV, "SCRATCH": str(tmp_path / "scratch")}
     env.pop("PYTHONPATH", None)
 
     def part(n, *extra):

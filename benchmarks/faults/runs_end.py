@@ -15,6 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tokenswap.testing import process_group_left
+
 from ._common import (
     ENV,
     PAUSE_ENV,
@@ -48,19 +50,6 @@ def _start_job(cmd: list[str], log: Path, env: dict | None = None) -> subprocess
     with open(log, "w") as f:
         return subprocess.Popen(cmd, cwd=REPO, env={**ENV, **(env or {})}, stdout=f, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-
-
-def _group_left(pgid: int) -> list[int]:
-    """Processes still in group ``pgid``, zombies included (an unreaped worker is still there)."""
-    left = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getpgid(int(entry)) == pgid:
-                    left.append(int(entry))
-            except ProcessLookupError:
-                continue
-    return left
 
 
 def _end_job(p: subprocess.Popen, hang_s: float = 600) -> str:
@@ -146,7 +135,7 @@ def section_runs_end(t: Tally, work: Path, model: Path, store: Path, trials: tup
         p = _start_job(train_cmd(out, model, store, workers, "train.dataloader_persistent_workers=true", steps=4), log)
         problem = _end_job(p)
         done_at = log.stat().st_mtime
-        left = _group_left(p.pid)
+        left = process_group_left(p.pid)
         said = log.read_text(errors="replace")
         if not problem and (p.returncode != 0 or f"done: {out}" not in said):
             problem = f"rc={p.returncode}: {said[-300:]}"
@@ -164,7 +153,7 @@ def section_runs_end(t: Tally, work: Path, model: Path, store: Path, trials: tup
             os.killpg(p.pid, signal.SIGTERM)
         problem = problem or _end_job(p)
         said = log.read_text(errors="replace")
-        left = _group_left(p.pid)
+        left = process_group_left(p.pid)
         if not problem:
             if p.returncode != 143 or "Traceback" in said:
                 problem = f"rc={p.returncode}: {said[-400:]}"

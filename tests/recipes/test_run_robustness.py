@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from tokenswap.config import load_config
+from tokenswap.testing import process_group_left
 from tokenswap.training import COMPLETE_MARKER, PREEMPTED_EXIT, run_recipe
 from tokenswap.training.checkpoint import FAULT_PAUSE_ENV
 
@@ -357,19 +358,6 @@ def test_sigterm_to_the_whole_job_with_dataloader_workers_still_saves_and_resume
 
 
 # ---------------------------------------------------------------------------- runs that end (issue 32)
-def _group_left(pgid: int) -> list[int]:
-    """The processes still in process group ``pgid`` (zombies included: an unreaped worker is still there)."""
-    left = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getpgid(int(entry)) == pgid:
-                    left.append(int(entry))
-            except ProcessLookupError:
-                continue
-    return left
-
-
 def _children(pid: int) -> list[int]:
     kids = []
     for task in os.listdir(f"/proc/{pid}/task"):
@@ -395,7 +383,7 @@ def test_a_run_with_persistent_workers_ends_with_its_workers(tiny_qwen2vl, tiny_
                   "train.dataloader_persistent_workers=true", start_new_session=True)
     said = _finish(proc)
     assert proc.returncode == 0 and f"[post_train] done: {out}" in said, said[-3000:]
-    assert _group_left(proc.pid) == []  # no worker outlives the run, not even as a zombie
+    assert process_group_left(proc.pid) == []  # no worker outlives the run, not even as a zombie
 
 
 def test_a_recipe_called_in_process_leaves_no_worker_behind(load_recipe, tiny_qwen2vl, tiny_store, tmp_path):
@@ -426,7 +414,7 @@ def test_sigterm_to_the_whole_job_before_the_first_batch_saves_exits_143_and_res
     assert said.count("[tokenswap] SIGTERM: saving a checkpoint") == 1
     assert "stopped by SIGTERM after step 1" in said
     assert (out / "checkpoint-1" / COMPLETE_MARKER).is_file()
-    assert _group_left(proc.pid) == []  # no orphan worker
+    assert process_group_left(proc.pid) == []  # no orphan worker
     run_main(post, out, tiny_qwen2vl, tiny_store.root, "train.resume_from_checkpoint=latest")
     assert logs(out) == logs(reference)
 
