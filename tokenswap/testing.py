@@ -898,12 +898,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    from tokenswap.script import run_script
-
-    run_script(main)
-
-
 def png_bomb(width: int, height: int, rows: int | None = None) -> bytes:
     """A valid grey PNG whose header says ``width`` x ``height``, made without allocating its pixels.
 
@@ -936,3 +930,9 @@ def process_group_left(pgid: int) -> list[int]:
             except ProcessLookupError:
                 continue
     return left
+
+
+if __name__ == "__main__":
+    from tokenswap.script import run_script
+
+    run_script(main)
