@@ -494,7 +494,7 @@ def test_an_unreachable_hub_bench_is_one_line_and_leaves_no_run_json(bench, tmp_
         errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
         assert len(errors) == 1 and "--bench 'dongx1997/TokenSwap-Bench' does not exist locally (no such folder), " \
             "and the hub cannot be reached" in errors[0]
-        # the fix for a hub id names a command that exists (huggingface_hub 1.x has `hf`, not `huggingface-cli`)
+        # the fix for a hub id names a command that exists (huggingface_hub 2.x installs `hf`, not `huggingface-cli`)
         assert "`hf download dongx1997/TokenSwap-Bench --repo-type dataset --local-dir DIR`" in errors[0]
         # a mistyped local path is shaped like a hub id: the line says what a bench folder holds, too
         assert "a bench folder holds text/ and img/ parquet splits" in errors[0]
