@@ -309,18 +309,44 @@ def base_url_problem(url: str, key: str = "base_url", api_key_env: str = "api_ke
 
 
 class RedactingStream:
-    """A text stream (``sys.stderr``) that masks known secrets in everything written through it."""
+    """A text stream (``sys.stdout``, ``sys.stderr``) that masks known secrets and hands its inner stream whole lines.
+
+    Text is held until its line ends (or :meth:`flush`), then the line goes out in one write: ``print`` writes its
+    arguments and its ``end`` separately, and where the inner stream writes through (``PYTHONUNBUFFERED=1``, common
+    in cluster jobs and CI) each piece is a ``write(2)`` of its own, so the ranks of a launch sharing one stderr cut
+    into each other's lines mid-line. Holding the line also masks a secret that arrived in pieces. A line longer
+    than :data:`HOLD_LIMIT` without a newline goes out as it is (nothing is held without bound); :meth:`flush`, and
+    the end of :func:`redacting_std_streams`, send what is held, so a progress bar that flushes is shown at once.
+    """
+
+    HOLD_LIMIT = 1 << 16
 
     def __init__(self, inner):
         self._inner = inner
+        self._held = ""
+        self._lock = threading.Lock()  # worker threads print too; the held text is one line, not one per thread
 
     def write(self, text: str) -> int:
-        self._inner.write(redact(text))
+        with self._lock:
+            self._held += text
+            cut = self._held.rfind("\n") + 1
+            if not cut and len(self._held) >= self.HOLD_LIMIT:
+                cut = len(self._held)
+            if cut:
+                out, self._held = self._held[:cut], self._held[cut:]
+                self._inner.write(redact(out))
         return len(text)
 
     def writelines(self, lines) -> None:
         for line in lines:
             self.write(line)
+
+    def flush(self) -> None:
+        with self._lock:
+            out, self._held = self._held, ""
+            if out:
+                self._inner.write(redact(out))
+        self._inner.flush()
 
     def __getattr__(self, name: str):
         return getattr(self._inner, name)
@@ -330,8 +356,11 @@ class RedactingStream:
 def redacting_std_streams() -> Iterator[None]:
     """``sys.stdout`` and ``sys.stderr`` redacted for the duration (a command's messages, warnings, tracebacks)."""
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = RedactingStream(saved[0]), RedactingStream(saved[1])
+    streams = RedactingStream(saved[0]), RedactingStream(saved[1])
+    sys.stdout, sys.stderr = streams
     try:
         yield
     finally:
         sys.stdout, sys.stderr = saved
+        for stream in streams:
+            stream.flush()

@@ -21,7 +21,9 @@ __all__ = ["install_redacting_excepthook", "run_script"]
 
 
 def _print_masked(kind, value, tb) -> None:
-    traceback.print_exception(kind, value, tb, file=RedactingStream(sys.stderr))
+    stream = RedactingStream(sys.stderr)
+    traceback.print_exception(kind, value, tb, file=stream)
+    stream.flush()
 
 
 def install_redacting_excepthook() -> None:

@@ -8,6 +8,7 @@ import copy
 import io
 import json
 import pickle
+import sys
 import urllib.parse
 
 import pytest
@@ -127,6 +128,40 @@ def test_a_redacting_stream_masks_what_is_written_through_it():
     stream = RedactingStream(sink)
     print(f"error: {KEY}", file=stream)
     assert sink.getvalue() == "error: [API key]\n" and stream.getvalue() == sink.getvalue()
+
+
+class _Writes(io.StringIO):
+    """A sink that records each write it is handed, as a write-through stderr hands each one to write(2)."""
+
+    def __init__(self):
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, text):
+        self.writes.append(text)
+        return super().write(text)
+
+
+def test_a_printed_line_reaches_the_inner_stream_in_one_write_and_a_secret_in_pieces_is_masked():
+    # print() writes each argument, each separator and the end apart; the stream hands on whole lines only.
+    sink = _Writes()
+    stream = RedactingStream(sink)
+    print("error: ", *(KEY[i:i + 3] for i in range(0, len(KEY), 3)), sep="", file=stream, flush=True)
+    assert sink.writes == ["error: [API key]\n"]  # pieces shorter than MIN_CUT: each alone is no secret
+    print("one\ntwo", "three", file=stream)
+    assert sink.writes[1:] == ["one\n", "two three\n"]
+    stream.write("\r 40%|####  | 4/10")  # a progress bar: held until its flush, then shown at once
+    assert len(sink.writes) == 3
+    stream.flush()
+    assert sink.writes[-1] == "\r 40%|####  | 4/10"
+    stream.write("x" * RedactingStream.HOLD_LIMIT)  # nothing is held without bound
+    assert sink.writes[-1] == "x" * RedactingStream.HOLD_LIMIT
+
+
+def test_what_a_redacting_block_left_unfinished_goes_out_when_it_ends(capsys):
+    with redaction.redacting_std_streams():
+        sys.stdout.write(f"no newline {KEY}")
+    assert capsys.readouterr().out == "no newline [API key]"
 
 
 def test_the_trainers_arguments_are_masked_on_the_way_out_and_real_inside(tmp_path):

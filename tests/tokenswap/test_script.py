@@ -1,5 +1,6 @@
 """tokenswap.script.run_script: the one way a recipe, the demo and the tiny kit end (besides ``tokenswap.cli.main``)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,23 @@ def test_a_bug_is_a_traceback_with_the_secret_masked_and_exit_1():
 def test_success_is_exit_0_and_the_status_of_main_is_kept():
     assert run("run_script(lambda: print('done'))").returncode == 0
     assert run("run_script(lambda: 3)").returncode == 3
+
+
+def test_ranks_sharing_one_unbuffered_stderr_never_cut_into_each_others_lines():
+    """Two processes (as the ranks of a launch) print long lines through run_script to one pipe with
+    PYTHONUNBUFFERED=1, where every piece print() writes is a write(2) of its own: each line arrives whole."""
+    code = ("import sys\nfrom tokenswap.script import run_script\n"
+            "def main():\n    for i in range(400):\n"
+            "        print('error:', sys.argv[1] * 300, i, file=sys.stderr)\nrun_script(main)")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    read, write = os.pipe()
+    ranks = [subprocess.Popen([sys.executable, "-c", code, tag], cwd=ROOT, env=env, stderr=write) for tag in "ab"]
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        lines = pipe.read().splitlines()
+    assert [rank.wait(timeout=120) for rank in ranks] == [0, 0]
+    whole = {f"error: {tag * 300} {i}" for tag in "ab" for i in range(400)}
+    assert [line for line in lines if line not in whole] == [] and len(lines) == 800
 
 
 def test_no_other_module_of_the_package_exits():
