@@ -133,6 +133,16 @@ def test_a_value_the_trainer_rejects_exits_2_with_the_config_error(tmp_path, cap
     assert capsys.readouterr().err.startswith("error: 1 problem in train (TrainingArguments): train: ")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the paper's bf16 settings are valid on a CUDA machine")
+def test_the_papers_bf16_settings_on_a_cpu_machine_say_which_keys_to_set(tmp_path):
+    cfg = load_config(Recipe, None, ["train.bf16=true"])
+    with pytest.raises(ConfigError) as e:
+        build_training_arguments(cfg.train, RunConfig(output_dir=str(tmp_path), pair="p", arm="text"))
+    assert "pass train.bf16=false train.use_cpu=true, or start from a config of configs/tiny/" in str(e.value)
+    cfg = load_config(Recipe, None, ["train.bf16=false", "train.use_cpu=true", "train.report_to=[none]"])
+    assert build_training_arguments(cfg.train, RunConfig(output_dir=str(tmp_path), pair="p", arm="text")).use_cpu
+
+
 def test_grpo_section_reaches_trl(tmp_path):
     from trl import GRPOConfig
 

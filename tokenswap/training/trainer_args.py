@@ -282,4 +282,8 @@ def build_training_arguments(train, run: RunConfig, **recipe: Any):
             **recipe,
         )
     except (ValueError, TypeError) as e:  # the message may quote a value: mask_secrets remembered the secrets
-        raise ConfigError([f"train: {e}"], f"train ({train.ARGS_CLASS.__name__})") from None
+        problem = f"train: {e}"
+        if kwargs.get("bf16") and "bf16" in str(e):  # the paper's configs on a machine without a bf16 GPU
+            problem += (" (this config trains in bf16 on GPUs; on this machine pass train.bf16=false "
+                        "train.use_cpu=true, or start from a config of configs/tiny/)")
+        raise ConfigError([problem], f"train ({train.ARGS_CLASS.__name__})") from None
