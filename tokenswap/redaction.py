@@ -324,7 +324,9 @@ class RedactingStream:
     def __init__(self, inner):
         self._inner = inner
         self._held = ""
-        self._lock = threading.Lock()  # worker threads print too; the held text is one line, not one per thread
+        # Worker threads print too (the held text is one line, not one per thread). Reentrant: a warning raised
+        # while a line goes out is printed through this same stream by the same thread.
+        self._lock = threading.RLock()
 
     def write(self, text: str) -> int:
         with self._lock:
