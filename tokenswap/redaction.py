@@ -315,7 +315,7 @@ class RedactingStream:
     arguments and its ``end`` separately, and where the inner stream writes through (``PYTHONUNBUFFERED=1``, common
     in cluster jobs and CI) each piece is a ``write(2)`` of its own, so the ranks of a launch sharing one stderr cut
     into each other's lines mid-line. Holding the line also masks a secret that arrived in pieces. A line longer
-    than :data:`HOLD_LIMIT` without a newline goes out as it is (nothing is held without bound); :meth:`flush`, and
+    than :attr:`HOLD_LIMIT` without a newline goes out as it is (nothing is held without bound); :meth:`flush`, and
     the end of :func:`redacting_std_streams`, send what is held, so a progress bar that flushes is shown at once.
     """
 
