@@ -105,6 +105,7 @@ def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch, capfd):
     for bar in ("pre-training: 100%.*12/12", "evaluating the pre-trained model: 100%.*2/2",
                 "post-training: 100%.*18/18", "group A evaluation: 100%.*3/3"):
         assert re.search(r"\[demo\]\s+" + bar, err), (bar, err[-2000:])
+    assert "Loading weights" not in err  # one transformers bar per evaluated checkpoint would bury the demo's own
 
     report = json.loads((out / "report.json").read_text())
     check_against_record(demo_figures(report), argv[2:])

@@ -375,7 +375,17 @@ def evaluate_checkpoint(path: Path, bench: Path, cache: Path | None = None) -> d
     from tokenswap.eval.gap import GapEvaluator
     from tokenswap.families import load_checkpoint
 
-    model, processor = load_checkpoint(path)
+    from transformers.utils import logging as hf_logging
+
+    # The demo's own bars say where it is; transformers' "Loading weights" bar, once per checkpoint evaluated (17 in
+    # the default run), would bury them. Off for this load only: the switch is the process's, and callers share it.
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model, processor = load_checkpoint(path)
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
     evaluator = GapEvaluator(processor, load_tokenswap_bench_pairs(str(bench)), scorer="loglik", batch_size=32,
                              forms=("recognition",), progress=False)
     metrics = evaluator.evaluate(model).metrics("gap/")
