@@ -371,11 +371,11 @@ def evaluate_checkpoint(path: Path, bench: Path, cache: Path | None = None) -> d
     """Gap + both recognition controls of a saved checkpoint on ``bench`` (cached in ``cache`` when given)."""
     if cache is not None and cache.exists():
         return json.loads(cache.read_text())
+    from transformers.utils import logging as hf_logging
+
     from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs
     from tokenswap.eval.gap import GapEvaluator
     from tokenswap.families import load_checkpoint
-
-    from transformers.utils import logging as hf_logging
 
     # The demo's own bars say where it is; transformers' "Loading weights" bar, once per checkpoint evaluated (17 in
     # the default run), would bury them. Off for this load only: the switch is the process's, and callers share it.

@@ -9,6 +9,8 @@
   the same command works once the holder is gone. Exit status 1.
 * :class:`PreemptedError`: a training run stopped by SIGTERM after saving a complete checkpoint; relaunching the
   same command continues it. Exit status :data:`PREEMPTED_EXIT` (143).
+* :class:`OutputClosedError`: the reader of the command's output went away (``tokenswap leaderboard ... | head``);
+  the command ends quietly, as a shell tool killed by SIGPIPE does. Exit status :data:`OUTPUT_CLOSED_EXIT` (141).
 
 :func:`exit_status` is the mapping, the one place an error becomes an exit status: ``tokenswap.cli.main`` runs
 every subcommand through it and ``tokenswap.training.run_recipe`` every recipe, each inside the redacting output
@@ -19,15 +21,23 @@ This module imports nothing of tokenswap: it is the ground floor every other roo
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from collections.abc import Callable
 
-__all__ = ["PREEMPTED_EXIT", "BusyError", "IncompleteRunError", "InputError", "PreemptedError", "exit_status"]
+__all__ = ["OUTPUT_CLOSED_EXIT", "PREEMPTED_EXIT", "BusyError", "IncompleteRunError", "InputError",
+           "OutputClosedError", "PreemptedError", "exit_status"]
 
 PREEMPTED_EXIT = 143
 """Exit status after a SIGTERM stop (128 + 15, what a process killed by SIGTERM reports): the run saved a complete
 checkpoint and did not finish, so a scheduler that requeues on failure relaunches it, and nothing downstream reads
 the folder as a finished run."""
+
+OUTPUT_CLOSED_EXIT = 141
+"""Exit status when the reader of the output went away (128 + 13, what a shell reports for a process killed by
+SIGPIPE, as ``yes | head`` leaves ``yes``): nothing went wrong in the command, and a pipeline under ``pipefail``
+still sees that it did not finish."""
 
 
 class InputError(ValueError):
@@ -50,13 +60,24 @@ class PreemptedError(RuntimeError):
     """
 
 
+class OutputClosedError(BrokenPipeError):
+    """The reader of a command's stdout or stderr closed its end (``| head``), raised by the redacting streams
+    (:class:`tokenswap.redaction.RedactingStream`) in place of the ``BrokenPipeError`` of their write, so that a broken
+    pipe to a server (a ``BrokenPipeError`` too) is never mistaken for it. ``fd`` is the stream's file descriptor
+    (``None`` where it has none)."""
+
+    def __init__(self, *args, fd: int | None = None):
+        super().__init__(*args)
+        self.fd = fd
+
+
 def exit_status(run: Callable[[], int | None], prefix: str = "") -> int:
     """``run()``'s exit status (``None`` is 0), with the errors a user acts on mapped to one line on stderr.
 
     The line is ``{prefix}error: {message}`` (``prefix`` names the command: ``"tokenswap eval: "``; the recipes
     print the bare ``error: ...``). :class:`InputError`, a missing file or folder, and a local model path that does
     not exist are 2; :class:`IncompleteRunError` and :class:`BusyError` are 1; :class:`PreemptedError` is
-    :data:`PREEMPTED_EXIT`. Anything else propagates (a bug is a traceback). The caller installs the redacting
+    :data:`PREEMPTED_EXIT`; :class:`OutputClosedError` is :data:`OUTPUT_CLOSED_EXIT`, with nothing printed. Anything else propagates (a bug is a traceback). The caller installs the redacting
     streams around this call, so the line goes out with known secrets masked.
     """
     def say(message: str) -> None:
@@ -73,6 +94,13 @@ def exit_status(run: Callable[[], int | None], prefix: str = "") -> int:
     except PreemptedError:
         sys.stdout.flush()
         return PREEMPTED_EXIT
+    except OutputClosedError as e:
+        # Nothing to say and nowhere to say it: the descriptor goes to /dev/null, so the interpreter's last flush of
+        # what is still buffered for it prints no "Exception ignored ... BrokenPipeError" either.
+        if e.fd is not None:
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), e.fd)
+        return OUTPUT_CLOSED_EXIT
     except FileExistsError as e:  # an output folder's path taken by a file, found where a command makes the folder
         say(f"{e.filename!r} exists and is not a folder; pass a folder path (or move the file away)")
         return 2

@@ -18,7 +18,8 @@ a model echoes the key in its reply. This module knows the secrets in play and m
 
 The mask names what was there: ``[API key]``, ``[hub token]``, ``[secret]``; a masked URL keeps its host
 (``https://<CREDENTIALS>@host/v1``); a secret-named field becomes ``<FIELD_NAME>`` (transformers' own way of
-printing ``hub_token``). Nothing here imports the rest of tokenswap, so every module may use it.
+printing ``hub_token``). Nothing here imports the rest of tokenswap but the ground floor's :mod:`tokenswap.errors`, so
+every module may use it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import urllib.parse
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+from tokenswap.errors import OutputClosedError
 
 __all__ = [
     "MIN_CUT",
@@ -317,6 +320,9 @@ class RedactingStream:
     into each other's lines mid-line. Holding the line also masks a secret that arrived in pieces. A line longer
     than :attr:`HOLD_LIMIT` without a newline goes out as it is (nothing is held without bound); :meth:`flush`, and
     the end of :func:`redacting_std_streams`, send what is held, so a progress bar that flushes is shown at once.
+
+    A write to a pipe whose reader closed it (``| head``) raises :class:`tokenswap.errors.OutputClosedError` once,
+    which :func:`tokenswap.errors.exit_status` turns into a quiet exit; what is written after it goes nowhere.
     """
 
     HOLD_LIMIT = 1 << 16
@@ -327,6 +333,7 @@ class RedactingStream:
         # Worker threads print too (the held text is one line, not one per thread). Reentrant: a warning raised
         # while a line goes out is printed through this same stream by the same thread.
         self._lock = threading.RLock()
+        self._closed_by_reader = False
 
     def write(self, text: str) -> int:
         with self._lock:
@@ -336,8 +343,24 @@ class RedactingStream:
                 cut = len(self._held)
             if cut:
                 out, self._held = self._held[:cut], self._held[cut:]
-                self._inner.write(redact(out))
+                self._send(out)
         return len(text)
+
+    def _send(self, text: str, flush: bool = False) -> None:
+        if self._closed_by_reader:
+            return  # the reader went away: there is no one left to show it to
+        try:
+            if text:
+                self._inner.write(redact(text))
+            if flush:
+                self._inner.flush()
+        except BrokenPipeError as e:
+            self._closed_by_reader = True
+            try:
+                fd = self._inner.fileno()
+            except (AttributeError, OSError, ValueError):
+                fd = None
+            raise OutputClosedError(*e.args, fd=fd) from None
 
     def writelines(self, lines) -> None:
         for line in lines:
@@ -346,9 +369,7 @@ class RedactingStream:
     def flush(self) -> None:
         with self._lock:
             out, self._held = self._held, ""
-            if out:
-                self._inner.write(redact(out))
-        self._inner.flush()
+            self._send(out, flush=True)
 
     def __getattr__(self, name: str):
         return getattr(self._inner, name)

@@ -158,6 +158,20 @@ def test_a_printed_line_reaches_the_inner_stream_in_one_write_and_a_secret_in_pi
     assert sink.writes[-1] == "x" * RedactingStream.HOLD_LIMIT
 
 
+def test_a_closed_reader_is_said_once_then_nothing_is_written():
+    from tokenswap.errors import OutputClosedError
+
+    class Closed(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    stream = RedactingStream(Closed())
+    with pytest.raises(OutputClosedError) as e:
+        print("table row", file=stream)
+    assert isinstance(e.value, BrokenPipeError) and e.value.fd is None  # StringIO has no descriptor
+    print("more", file=stream, flush=True)  # nowhere to go, and no second error
+
+
 def test_what_a_redacting_block_left_unfinished_goes_out_when_it_ends(capsys):
     with redaction.redacting_std_streams():
         sys.stdout.write(f"no newline {KEY}")
@@ -189,14 +203,19 @@ def test_the_trainers_arguments_are_masked_on_the_way_out_and_real_inside(tmp_pa
         assert same.hub_token == "hf_pickle_0123456789" and type(same) is cls
 
 
-def test_the_module_imports_nothing_of_tokenswap():
+def test_the_module_imports_nothing_of_tokenswap_but_the_errors_it_raises():
+    """Every module may use it: it stands on tokenswap.errors alone, which imports nothing of tokenswap."""
     import ast
     from pathlib import Path
 
-    tree = ast.parse(Path(redaction.__file__).read_text())
-    imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
-    imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-    assert not [m for m in imported if m.startswith("tokenswap")]
+    from tokenswap import errors
+
+    imported = []
+    for module in (redaction, errors):
+        tree = ast.parse(Path(module.__file__).read_text())
+        imported += [(module.__name__, n.module or "") for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        imported += [(module.__name__, a.name) for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert [(m, i) for m, i in imported if i.startswith("tokenswap")] == [("tokenswap.redaction", "tokenswap.errors")]
 
 
 def test_a_config_error_quoting_a_secret_override_prints_it_masked(capsys):

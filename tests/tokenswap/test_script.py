@@ -51,6 +51,25 @@ def test_ranks_sharing_one_unbuffered_stderr_never_cut_into_each_others_lines():
     assert [line for line in lines if line not in whole] == [] and len(lines) == 800
 
 
+def test_a_reader_that_goes_away_ends_the_command_quietly_with_141():
+    """``tokenswap leaderboard ... | head -1``: the reader closes the pipe; the command ends as a shell tool ends on
+    SIGPIPE (141), with no traceback and no "Exception ignored" line (before: a BrokenPipeError traceback, exit 1)."""
+    code = ("from tokenswap.script import run_script\n"
+            "def main():\n    for i in range(200000):\n        print('line', i)\nrun_script(main)")
+    for unbuffered in ("", "1"):
+        env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "line 0\n"
+        proc.stdout.close()
+        assert (proc.wait(timeout=120), proc.stderr.read()) == (141, "")
+
+
+def test_a_broken_pipe_that_is_not_the_output_stays_a_bug():
+    done = run("def main():\n    raise BrokenPipeError(32, 'Broken pipe (a server connection)')\nrun_script(main)")
+    assert done.returncode == 1 and "BrokenPipeError: [Errno 32] Broken pipe (a server connection)" in done.stderr
+
+
 def test_no_other_module_of_the_package_exits():
     """Only tokenswap/script.py raises SystemExit and only cli.py's console entry calls sys.exit."""
     found = []
