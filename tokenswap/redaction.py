@@ -30,6 +30,7 @@ import re
 import sys
 import threading
 import urllib.parse
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -334,6 +335,13 @@ class RedactingStream:
         # while a line goes out is printed through this same stream by the same thread.
         self._lock = threading.RLock()
         self._closed_by_reader = False
+        _STREAMS.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        # A forked child (a data-loader worker) starts with a copy of this stream: the held text is the parent's to
+        # send (sent twice otherwise), and a lock another parent thread held at the fork would never be released.
+        self._held = ""
+        self._lock = threading.RLock()
 
     def write(self, text: str) -> int:
         with self._lock:
@@ -373,6 +381,10 @@ class RedactingStream:
 
     def __getattr__(self, name: str):
         return getattr(self._inner, name)
+
+
+_STREAMS: weakref.WeakSet[RedactingStream] = weakref.WeakSet()
+os.register_at_fork(after_in_child=lambda: [stream._after_fork_in_child() for stream in list(_STREAMS)])
 
 
 @contextmanager

@@ -172,6 +172,47 @@ def test_a_closed_reader_is_said_once_then_nothing_is_written():
     print("more", file=stream, flush=True)  # nowhere to go, and no second error
 
 
+def test_a_forked_child_sends_none_of_the_parents_held_text_and_can_print_while_a_parent_thread_holds_the_lock():
+    import os
+    import threading
+    import time
+
+    read, write = os.pipe()
+    stream = RedactingStream(os.fdopen(write, "w", buffering=1))
+    stream.write("the parent's half line ")
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold():
+        with stream._lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(30)
+    pid = os.fork()
+    if pid == 0:  # the child: print and leave at once (a lock copied as held would hang here)
+        try:
+            print("child line", file=stream, flush=True)
+        finally:
+            os._exit(0)
+    release.set()
+    holder.join()
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if done == (0, 0):
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    status = done[1] if done != (0, 0) else "hung"
+    print("and its end", file=stream, flush=True)
+    stream._inner.close()
+    with os.fdopen(read) as pipe:
+        lines = pipe.read().splitlines()
+    assert status == 0 and sorted(lines) == ["child line", "the parent's half line and its end"]
+
+
 def test_what_a_redacting_block_left_unfinished_goes_out_when_it_ends(capsys):
     with redaction.redacting_std_streams():
         sys.stdout.write(f"no newline {KEY}")
