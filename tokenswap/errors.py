@@ -70,6 +70,13 @@ class OutputClosedError(BrokenPipeError):
         super().__init__(*args)
         self.fd = fd
 
+    def silence(self) -> None:
+        """Send the closed descriptor to /dev/null: what is still buffered for it goes nowhere at the interpreter's
+        last flush, instead of an "Exception ignored ... BrokenPipeError" on stderr."""
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), self.fd)
+
 
 def exit_status(run: Callable[[], int | None], prefix: str = "") -> int:
     """``run()``'s exit status (``None`` is 0), with the errors a user acts on mapped to one line on stderr.
@@ -77,8 +84,9 @@ def exit_status(run: Callable[[], int | None], prefix: str = "") -> int:
     The line is ``{prefix}error: {message}`` (``prefix`` names the command: ``"tokenswap eval: "``; the recipes
     print the bare ``error: ...``). :class:`InputError`, a missing file or folder, and a local model path that does
     not exist are 2; :class:`IncompleteRunError` and :class:`BusyError` are 1; :class:`PreemptedError` is
-    :data:`PREEMPTED_EXIT`; :class:`OutputClosedError` is :data:`OUTPUT_CLOSED_EXIT`, with nothing printed. Anything else propagates (a bug is a traceback). The caller installs the redacting
-    streams around this call, so the line goes out with known secrets masked.
+    :data:`PREEMPTED_EXIT`; :class:`OutputClosedError` is :data:`OUTPUT_CLOSED_EXIT`, with nothing printed.
+    Anything else propagates (a bug is a traceback). The caller installs the redacting streams around this call, so
+    the line goes out with known secrets masked.
     """
     def say(message: str) -> None:
         print(f"{prefix}error: {message}", file=sys.stderr, flush=True)
@@ -94,12 +102,8 @@ def exit_status(run: Callable[[], int | None], prefix: str = "") -> int:
     except PreemptedError:
         sys.stdout.flush()
         return PREEMPTED_EXIT
-    except OutputClosedError as e:
-        # Nothing to say and nowhere to say it: the descriptor goes to /dev/null, so the interpreter's last flush of
-        # what is still buffered for it prints no "Exception ignored ... BrokenPipeError" either.
-        if e.fd is not None:
-            with contextlib.suppress(OSError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), e.fd)
+    except OutputClosedError as e:  # nothing to say, and nowhere to say it
+        e.silence()
         return OUTPUT_CLOSED_EXIT
     except FileExistsError as e:  # an output folder's path taken by a file, found where a command makes the folder
         say(f"{e.filename!r} exists and is not a folder; pass a folder path (or move the file away)")

@@ -398,4 +398,7 @@ def redacting_std_streams() -> Iterator[None]:
     finally:
         sys.stdout, sys.stderr = saved
         for stream in streams:
-            stream.flush()
+            try:
+                stream.flush()
+            except OutputClosedError as e:  # the reader left after the command's last full line: nothing to tell it
+                e.silence()

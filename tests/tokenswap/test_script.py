@@ -65,6 +65,21 @@ def test_a_reader_that_goes_away_ends_the_command_quietly_with_141():
         assert (proc.wait(timeout=120), proc.stderr.read()) == (141, "")
 
 
+def test_a_reader_gone_before_the_last_half_line_costs_no_traceback():
+    code = ("import sys\nfrom tokenswap.script import run_script\n"
+            "def main():\n    print('first', flush=True)\n    sys.stdin.readline()\n"
+            "    sys.stdout.write('no newline at the end')\nrun_script(main)")
+    for unbuffered in ("", "1"):
+        env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "first\n"
+        proc.stdout.close()
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+        assert (proc.wait(timeout=120), proc.stderr.read()) == (0, "")
+
+
 def test_a_broken_pipe_that_is_not_the_output_stays_a_bug():
     done = run("def main():\n    raise BrokenPipeError(32, 'Broken pipe (a server connection)')\nrun_script(main)")
     assert done.returncode == 1 and "BrokenPipeError: [Errno 32] Broken pipe (a server connection)" in done.stderr
