@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["print0", "rank_and_world"]
+__all__ = ["local_rank", "print0", "rank_and_world"]
 
 
 def rank_and_world() -> tuple[int, int]:
     """This process's rank and the number of processes (``0, 1`` outside a launcher)."""
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def local_rank() -> int:
+    """This process's rank on its own machine (its GPU's index); ``0`` outside a launcher."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def print0(*args, **kwargs) -> None:

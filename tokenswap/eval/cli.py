@@ -35,8 +35,9 @@ kill resumes where it stopped, and a rerun with more forms asks only the new one
 the decomposition of the gap with bootstrap intervals, per-item and per-picture records, token
 usage), ``gap.md`` and ``gap_forms.png``. Failed requests are recorded and counted, never scored;
 more than ``--max-error-share`` of them ends with exit status 1. One evaluation at a time per
-``--out`` (a folder lock). Under ``accelerate launch`` with several processes the ``hf`` backend
-scores with :class:`~tokenswap.eval.gap.GapEvaluator` in one pass (no per-item resume, no caption form).
+``--out`` (a folder lock). Under ``accelerate launch`` with several processes the ``hf`` backend shares the
+units out by rank (:mod:`tokenswap.eval.shards`): the same records, resume, forms and per-model settings as one
+process, and the same ``gap.json``.
 """
 
 from __future__ import annotations
@@ -117,9 +118,6 @@ def _check(args) -> None:
     if args.prompt == "k_shot" and extra:
         raise BackendConfigError(f"--prompt k_shot has shots for the text and interleaved forms only, not for "
                                  f"{', '.join(extra)}; drop them from --forms or use --prompt zero_shot / cot")
-    if args.backend == "hf" and _world_size() > 1 and "caption" in args.forms:
-        raise BackendConfigError("--forms caption runs in one process (its items wait for the captions); drop it "
-                                 "under accelerate launch, or launch one process")
     if args.prompt == "cot" and args.scorer != "generate":
         raise BackendConfigError("--prompt cot needs --scorer generate (loglik reads one next token)")
     # Every input is checked before a model loads or a request leaves, and the output folder before hours of work.
@@ -134,8 +132,6 @@ def cli_main(argv: list[str] | None = None) -> int:
     ErrorShareExceeded (exit 1), both mapped by :func:`tokenswap.cli.main`."""
     args = _parser().parse_args(argv)
     _check(args)
-    if args.backend == "hf" and _world_size() > 1:
-        return _evaluate_in_one_pass(args)
     return _evaluate_records(args)
 
 
@@ -203,51 +199,29 @@ def _write(out: Path, payload: dict, markdown: str) -> None:
     print(markdown)
 
 
-def _evaluate_in_one_pass(args) -> int:
-    """Today's distributed path: every rank scores a shard with GapEvaluator (hf only)."""
-    from accelerate import Accelerator
+def _run_shards(shards, backend, log, plan, args, budget: int, naming: bool):
+    """Each rank asks its share of the units into its part file; rank 0 merges after each round. The caption
+    form's items wait for a second round, when every rank's captions are in the merged log."""
+    from tokenswap.eval.form_runs import run_plan
+    from tokenswap.eval.gap import naming_records
+    from tokenswap.eval.shards import merge_parts
+    from tokenswap.inference.runs import RecordLog
 
-    from tokenswap.eval.gap import GapEvaluator
-    from tokenswap.families import load_checkpoint
-    from tokenswap.inference.backends import resolve_settings
-
-    settings = resolve_settings(args, "tokenswap", args.scorer)
-    # (loglik's thinking-off is built in: GapEvaluator closes an open think block itself.)
-    if settings.image_pixels or (settings.chat_template_kwargs and args.scorer == "generate"):
-        from tokenswap.inference.backends import BackendConfigError
-
-        raise BackendConfigError(
-            f"the release's settings for this model ({'; '.join(settings.applied)}) need the per-item path, which "
-            "runs in one process: drop accelerate launch, or pass --no-model-settings"
-        )
-    state = Accelerator()  # sets up the process group from the launcher's env (ACCELERATE_USE_CPU included)
-    with _lock(Path(args.out), state.process_index):
-        pairs = _load_pairs(args.bench, args.split, args.limit)
-        shots = _shots(args)
-        model, processor = load_checkpoint(args.model)
-        model.to(state.device)
-        budget = max_new_tokens(args, settings)
-        try:
-            evaluator = GapEvaluator(
-                processor, pairs, scorer=args.scorer, prompt=args.prompt, shots=shots, k=args.k,
-                batch_size=args.batch_size, max_new_tokens=budget, forms=args.forms,
-            )
-        except ValueError as e:  # fewer than 4 distinct concepts for the recognition form
-            raise InputError(f"--bench {args.bench!r}: {e}") from None
-        result = evaluator.evaluate(model)
-        if state.is_main_process:
-            payload = {"model": str(args.model), "bench": str(args.bench), "split": args.split, **result.to_dict()}
-            n_failed = sum(any(r.startswith("error") for r in e["forms"].values()) for e in result.excluded)
-            payload.update(backend="hf", max_new_tokens=budget, model_settings=settings.as_dict(),
-                           n_pairs=len(pairs), n_failed=n_failed, n_skipped=len(result.excluded) - n_failed,
-                           excluded=result.excluded)
-            _write(Path(args.out), payload, result.to_markdown() + _form_lines(result))
-            if result.decomposition is not None:
-                from tokenswap.eval.form_runs import plot_forms
-
-                plot_forms(payload, Path(args.out) / "gap_forms.png")
-        _refuse_empty_forms(result)
-    return 0
+    out = Path(args.out)
+    mine = shards.owner(plan.all_units())
+    later = {u.key for u in plan.caption_form_units()}
+    progress = f"tokenswap eval (hf, {shards.world} processes)" if shards.main else None
+    for keep in (lambda u: mine(u) and u.key not in later, mine):
+        part = shards.part(out, log)
+        shards.together(lambda keep=keep, part=part: run_plan(
+            backend, part, plan, args.scorer, budget, progress=progress, max_error_share=args.max_error_share,
+            keep=keep))
+        shards.together(lambda log=log: merge_parts(out, log), main_only=True)
+        if not shards.main:
+            log = RecordLog(out / "records.jsonl")
+    if naming:  # per distinct picture, a few batches: rank 0 alone
+        shards.together(lambda: naming_records(backend, log, plan, progress=progress), main_only=True)
+    return log
 
 
 def _form_lines(result) -> str:
@@ -326,7 +300,16 @@ def _evaluate_records(args) -> int:
     settings = resolve_settings(args, "tokenswap", args.scorer)
     budget = max_new_tokens(args, settings)
     out = Path(args.out)
-    with _lock(out):
+    shards = None
+    if args.backend == "hf" and _world_size() > 1:
+        from tokenswap.eval.shards import Shards
+
+        shards = Shards()
+
+    def together(step, main_only=False):
+        return step() if shards is None else shards.together(step, main_only=main_only)
+
+    def plan_run():
         # Inputs first: a bench that cannot be loaded leaves no run.json that would then refuse the fixed command.
         pairs = _load_pairs(args.bench, args.split, args.limit)
         shots = _shots(args)
@@ -337,22 +320,41 @@ def _evaluate_records(args) -> int:
                             [(tuple(t for t, _ in c), tuple(i for _, i in c)) for c in chosen])
         except ValueError as e:  # fewer than 4 distinct concepts: no 4-way recognition item
             raise InputError(f"--bench {args.bench!r}: {e}; drop recognition from --forms") from None
+        return pairs, plan
+
+    def open_log():
+        from tokenswap.eval.shards import merge_parts
+
         check_run_identity(out, _identity(args, settings, budget), "tokenswap eval")
         log = RecordLog(out / "records.jsonl")
+        merge_parts(out, log)  # what the ranks of a killed launch had answered
+        return log
+
+    with _lock(out) if shards is None else shards.lock(lambda: _lock(out)):
+        pairs, plan = together(plan_run)
+        log = together(open_log, main_only=True)
+        if log is None:  # the other ranks read the log rank 0 has just merged
+            log = RecordLog(out / "records.jsonl")
         naming = args.backend == "hf" and plan.recognition
         units = plan.all_units()
         missing_naming = naming and any(f"naming|{pid}" not in log.records for pid in plan.recognition_items)
         if any(not plan.done(log, u) for u in units) or missing_naming:
             backend = open_backend(args, settings, batch_size=args.batch_size)
-            for line in settings.applied:
-                print(f"tokenswap eval: release setting: {line}", file=sys.stderr)
+            if shards is None or shards.main:
+                for line in settings.applied:
+                    print(f"tokenswap eval: release setting: {line}", file=sys.stderr)
             try:
-                run_plan(backend, log, plan, args.scorer, budget, progress=f"tokenswap eval ({args.backend})",
-                         max_error_share=args.max_error_share)
-                if naming:
-                    naming_records(backend, log, plan, progress="tokenswap eval (hf)")
+                if shards is None:
+                    run_plan(backend, log, plan, args.scorer, budget, progress=f"tokenswap eval ({args.backend})",
+                             max_error_share=args.max_error_share)
+                    if naming:
+                        naming_records(backend, log, plan, progress="tokenswap eval (hf)")
+                else:
+                    log = _run_shards(shards, backend, log, plan, args, budget, naming)
             finally:
                 backend.close()
+        if shards is not None and not shards.main:
+            return 0  # rank 0 writes the results
         rows = [log.records[u.key] for u in units if u.key in log.records]
         counts = tally(rows)
         result = plan_result(plan, log.records, args.scorer, args.prompt)

@@ -314,8 +314,10 @@ class _Streams:
 
 
 def run_plan(backend, log, plan: FormPlan, scorer: str, max_new_tokens: int, progress: str | None = None,
-             max_error_share: float | None = None) -> int:
+             max_error_share: float | None = None, keep: Callable[[Unit], bool] | None = None) -> int:
     """Ask ``backend`` every unit of ``plan`` without an answer in ``log``; append each record as it finishes.
+
+    ``keep`` narrows the run to the units it accepts (one rank's shard under ``accelerate launch``).
 
     Returns:
         The number of requests made.
@@ -325,9 +327,12 @@ def run_plan(backend, log, plan: FormPlan, scorer: str, max_new_tokens: int, pro
         NoLogprobsError: ``loglik`` through an endpoint that returns no logprobs (from the backend).
     """
     units = plan.all_units()
-    captions = [u for u in plan.caption_units() if not plan.done(log, u)]
-    independent = [u for u in plan.independent_units() if not plan.done(log, u)]
-    dependent = [u for u in plan.caption_form_units() if not plan.done(log, u)]
+    def todo(batch: list[Unit]) -> list[Unit]:
+        return [u for u in batch if not plan.done(log, u) and (keep is None or keep(u))]
+
+    captions = todo(plan.caption_units())
+    independent = todo(plan.independent_units())
+    dependent = todo(plan.caption_form_units())
     if not (captions or independent or dependent):
         return 0
     runs = _Streams(backend, log, len(units), progress, max_error_share)
