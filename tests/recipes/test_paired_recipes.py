@@ -107,6 +107,7 @@ def test_resume_reproduces_uninterrupted_losses(post, tiny_qwen2vl, tiny_store, 
     assert data_stats(part) == data_stats(full)
 
 
+@pytest.mark.compat
 def test_resume_after_a_kill_during_a_save(post, tiny_qwen2vl, tiny_store, tmp_path):
     """A SIGKILL while checkpoint-4 was being written leaves it partial: `latest` resumes from checkpoint-2."""
     store = tiny_store.root

@@ -322,6 +322,7 @@ def test_a_full_disk_during_a_save_names_the_disk_and_file_and_the_partial_check
     assert logs(moved) == logs(reference)
 
 
+@pytest.mark.compat
 def test_with_save_total_limit_1_a_kill_in_the_save_window_keeps_the_last_complete_checkpoint(
         post, tiny_qwen2vl, tiny_store, reference, tmp_path, capsys):
     # The Trainer deletes old checkpoints at the end of its own save, before tokenswap's record: the rotation must
