@@ -15,6 +15,7 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_PINS := $(shell grep -E '^(torch|torchvision)==' $(CONSTRAINTS))
 
 .PHONY: setup demo test slow_test quality bench clean
+.PHONY: compat compat_test
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@command -v fc-list >/dev/null && fc-list | grep -qi "DejaVu Sans" && fc-list | grep -qi "Dancing Script" && \
@@ -31,7 +32,7 @@ else
 	    "CUDA build with its nvidia-* wheels (a 6.7 GB .venv). Set TORCH_CPU_INDEX=<a mirror> to retry."; \
 	    $(BIN)/pip install -q -c $(CONSTRAINTS) torch torchvision; }
 endif
-	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[dev]"
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[all,dev]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -48,6 +49,13 @@ slow_test: $(STAMP)
 quality: $(STAMP)
 	$(BIN)/ruff check tokenswap recipes tests benchmarks
 	$(BIN)/lint-imports  # the import floors of docs/architecture.md (also run by tests/test_architecture.py)
+
+# The compatibility subset (`compat` marker); compat_test runs it on the floor: constraints-lowest.txt in .venv-lowest.
+compat: $(STAMP)
+	$(BIN)/python -m pytest -m "compat and not gpu" -q
+
+compat_test:
+	$(MAKE) compat VENV=.venv-lowest CONSTRAINTS=constraints-lowest.txt
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/collator_throughput.py

@@ -193,6 +193,7 @@ def test_image_sft_refuses_the_trainers_length_samplers(image_sft, strategy):
                     [f"train.train_sampling_strategy={strategy}"])
 
 
+@pytest.mark.compat
 def test_grpo_from_sft_checkpoint(grpo, sft_out, tmp_path, monkeypatch):
     calls: list[dict] = []
     real_factory = grpo.get_hop_weighted_reward

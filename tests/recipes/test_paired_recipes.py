@@ -107,6 +107,7 @@ def test_resume_reproduces_uninterrupted_losses(post, tiny_qwen2vl, tiny_store, 
     assert data_stats(part) == data_stats(full)
 
 
+@pytest.mark.compat
 def test_resume_after_a_kill_during_a_save(post, tiny_qwen2vl, tiny_store, tmp_path):
     """A SIGKILL while checkpoint-4 was being written leaves it partial: `latest` resumes from checkpoint-2."""
     store = tiny_store.root
@@ -129,6 +130,7 @@ def test_resume_after_a_kill_during_a_save(post, tiny_qwen2vl, tiny_store, tmp_p
     assert (partial / COMPLETE_MARKER).is_file()  # written again by the resumed run
 
 
+@pytest.mark.compat
 def test_relaunching_a_finished_run_trains_no_further(post, tiny_qwen2vl, tiny_store, tmp_path):
     """transformers checks max_steps only after a step: resuming from the final checkpoint must not add one."""
     out = tmp_path / "done"

@@ -299,6 +299,7 @@ def _tmpfs(path: Path, size: int) -> bool:
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.compat
 def test_a_full_disk_during_a_save_names_the_disk_and_file_and_the_partial_checkpoint_is_skipped(
         post, tiny_qwen2vl, tiny_store, reference, tmp_path):
     # Room for the run up to checkpoint-2 and half of checkpoint-4: a real ENOSPC from a small tmpfs.
@@ -322,6 +323,7 @@ def test_a_full_disk_during_a_save_names_the_disk_and_file_and_the_partial_check
     assert logs(moved) == logs(reference)
 
 
+@pytest.mark.compat
 def test_with_save_total_limit_1_a_kill_in_the_save_window_keeps_the_last_complete_checkpoint(
         post, tiny_qwen2vl, tiny_store, reference, tmp_path, capsys):
     # The Trainer deletes old checkpoints at the end of its own save, before tokenswap's record: the rotation must

@@ -167,6 +167,7 @@ def test_render_conversation_equals_the_released_template(family, messages):
 
 
 # ---------------------------------------------------------------------------- equivalence
+@pytest.mark.compat
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_equivalent_to_the_family_processor(family, family_processor, tiny_store, swap_samples):
     processor = family_processor(family)

@@ -158,6 +158,7 @@ def _same_replies(hf: dict[str, dict], api: dict[str, dict], answer: str, varied
         assert api[key][answer] == hf[key][answer], key
 
 
+@pytest.mark.compat
 def test_tokenswap_bench_parity_hf_and_served(served, varied_model, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(KEY_ENV, SECRET)
     bench = _bench(tmp_path / "bench")
@@ -240,6 +241,7 @@ def test_every_form_parity_hf_and_served(served, varied_model, tmp_path):
     assert all(naming <= set(p) for p in a["pictures"]) and all(p["caption"] for p in b["pictures"])
 
 
+@pytest.mark.compat
 def test_crossmath_parity_hf_and_served(served, varied_model, tmp_path):
     data = tmp_path / "cm"
     assert tokenswap_main(["crossmath", "generate", "--n", "3", "--out", str(data), "--styles", "original"]) == 0
@@ -258,6 +260,7 @@ def test_crossmath_parity_hf_and_served(served, varied_model, tmp_path):
         assert metrics["n"] == 3 and metrics["backend"] == "openai" and metrics["usage"]["requests"] == 3
 
 
+@pytest.mark.compat
 def test_rest_parity_hf_and_served(served, varied_model, tmp_path):
     data = tmp_path / "soe"
     assert tokenswap_main(["rest", "build", "--source", "soebench", "--n", "2", "--out", str(data)]) == 0

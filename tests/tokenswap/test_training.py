@@ -97,6 +97,18 @@ def test_deprecated_gradient_checkpointing_alias_is_honoured():
     assert load_config(Recipe, None, []).train.activation_checkpointing is True
 
 
+@pytest.mark.compat
+@pytest.mark.parametrize("value", [True, False])
+def test_activation_checkpointing_reaches_the_trainer_on_every_release(value, tmp_path):
+    # The configs use the name transformers took after 5.17; on 5.17 (the floor) it is gradient_checkpointing.
+    cfg = load_config(Recipe, None, [f"train.activation_checkpointing={str(value).lower()}", "train.bf16=no",
+                                     "train.use_cpu=yes", "train.report_to=none"])
+    args = build_training_arguments(cfg.train, RunConfig(output_dir=str(tmp_path), pair="p", arm="text"))
+    on = getattr(args, "activation_checkpointing", None)
+    assert (on if on is not None else args.gradient_checkpointing) is value
+    assert cfg.train.activation_checkpointing is value
+
+
 def test_help_lists_every_trainer_field_with_its_documentation(capsys):
     with pytest.raises(SystemExit) as e:
         run_recipe(lambda cfg: pytest.fail("--help ran the recipe"), Recipe, ["--help"])

@@ -239,17 +239,27 @@ def train(trainer, resume: str | None) -> None:
             state = TrainerState.load_from_json(os.path.join(resume, "trainer_state.json"))
             if state.global_step >= trainer.args.max_steps:
                 print0(f"[tokenswap] {resume} is at step {state.global_step} >= max_steps: nothing left to train")
-                trainer._load_from_checkpoint(resume)
+                _load_final_weights(trainer, resume)
                 trainer.state = state
                 return
         try:
             trainer.train(resume_from_checkpoint=resume)  # a NoTargetsError goes to the entry: one line, exit 1
+        except _save_errors() as e:
+            folder = _checkpoint_being_saved(trainer)
+            if folder is None:
+                raise
+            file, cause, disk, fix = _save_failure(e, folder, trainer.args.output_dir, recursive=True)
+            raise IncompleteRunError(
+                f"saving {folder} failed while writing {file}: {cause} ({disk}). The partial checkpoint has no "
+                f"tokenswap record and is skipped on resume: {fix}, then relaunch with "
+                "train.resume_from_checkpoint=latest") from None
         finally:
             # The workers end with the training, however it ended: a persistent-workers loader (kept by the
             # Trainer) or a traceback would keep them, which ignore SIGTERM, until an exit that waits for them
             # for ever (tokenswap.training.workers).
             protect_forks(False)
             end_loader_workers()
+            _restore_rotation(trainer)
     stopped = [cb.stopped_at for cb in trainer.callback_handler.callbacks
                if isinstance(cb, CheckpointCallback) and cb.stopped_at is not None]
     if stopped:
@@ -333,39 +343,70 @@ def _save_errors() -> tuple[type[BaseException], ...]:
     return OSError, RuntimeError, SafetensorError
 
 
+def _checkpoint_callbacks(trainer) -> list[CheckpointCallback]:
+    return [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, CheckpointCallback)]
+
+
 def _guard_saves(trainer) -> None:
-    """Make a failed checkpoint write say what failed (the folder, the file, the errno, the disk), and rotate old
-    checkpoints only once the new one is complete.
+    """Rotate old checkpoints only once the new one is complete, and let :func:`train` name a failed save.
 
-    torch's zip writer reports a full disk as "unexpected pos 1164800 vs 1164692" and safetensors as a bare
-    I/O error; neither names the file or the cause. ``Trainer._save_checkpoint`` (the one place a checkpoint is
-    written) is wrapped on this instance: on failure the file written last is named, and where the exception
-    carries no errno a 1 MiB probe write into the folder finds it (ENOSPC, EDQUOT, EFBIG, EROFS, ...).
+    The Trainer deletes checkpoints past ``save_total_limit`` at the end of its own save, before tokenswap's
+    record marks the new one complete: a kill in between (``save_total_limit: 1``) would leave nothing to resume
+    from. For the length of ``train`` the Trainer's limit is off (``args.save_total_limit`` None, restored by
+    :func:`_restore_rotation`) and :class:`CheckpointCallback` rotates after its record instead. Only public
+    surfaces are used: the arguments' field and the callback hooks.
     """
-    save = trainer._save_checkpoint
+    callbacks = _checkpoint_callbacks(trainer)
+    if not callbacks:
+        return
+    for cb in callbacks:
+        cb.rotates = True
+        cb.save_total_limit = trainer.args.save_total_limit
+    trainer.args.save_total_limit = None
 
-    def _save_checkpoint(*args, **kwargs):
-        # The Trainer deletes checkpoints past save_total_limit at the end of its save, before tokenswap's record
-        # marks the new one complete: a kill in between (save_total_limit: 1) would leave nothing to resume from.
-        # The rotation waits for the record instead (CheckpointCallback.on_save).
-        limit = trainer.args.save_total_limit
-        trainer.args.save_total_limit = None
-        try:
-            return save(*args, **kwargs)
-        except _save_errors() as e:
+
+def _restore_rotation(trainer) -> None:
+    callbacks = [cb for cb in _checkpoint_callbacks(trainer) if cb.rotates]
+    if callbacks:
+        trainer.args.save_total_limit = callbacks[0].save_total_limit
+
+
+def _checkpoint_being_saved(trainer) -> str | None:
+    """The ``checkpoint-N`` folder the Trainer was writing when training raised, else None.
+
+    torch's zip writer reports a full disk as "unexpected pos 1164800 vs 1164692" and safetensors as a bare I/O
+    error; neither names the file or the cause, so :func:`train` names them (:func:`_save_failure`). A save is in
+    flight from the end of a step that decided to save (``control.should_save``, seen by
+    :meth:`CheckpointCallback.on_step_end`) until ``on_save``, which the Trainer calls after the whole folder is
+    written (its callback handler clears ``should_save`` then). The folder must exist too: the Trainer creates it
+    first, so an error of the logging between step and save is left as it was raised.
+    """
+    for cb in _checkpoint_callbacks(trainer):
+        control = cb.control
+        if control is not None and control.should_save and cb.step_ended == trainer.state.global_step:
             folder = os.path.join(trainer.args.output_dir, f"checkpoint-{trainer.state.global_step}")
-            file, cause, disk, fix = _save_failure(e, folder, trainer.args.output_dir, recursive=True)
-            raise IncompleteRunError(
-                f"saving {folder} failed while writing {file}: {cause} ({disk}). The partial checkpoint has no "
-                f"tokenswap record and is skipped on resume: {fix}, then relaunch with "
-                "train.resume_from_checkpoint=latest") from None
-        finally:
-            trainer.args.save_total_limit = limit
+            return folder if os.path.isdir(folder) else None
+    return None
 
-    trainer._save_checkpoint = _save_checkpoint
-    for cb in trainer.callback_handler.callbacks:
-        if isinstance(cb, CheckpointCallback):
-            cb.rotates = True
+
+def _load_final_weights(trainer, resume: str) -> None:
+    """Put the weights of ``resume`` (a checkpoint at ``max_steps``) into ``trainer.model`` for the final save.
+
+    A full model was already loaded from ``resume`` by ``from_pretrained`` (:func:`load_model_and_processor` marks
+    it); LoRA adapters load through peft's public ``load_adapter``. Anything else has no public loader in
+    transformers (5.17 to 5.24 alike): ``Trainer._load_from_checkpoint``, where this release has it.
+    """
+    model = trainer.model
+    if getattr(model, "tokenswap_weights_from", None) == os.path.realpath(resume):
+        return
+    if hasattr(model, "load_adapter") and hasattr(model, "active_adapter") and hasattr(model, "peft_config"):
+        model.load_adapter(resume, adapter_name=model.active_adapter, is_trainable=True)
+        return
+    load = getattr(trainer, "_load_from_checkpoint", None)
+    if load is None:
+        raise IncompleteRunError(f"{resume} is at max_steps, and this transformers has no way to load its weights "
+                                 "into the Trainer's model: nothing was trained, nothing saved")
+    load(resume)
 
 
 @contextlib.contextmanager
@@ -564,7 +605,12 @@ class CheckpointCallback(TrainerCallback):
         self.stopped_at: int | None = None
         """The step a SIGTERM stopped the run at (its checkpoint saved), None while not stopped."""
         self.rotates = False
-        """Delete checkpoints past ``save_total_limit`` once a new one is complete (set by :func:`train`)."""
+        """Delete checkpoints past :attr:`save_total_limit` once a new one is complete (set by :func:`train`)."""
+        self.save_total_limit: int | None = None
+        """The run's ``train.save_total_limit``, which the Trainer's own rotation does not see (:func:`train`)."""
+        self.control = None
+        self.step_ended: int | None = None
+        """The Trainer's control and the last step ended: a save in flight is ``should_save`` at that step."""
 
     @classmethod
     def resuming(cls, collator: ResumableCollator | None, checkpoint: str | None) -> CheckpointCallback:
@@ -612,6 +658,8 @@ class CheckpointCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.consumed += 1
+        self.control = control
+        self.step_ended = state.global_step
         # One flag OR-ed over the ranks each step: a SIGTERM that reached any rank stops all of them at this step,
         # so the checkpoint holds one step for every rank (each rank may get the signal at another moment).
         if any_rank(self._sigterm_at is not None, args):
@@ -650,5 +698,5 @@ class CheckpointCallback(TrainerCallback):
                 from transformers.trainer_utils import rotate_checkpoints
 
                 # Only now that this checkpoint is complete may older ones go (see train()).
-                rotate_checkpoints(output_dir=args.output_dir, save_total_limit=args.save_total_limit,
+                rotate_checkpoints(output_dir=args.output_dir, save_total_limit=self.save_total_limit,
                                    best_model_checkpoint=state.best_model_checkpoint, use_mtime=True)

@@ -74,6 +74,11 @@ _JSON_KWARGS = ("lr_scheduler_kwargs", "activation_checkpointing_kwargs", "gradi
 """``dict | str`` fields whose string form can only be a JSON object (the ``*_config`` ones also take a file path)."""
 
 
+_CHECKPOINTING_RENAMED = (("gradient_checkpointing", "activation_checkpointing"),
+                          ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"))
+"""(old, new): transformers renamed the fields after 5.17; the configs use the new names on every release."""
+
+
 def _is_json_object(text: str) -> bool:
     try:
         return isinstance(json.loads(text), dict)
@@ -117,10 +122,17 @@ def _check_trainer_values(self) -> None:
             problems.append(f"`{name}` must be a mapping (e.g. {{min_lr: 1.0e-6}}) or a JSON object string, got {v!r}")
     if problems:
         raise ValueError("; ".join(problems))
+    if self.MAPPED:
+        # A transformers with only `gradient_checkpointing` (5.17): the new name, where a YAML sets it, is that
+        # field; both read the same afterwards, and only the old one reaches TrainingArguments.
+        for new, old in self.MAPPED.items():
+            if getattr(self, new) is not None:
+                setattr(self, old, getattr(self, new))
+            setattr(self, new, getattr(self, old))
+        return
     # `gradient_checkpointing` is TrainingArguments' deprecated alias of `activation_checkpointing`: a YAML that
     # sets the old name means it (the new name carries our default, which would otherwise win silently).
-    for old, new in (("gradient_checkpointing", "activation_checkpointing"),
-                     ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+    for old, new in _CHECKPOINTING_RENAMED:
         if getattr(self, old) is not None:
             setattr(self, new, getattr(self, old))
             setattr(self, old, None)
@@ -152,12 +164,17 @@ def trainer_section(
     instead. ``defaults`` replace the class's defaults where the recipes differ.
     """
     hints = typing.get_type_hints(args_cls)
+    names = {f.name for f in dataclasses.fields(args_cls)}
+    # Before the rename (transformers 5.17) the new names are section keys of their own, mapped onto the old
+    # fields by __post_init__, and the recipes' default goes to the old field.
+    mapped = {new: old for old, new in _CHECKPOINTING_RENAMED if new not in names and old in names}
     specs = []
     for f in dataclasses.fields(args_cls):
         if not f.init or f.name.startswith("_") or f.name in owned:
             continue
-        if f.name in defaults:
-            value = defaults[f.name]
+        key = next((new for new, old in mapped.items() if old == f.name), None)
+        if f.name in defaults or key in defaults:
+            value = defaults[f.name] if f.name in defaults else defaults[key]
             default = dataclasses.field(default_factory=lambda v=value: copy.deepcopy(v), metadata=f.metadata)
         elif f.default is not dataclasses.MISSING:
             default = dataclasses.field(default=f.default, metadata=f.metadata)
@@ -166,11 +183,14 @@ def trainer_section(
         else:
             continue
         specs.append((f.name, _strict_enum(hints[f.name]), default))
+    for new, old in mapped.items():
+        specs.append((new, hints[old] | None, dataclasses.field(default=None, metadata={"help": f"`{old}`"})))
     cls = dataclasses.make_dataclass(
         name,
         specs,
         kw_only=True,
-        namespace={"__post_init__": _check_trainer_values, "ARGS_CLASS": args_cls, "OWNED": owned},
+        namespace={"__post_init__": _check_trainer_values, "ARGS_CLASS": args_cls, "OWNED": owned,
+                   "MAPPED": mapped},
     )
     cls.__module__ = __name__
     cls.__doc__ = f"Every `{args_cls.__name__}` field (see its documentation), except: " + "; ".join(
@@ -250,7 +270,7 @@ def build_training_arguments(train, run: RunConfig, **recipe: Any):
 
     from tokenswap.config import ConfigError
 
-    kwargs = {f.name: getattr(train, f.name) for f in dataclasses.fields(train)}
+    kwargs = {f.name: getattr(train, f.name) for f in dataclasses.fields(train) if f.name not in train.MAPPED}
     if kwargs.get("use_liger_kernel") and importlib.util.find_spec("liger_kernel") is None:
         # liger-kernel 0.8.5 patches every family tokenswap supports (qwen2_vl ... qwen3_5_moe); it needs Triton + CUDA.
         raise InputError("train.use_liger_kernel needs liger-kernel: pip install 'tokenswap[gpu]'")
