@@ -1,6 +1,7 @@
 """A light core: the collator, the swap policy, the image store reader and the packing load none of the job
 extras (training, evaluation, store building) and nothing of the rooms that need them, each in a fresh interpreter;
-the rooms' exports still import from their packages."""
+the rooms' exports still import from their packages. The evaluation through an endpoint loads no torch, and
+scipy.stats loads where a test or distribution is asked."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ FORBIDDEN = (
 )
 
 
-def loaded_after(statement: str) -> list[str]:
-    code = f"import json, sys\n{statement}\nprint(json.dumps(sorted(m for m in {FORBIDDEN!r} if m in sys.modules)))"
+def loaded_after(statement: str, forbidden: tuple[str, ...] = FORBIDDEN) -> list[str]:
+    code = f"import json, sys\n{statement}\nprint(json.dumps(sorted(m for m in {forbidden!r} if m in sys.modules)))"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
@@ -42,6 +43,14 @@ def loaded_after(statement: str) -> list[str]:
 ])
 def test_the_core_loads_no_extra(statement):
     assert loaded_after(statement) == []
+
+
+def test_the_openai_eval_path_loads_no_torch_and_no_scipy():
+    # What `tokenswap eval --backend openai` imports from its start to its gap.json (tokenswap/eval/cli.py).
+    statement = ("import tokenswap.eval.cli, tokenswap.eval.form_runs, tokenswap.eval.gap, tokenswap.eval.mc, "
+                 "tokenswap.eval.stats, tokenswap.inference.backends, tokenswap.inference.runs, "
+                 "tokenswap.inference.openai_client, tokenswap.data.tokenswap_bench")
+    assert loaded_after(statement, ("torch", "scipy", "tokenswap.inference.hf")) == []
 
 
 def test_the_rooms_exports_still_import_from_their_packages():

@@ -54,7 +54,20 @@ def test_eval_without_the_eval_extra(tmp_path):
 
 
 def test_leaderboard_without_scipy(tmp_path):
-    done = run_without("scipy", "leaderboard", str(tmp_path))
+    import json
+
+    from tokenswap.eval.gap import summarize
+
+    runs = []
+    for name in ("a", "b", "c"):  # gap.json as `tokenswap eval` writes it: scipy is reached for the group statistics
+        items = [{"id": f"q{i}", "subject": "s", "answer": "A", "num_images": 1, "pred_text": "A",
+                  "pred_interleaved": "A" if i % 2 else "B", "correct_text": True, "correct_interleaved": bool(i % 2)}
+                 for i in range(6)]
+        runs.append(tmp_path / name)
+        runs[-1].mkdir()
+        payload = {"model": name, "bench": "b", "split": "test", **summarize("generate", "zero_shot", items).to_dict()}
+        (runs[-1] / "gap.json").write_text(json.dumps(payload))
+    done = run_without("scipy", "leaderboard", *map(str, runs), "--out", str(tmp_path / "board"))
     assert_one_line(done, 'tokenswap leaderboard needs the eval extra: pip install "tokenswap[eval]"')
 
 
