@@ -23,7 +23,10 @@ starting model itself, with the adapter disabled.
 
 from __future__ import annotations
 
-import tokenswap  # noqa: F401 -- first: it quiets a bitsandbytes notice (tokenswap/__init__.py)
+# ruff: noqa: E402 -- the train extra is checked before the imports that need it
+from tokenswap.extras import require_extra  # first: importing tokenswap quiets a bitsandbytes notice
+
+require_extra("train", "recipes/grpo.py")  # a package missing: one line naming the extra, exit status 2
 
 # isort: split
 import dataclasses

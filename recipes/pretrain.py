@@ -15,7 +15,10 @@ Then `tokenswap compare --runs outputs/pretrain_text outputs/pretrain_generate` 
 
 from __future__ import annotations
 
-import tokenswap  # noqa: F401 -- first: it quiets a bitsandbytes notice (tokenswap/__init__.py)
+# ruff: noqa: E402 -- the train extra is checked before the imports that need it
+from tokenswap.extras import require_extra  # first: importing tokenswap quiets a bitsandbytes notice
+
+require_extra("train", "recipes/pretrain.py")  # a package missing: one line naming the extra, exit status 2
 
 # isort: split
 import json

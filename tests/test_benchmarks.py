@@ -40,7 +40,9 @@ CASES = [
     ("eval_serving.py", ["--pairs", "8", "--pairs-c1", "8", "--latency", "0.02", "--capacity", "4",
                          "--concurrency", "4"],
      rf"eval serving: \d+\.\d req/s at concurrency 4 = \d+% of the ceiling \(4 in flight / latency, set by the "
-     rf"client's --concurrency\); {RATIO} concurrency 1; TokenSwap-Bench --forms all: \d+\.\d min", True),
+     rf"client's --concurrency\); {RATIO} concurrency 1; TokenSwap-Bench --forms all: \d+\.\d min; client CPU "
+     r"\d+\.\d\d ms/request, start -> first request \d+\.\d s, last reply -> exit -?\d+\.\d s, \d+% of a "
+     r"bodies-only client", True),
     # the sections that take about three minutes together on the CI machine; "0 tried" would check nothing, so it fails
     ("faults.py", ["--sections", "data,malformed,llm,concurrency,shard_rewrite,workers,runs_end:persistent",
                    "--concurrency-kills", "2"],

@@ -70,8 +70,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(name: str, rest: list[str]) -> int:
-    module = importlib.import_module(COMMANDS[name][0])
-    return exit_status(lambda: module.cli_main(rest), prefix=f"tokenswap {name}: ")
+    from tokenswap.extras import COMMAND_EXTRAS, exit_on_missing_extra
+
+    def run() -> int:
+        module = importlib.import_module(COMMANDS[name][0])
+        return exit_status(lambda: module.cli_main(rest), prefix=f"tokenswap {name}: ")
+
+    # A package of a job's extra not installed: one line naming the extra, exit status 2 (tokenswap.extras).
+    verb = rest[:1] if name in ("crossmath", "rest") and rest and not rest[0].startswith("-") else []
+    return exit_on_missing_extra(run, " ".join(["tokenswap", name, *verb]), COMMAND_EXTRAS.get(name))
 
 
 if __name__ == "__main__":

@@ -173,13 +173,14 @@ class FormPlan:
 
     def conversation(self, unit: Unit, captions: dict[str, str] | None = None) -> list[dict]:
         if unit.form == "captioning":
-            return caption_conversation(self.images[unit.picture])
+            return caption_conversation(self.images[unit.picture], unit.picture)
+        # Each picture with its digest: a backend prepares (resizes, encodes) it once per run, not per request.
         if unit.form == "recognition":
             mode = "zero_shot" if self.prompt == "k_shot" else self.prompt
-            return build_conversation(self.recognition_items[unit.picture], mode)
+            return build_conversation(self.recognition_items[unit.picture], mode, digests=True)
         text_shots, inter_shots = self.shots[unit.index]
         shots = {"text": text_shots, "interleaved": inter_shots}.get(unit.form, ())
-        return build_conversation(self.item(unit, captions), self.prompt, shots)
+        return build_conversation(self.item(unit, captions), self.prompt, shots, digests=True)
 
     # -- records ---------------------------------------------------------------------
 

@@ -193,12 +193,18 @@ def form_item(form: str, text: MCItem, inter: MCItem, captions: Mapping[int, str
     raise ValueError(f"{form!r} is no item form; the item forms are {', '.join(ITEM_FORMS)}")
 
 
-def caption_conversation(image) -> list[dict]:
-    """The captioning request for one picture: the picture, then :data:`CAPTION_PROMPT`'s text (one user turn)."""
+def caption_conversation(image, digest: str | None = None) -> list[dict]:
+    """The captioning request for one picture: the picture, then :data:`CAPTION_PROMPT`'s text (one user turn).
+
+    ``digest`` (the picture's, when the caller has it) lets a backend prepare the picture once per run.
+    """
     from tokenswap.eval.mc import _as_rgb
 
     text = CAPTION_PROMPT.split("<image 1>", 1)[1]
-    return [{"role": "user", "content": [{"type": "image", "image": _as_rgb(image)}, {"type": "text", "text": text}]}]
+    part = {"type": "image", "image": _as_rgb(image)}
+    if digest is not None:
+        part["digest"] = digest
+    return [{"role": "user", "content": [part, {"type": "text", "text": text}]}]
 
 
 def images_sent(prompt: str) -> int:

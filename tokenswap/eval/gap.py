@@ -49,9 +49,7 @@ import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from tokenswap.eval.mc import (
     IMAGE_TAG,
@@ -65,19 +63,25 @@ from tokenswap.eval.mc import (
     pair_ids_match,
     shots_for,
 )
-from tokenswap.inference.hf import (
-    OPEN_THINK,
-    build_inputs,
-    close_open_think,
-    generate_batch,
-    letter_logprobs,
-    letter_token_ids,
-)
 
 __all__ = ["NAMING_ANSWER", "NAMING_PROMPT", "GapEvaluator", "GapResult", "GapStats", "Scorer", "decomposition_metrics",
            "form_fields", "letter_token_ids", "naming_inputs", "naming_loglik", "naming_records", "plan_result",
            "summarize"]
 # letter_token_ids lives in tokenswap.inference.hf (the hf backend scores letters too); named here for its users.
+# torch and the hf engine load where a model is scored, not with this module: `tokenswap eval --backend openai`
+# reads its records through plan_result and sends no tensor.
+
+if TYPE_CHECKING:
+    from tokenswap.inference.hf import letter_token_ids
+
+
+def __getattr__(name: str):
+    if name == "letter_token_ids":
+        from tokenswap.inference.hf import letter_token_ids
+
+        return letter_token_ids
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 Scorer = Literal["loglik", "generate"]
 # The naming-form recognition control's turn and candidate reply (the demo trains exactly this pair).
@@ -557,6 +561,8 @@ class GapEvaluator:
         self.max_new_tokens = max_new_tokens
         self.progress = progress
         self.resamples = DEFAULT_RESAMPLES if resamples is None else resamples
+        from tokenswap.inference.hf import OPEN_THINK, letter_token_ids
+
         self.letter_ids = letter_token_ids(processor.tokenizer) if scorer == "loglik" else None
         # A template whose generation prompt opens a think block (Qwen3.5): the answer is read after "</think>".
         probe = [{"role": "user", "content": [{"type": "text", "text": "?"}]}]
@@ -612,6 +618,8 @@ class GapEvaluator:
         return batches
 
     def _build(self, rank: int, world: int) -> None:
+        from tokenswap.inference.hf import build_inputs
+
         self._batches = []
         for slots in self._shard(rank, world):
             idx = [u if real else None for u, real in slots]
@@ -628,6 +636,8 @@ class GapEvaluator:
     # -- scoring -----------------------------------------------------------------
 
     def _loglik(self, model, batch) -> list[str]:
+        from tokenswap.inference.hf import letter_logprobs
+
         scores = letter_logprobs(model, batch, self.letter_ids)  # (B, 4)
         return [LETTERS[i] for i in scores.argmax(dim=-1).tolist()]
 
@@ -643,6 +653,8 @@ class GapEvaluator:
         from accelerate import PartialState
         from accelerate.utils import gather_object
         from tqdm.auto import tqdm
+
+        from tokenswap.inference.hf import generate_batch
 
         state = PartialState()
         if self._built_for != (state.process_index, state.num_processes):
@@ -719,6 +731,8 @@ def naming_inputs(processor, rows: Sequence[tuple], naming_prompt: str = NAMING_
     Returns:
         ``(batch, reply_len)``: the processor's batch and the number of reply tokens of each row.
     """
+    from tokenswap.inference.hf import close_open_think
+
     tokenizer = processor.tokenizer
     prompts, fulls, images = [], [], []
     for picture, name in rows:
@@ -748,12 +762,14 @@ def naming_inputs(processor, rows: Sequence[tuple], naming_prompt: str = NAMING_
     return batch, reply_len
 
 
-@torch.no_grad()
 def naming_loglik(model, built) -> list[float]:
     """Total log-likelihood of each row's reply (:func:`naming_inputs`) under ``model``."""
+    import torch
+
     batch, reply_len = built
     keep = max(reply_len) + 1
-    out = model(**batch.to(model.device), use_cache=False, logits_to_keep=keep)
+    with torch.no_grad():
+        out = model(**batch.to(model.device), use_cache=False, logits_to_keep=keep)
     logprobs = torch.log_softmax(out.logits[:, :-1, :].float(), dim=-1)  # position k predicts token k+1
     targets = batch["input_ids"][:, -keep + 1 :]
     token_lp = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, keep-1)

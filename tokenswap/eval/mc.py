@@ -25,9 +25,10 @@ from typing import Literal
 from PIL import Image
 
 from tokenswap.concepts import Concept, validate_concepts
+from tokenswap.data.items import IMAGE_TAG, LETTERS, MCItem, image_tags, pair_ids_match, recover_concepts
 
 # The item type and its tag conventions belong to the data layer (loaders build them); named here as the task file uses them.
-from tokenswap.data.items import IMAGE_TAG, LETTERS, MCItem, image_tags, pair_ids_match, recover_concepts
+from tokenswap.inference.pictures import picture_digest
 from tokenswap.store.image_store import ImageStore
 from tokenswap.swap import SwapPolicy
 
@@ -108,8 +109,13 @@ def _as_rgb(image: Image.Image | bytes) -> Image.Image:
     return image.convert("RGB")
 
 
-def build_conversation(item: MCItem, mode: PromptMode = "zero_shot", shots: Sequence[MCItem] = ()) -> list[dict]:
+def build_conversation(item: MCItem, mode: PromptMode = "zero_shot", shots: Sequence[MCItem] = (),
+                       digests: bool = False) -> list[dict]:
     """One user turn with the prompt split around ``<image N>`` tags (the release's ``doc_to_messages``).
+
+    Args:
+        digests: give each image part the ``digest`` of its picture as stored
+            (:func:`tokenswap.inference.pictures.picture_digest`), under which a backend prepares it once per run.
 
     Returns:
         ``[{"role": "user", "content": [{"type": "text"|"image", ...}, ...]}]``; images are RGB PIL.
@@ -128,7 +134,10 @@ def build_conversation(item: MCItem, mode: PromptMode = "zero_shot", shots: Sequ
                         f"item {owner.id!r}: tag {part} has no image; images present: {sorted(owner.images)} "
                         f"(tag <image N> needs images[N], column image_N in the dataset)"
                     )
-                content.append({"type": "image", "image": _as_rgb(owner.images[n])})
+                part = {"type": "image", "image": _as_rgb(owner.images[n])}
+                if digests:
+                    part["digest"] = picture_digest(owner.images[n])
+                content.append(part)
             elif part:
                 if content and content[-1]["type"] == "text":  # shot boundaries: one part per text run
                     content[-1] = {"type": "text", "text": content[-1]["text"] + part}

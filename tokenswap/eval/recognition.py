@@ -12,28 +12,17 @@ next to the gap, and a recognition-controlled gap over the items whose images we
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 from tokenswap.concepts import normalize_concept
 from tokenswap.eval.mc import MCItem, image_tags
+from tokenswap.inference.pictures import picture_digest
 from tokenswap.swap import unit_hash
 
 __all__ = ["RECOGNITION_QUESTION", "RECOGNITION_SUBJECT", "picture_digest", "recognition_items"]
 
 RECOGNITION_SUBJECT = "concept_identification"
 RECOGNITION_QUESTION = "<image 1>\nWhich concept does this image show?"
-
-
-def picture_digest(image) -> str:
-    """A stable hex digest of a picture (encoded bytes as stored, or a PIL image's mode, size and pixels)."""
-    h = hashlib.blake2b(digest_size=8)
-    if isinstance(image, bytes):
-        h.update(image)
-    else:
-        h.update(f"{image.mode}{image.size}".encode())
-        h.update(image.tobytes())
-    return h.hexdigest()
 
 
 def recognition_items(interleaved: Sequence[MCItem], seed: int = 0) -> list[tuple[int, int, MCItem]]:

@@ -39,7 +39,6 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
-from scipy import stats as _scipy_stats
 
 __all__ = ["DEFAULT_RESAMPLES", "LEVEL", "MIN_PARTIAL", "MIN_PEARSON", "bootstrap_indices", "mean_ci",
            "paired_differences", "partial", "pearson", "percentile_interval", "summary", "t_cdf", "t_quantile",
@@ -56,6 +55,14 @@ _INDEX_BUDGET = 2_000_000  # entries of one (chunk, n) index matrix (~16 MB)
 _TINY = 1e-20
 
 
+def _scipy_stats():
+    # Imported where a test or a distribution is asked, not with this module: scipy.stats takes about a second to
+    # import, and `tokenswap eval` needs only the bootstrap (numpy) at its end.
+    from scipy import stats
+
+    return stats
+
+
 # ----------------------------------------------------------------------------- Student t
 
 
@@ -64,8 +71,8 @@ def t_cdf(t: float, df: float) -> float:
     if not df > 0:
         raise ValueError(f"degrees of freedom must be > 0, got {df}")
     if math.isinf(df):
-        return float(_scipy_stats.norm.cdf(t))
-    return float(_scipy_stats.t.cdf(t, df))
+        return float(_scipy_stats().norm.cdf(t))
+    return float(_scipy_stats().t.cdf(t, df))
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -79,8 +86,8 @@ def t_quantile(p: float, df: float) -> float:
     if not df > 0:
         raise ValueError(f"degrees of freedom must be > 0, got {df}")
     if math.isinf(df):
-        return float(_scipy_stats.norm.ppf(p))
-    return float(_scipy_stats.t.ppf(p, df))
+        return float(_scipy_stats().norm.ppf(p))
+    return float(_scipy_stats().t.ppf(p, df))
 
 
 def summary(values: Sequence[float], level: float = LEVEL) -> dict[str, float | None]:
@@ -151,7 +158,7 @@ def welch_t_test(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
     with warnings.catch_warnings():
         # A group of equal gaps (a legitimate zero variance) makes scipy warn of "precision loss" on stderr.
         warnings.filterwarnings("ignore", "Precision loss occurred", RuntimeWarning)
-        result = _scipy_stats.ttest_ind(a, b, equal_var=False)
+        result = _scipy_stats().ttest_ind(a, b, equal_var=False)
     return {"t": float(result.statistic), "dof": float(result.df), "p": float(result.pvalue)}
 
 
@@ -220,8 +227,8 @@ def _sample_pearson(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         return math.nan, math.nan
     with warnings.catch_warnings():
         # Values that vary by more than _TINY are correlated as they are; scipy's warning would reach stderr.
-        warnings.simplefilter("ignore", _scipy_stats.NearConstantInputWarning)
-        result = _scipy_stats.pearsonr(x, y)
+        warnings.simplefilter("ignore", _scipy_stats().NearConstantInputWarning)
+        result = _scipy_stats().pearsonr(x, y)
     return float(result.statistic), float(result.pvalue)
 
 
@@ -232,7 +239,7 @@ def _sample_partial(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> tuple[float,
         return math.nan, math.nan
     dof = len(x) - 3
     # |r| = 1 is as far from 0 as r gets.
-    p = 0.0 if abs(r) >= 1.0 else float(2 * _scipy_stats.t.sf(abs(r * math.sqrt(dof / (1 - r * r))), dof))
+    p = 0.0 if abs(r) >= 1.0 else float(2 * _scipy_stats().t.sf(abs(r * math.sqrt(dof / (1 - r * r))), dof))
     return r, p
 
 

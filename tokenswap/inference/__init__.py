@@ -15,12 +15,26 @@
 A new engine is one file here; no build stage or evaluator changes.
 """
 
-from tokenswap.inference.cache import ResponseCache, cache_key
-from tokenswap.inference.local import TransformersChatModel
-from tokenswap.inference.openai_client import OpenAIChatModel
-from tokenswap.inference.ordered import Outcome, map_ordered
-from tokenswap.inference.parsing import parse_json_response
-from tokenswap.inference.types import ChatModel, LLMRequestError, Reply, RequestStats
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+# Lazy (PEP 562): a caller of one engine loads only that engine (the openai path no torch, the local one no
+# HTTP client). Every name below still imports from here.
+_EXPORTS = {
+    "ResponseCache": "tokenswap.inference.cache",
+    "cache_key": "tokenswap.inference.cache",
+    "TransformersChatModel": "tokenswap.inference.local",
+    "OpenAIChatModel": "tokenswap.inference.openai_client",
+    "Outcome": "tokenswap.inference.ordered",
+    "map_ordered": "tokenswap.inference.ordered",
+    "parse_json_response": "tokenswap.inference.parsing",
+    "ChatModel": "tokenswap.inference.types",
+    "LLMRequestError": "tokenswap.inference.types",
+    "Reply": "tokenswap.inference.types",
+    "RequestStats": "tokenswap.inference.types",
+}
 
 __all__ = [
     "ChatModel",
@@ -35,3 +49,24 @@ __all__ = [
     "map_ordered",
     "parse_json_response",
 ]
+
+if TYPE_CHECKING:
+    from tokenswap.inference.cache import ResponseCache, cache_key
+    from tokenswap.inference.local import TransformersChatModel
+    from tokenswap.inference.openai_client import OpenAIChatModel
+    from tokenswap.inference.ordered import Outcome, map_ordered
+    from tokenswap.inference.parsing import parse_json_response
+    from tokenswap.inference.types import ChatModel, LLMRequestError, Reply, RequestStats
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

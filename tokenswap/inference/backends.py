@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+import threading
 import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -166,12 +167,15 @@ class Backend:
             parts = []
             for part in message["content"]:
                 if part["type"] == "image":
-                    image, capped = self._image(part["image"])
+                    part, capped = self._image_part(part)
                     resized += capped
-                    part = {"type": "image", "image": image}
                 parts.append(part)
             out.append({**message, "content": parts})
         return out, resized, None
+
+    def _image_part(self, part: dict) -> tuple[dict, bool]:
+        image, capped = self._image(part["image"])
+        return {"type": "image", "image": image}, capped
 
     def _image(self, image: Image.Image) -> tuple[Image.Image, bool]:
         if self.settings.image_pixels:
@@ -347,6 +351,11 @@ class OpenAIBackend(Backend):
         self.image_format = kind
         self.jpeg_quality = int(quality or 95)
         self._logprobs_checked = False
+        # digest -> (data URL, scaled down): a picture is resized and encoded once per run, in the first worker
+        # thread that sends it, whatever the number of requests and forms that send it again.
+        self._urls: dict[str, tuple[str, bool]] = {}
+        self._url_locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
 
     def _encode(self, image: Image.Image) -> str:
         buf = io.BytesIO()
@@ -356,29 +365,56 @@ class OpenAIBackend(Backend):
             image.convert("RGB").save(buf, format="JPEG", quality=self.jpeg_quality)
         return f"data:image/{self.image_format};base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
-    def _messages(self, conversation: list[dict]) -> list[dict]:
-        out = []
+    def _image_part(self, part: dict) -> tuple[dict, bool]:
+        if "digest" not in part:
+            return super()._image_part(part)
+        return part, False  # prepared in the worker (_url), once per digest; counted there
+
+    def _url(self, part: dict) -> tuple[str, bool]:
+        """The part's data URL and whether its picture was scaled down (prepared once per digest)."""
+        if "digest" not in part:  # prepared by _prepare, counted there
+            return self._encode(part["image"]), False
+        digest = part["digest"]
+        done = self._urls.get(digest)
+        if done is not None:
+            return done
+        with self._locks_lock:
+            lock = self._url_locks.setdefault(digest, threading.Lock())
+        with lock:  # one encoder per picture; another picture is encoded beside it
+            done = self._urls.get(digest)
+            if done is None:
+                image, capped = self._image(part["image"])
+                done = self._urls[digest] = (self._encode(image), capped)
+        return done
+
+    def _messages(self, conversation: list[dict]) -> tuple[list[dict], int]:
+        out, capped = [], 0
         for message in conversation:
             content = message["content"]
             if not isinstance(content, str):
-                content = [
-                    {"type": "image_url", "image_url": {"url": self._encode(p["image"])}} if p["type"] == "image"
-                    else {"type": "text", "text": p["text"]}
-                    for p in content
-                ]
+                parts = []
+                for p in content:
+                    if p["type"] == "image":
+                        url, scaled = self._url(p)
+                        capped += scaled
+                        parts.append({"type": "image_url", "image_url": {"url": url}})
+                    else:
+                        parts.append({"type": "text", "text": p["text"]})
+                content = parts
             out.append({"role": message["role"], "content": content})
-        return out
+        return out, capped
 
     def _map(self, prepared, ask) -> Iterator[Generation]:
         def call(entry) -> Generation:
             conv, resized, skipped = entry
             if conv is None:
                 return Generation(skipped=skipped)
+            messages, capped = self._messages(conv)
             try:
-                result = ask(self._messages(conv))
+                result = ask(messages)
             except LLMRequestError as err:  # its message is redacted (tokenswap.redaction): no key in the records
                 result = Generation(error=str(err))
-            result.resized = resized
+            result.resized = resized + capped
             return result
 
         for outcome in map_ordered(call, prepared, concurrency=self.concurrency):

@@ -19,61 +19,63 @@
 Recipes import from the module of each concern; every name is also importable from ``tokenswap.training``.
 """
 
-from tokenswap.ranks import print0
-from tokenswap.training.builders import build_collator, build_gap_callback, build_image_store
-from tokenswap.training.callbacks import (
-    EmptyStepCallback,
-    EpochCallback,
-    NoTargetsError,
-    SwapStatsCallback,
-    install_first,
-)
-from tokenswap.training.checkpoint import (
-    BOOKKEEPING_KEY,
-    COMPLETE_MARKER,
-    PREEMPTED_EXIT,
-    CheckpointCallback,
-    ResumableCollator,
-    resolve_checkpoint,
-    saving_final,
-    train,
-    verify_checkpoint,
-)
-from tokenswap.training.config import (
-    CollatorConfig,
-    DataConfig,
-    GapEvalConfig,
-    LoraConfig,
-    ModelConfig,
-    RunConfig,
-    WandbConfig,
-)
-from tokenswap.training.distributed import at_script_end, close_process_group, end_script
-from tokenswap.training.entry import run_recipe
-from tokenswap.training.model import (
-    check_inputs,
-    load_model_and_processor,
-    model_family,
-    peft_lora_config,
-    resolve_attn_implementation,
-)
-from tokenswap.training.run_folder import (
-    RESUME_MAY_CHANGE,
-    RunLockedError,
-    check_resume_settings,
-    hold_output_dir,
-    write_run_config,
-)
-from tokenswap.training.tracking import finish_wandb, init_wandb
-from tokenswap.training.trainer_args import (
-    PAIRED_OWNED,
-    TRAIN_DEFAULTS,
-    TRAINER_OWNED,
-    PairedTrainConfig,
-    TrainConfig,
-    build_training_arguments,
-    trainer_section,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+# Lazy (PEP 562): a module that needs one concern loads only that concern's imports (trl, deepspeed, wandb
+# load with the modules that use them). Every name below still imports from here.
+_EXPORTS = {
+    "print0": "tokenswap.ranks",
+    "build_collator": "tokenswap.training.builders",
+    "build_gap_callback": "tokenswap.training.builders",
+    "build_image_store": "tokenswap.training.builders",
+    "EmptyStepCallback": "tokenswap.training.callbacks",
+    "EpochCallback": "tokenswap.training.callbacks",
+    "NoTargetsError": "tokenswap.training.callbacks",
+    "SwapStatsCallback": "tokenswap.training.callbacks",
+    "install_first": "tokenswap.training.callbacks",
+    "BOOKKEEPING_KEY": "tokenswap.training.checkpoint",
+    "COMPLETE_MARKER": "tokenswap.training.checkpoint",
+    "PREEMPTED_EXIT": "tokenswap.training.checkpoint",
+    "CheckpointCallback": "tokenswap.training.checkpoint",
+    "ResumableCollator": "tokenswap.training.checkpoint",
+    "resolve_checkpoint": "tokenswap.training.checkpoint",
+    "saving_final": "tokenswap.training.checkpoint",
+    "train": "tokenswap.training.checkpoint",
+    "verify_checkpoint": "tokenswap.training.checkpoint",
+    "CollatorConfig": "tokenswap.training.config",
+    "DataConfig": "tokenswap.training.config",
+    "GapEvalConfig": "tokenswap.training.config",
+    "LoraConfig": "tokenswap.training.config",
+    "ModelConfig": "tokenswap.training.config",
+    "RunConfig": "tokenswap.training.config",
+    "WandbConfig": "tokenswap.training.config",
+    "at_script_end": "tokenswap.training.distributed",
+    "close_process_group": "tokenswap.training.distributed",
+    "end_script": "tokenswap.training.distributed",
+    "run_recipe": "tokenswap.training.entry",
+    "check_inputs": "tokenswap.training.model",
+    "load_model_and_processor": "tokenswap.training.model",
+    "model_family": "tokenswap.training.model",
+    "peft_lora_config": "tokenswap.training.model",
+    "resolve_attn_implementation": "tokenswap.training.model",
+    "RESUME_MAY_CHANGE": "tokenswap.training.run_folder",
+    "RunLockedError": "tokenswap.training.run_folder",
+    "check_resume_settings": "tokenswap.training.run_folder",
+    "hold_output_dir": "tokenswap.training.run_folder",
+    "write_run_config": "tokenswap.training.run_folder",
+    "finish_wandb": "tokenswap.training.tracking",
+    "init_wandb": "tokenswap.training.tracking",
+    "PAIRED_OWNED": "tokenswap.training.trainer_args",
+    "TRAIN_DEFAULTS": "tokenswap.training.trainer_args",
+    "TRAINER_OWNED": "tokenswap.training.trainer_args",
+    "PairedTrainConfig": "tokenswap.training.trainer_args",
+    "TrainConfig": "tokenswap.training.trainer_args",
+    "build_training_arguments": "tokenswap.training.trainer_args",
+    "trainer_section": "tokenswap.training.trainer_args",
+}
 
 __all__ = [
     "BOOKKEEPING_KEY",
@@ -125,3 +127,73 @@ __all__ = [
     "verify_checkpoint",
     "write_run_config",
 ]
+
+if TYPE_CHECKING:
+    from tokenswap.ranks import print0
+    from tokenswap.training.builders import build_collator, build_gap_callback, build_image_store
+    from tokenswap.training.callbacks import (
+        EmptyStepCallback,
+        EpochCallback,
+        NoTargetsError,
+        SwapStatsCallback,
+        install_first,
+    )
+    from tokenswap.training.checkpoint import (
+        BOOKKEEPING_KEY,
+        COMPLETE_MARKER,
+        PREEMPTED_EXIT,
+        CheckpointCallback,
+        ResumableCollator,
+        resolve_checkpoint,
+        saving_final,
+        train,
+        verify_checkpoint,
+    )
+    from tokenswap.training.config import (
+        CollatorConfig,
+        DataConfig,
+        GapEvalConfig,
+        LoraConfig,
+        ModelConfig,
+        RunConfig,
+        WandbConfig,
+    )
+    from tokenswap.training.distributed import at_script_end, close_process_group, end_script
+    from tokenswap.training.entry import run_recipe
+    from tokenswap.training.model import (
+        check_inputs,
+        load_model_and_processor,
+        model_family,
+        peft_lora_config,
+        resolve_attn_implementation,
+    )
+    from tokenswap.training.run_folder import (
+        RESUME_MAY_CHANGE,
+        RunLockedError,
+        check_resume_settings,
+        hold_output_dir,
+        write_run_config,
+    )
+    from tokenswap.training.tracking import finish_wandb, init_wandb
+    from tokenswap.training.trainer_args import (
+        PAIRED_OWNED,
+        TRAIN_DEFAULTS,
+        TRAINER_OWNED,
+        PairedTrainConfig,
+        TrainConfig,
+        build_training_arguments,
+        trainer_section,
+    )
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
