@@ -42,6 +42,7 @@ __all__ = [
     "png_bomb",
     "process_group_left",
     "tiny_config",
+    "tiny_corpus",
     "tiny_qwen2vl_config",
     "train_tokenizer",
 ]
@@ -860,6 +861,16 @@ class LoadLLMServer:
         self.close()
 
 
+def tiny_corpus() -> list[str]:
+    """The texts the tiny kit's tokenizer learns (the messages of the tests' ``swap_tiny.jsonl``), from the package
+    data ``tokenswap/assets/tiny_corpus.jsonl`` (one JSON string a line): an installed package and a checkout build
+    the same tiny kit, byte for byte."""
+    from importlib import resources
+
+    text = (resources.files("tokenswap") / "assets" / "tiny_corpus.jsonl").read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line]
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m tokenswap.testing DIR [--family F] [--tokenizer trained|qwen]``.
 
@@ -877,10 +888,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="trained: small local BPE; qwen: Qwen2's real vocabulary (needs dashscope)")
     args = parser.parse_args(argv)
     out = Path(args.out)
-    corpus = []
-    assets = Path(__file__).resolve().parent.parent / "tests" / "assets" / "swap_tiny.jsonl"
-    if assets.exists():
-        corpus = [m["content"] for line in assets.read_text().splitlines() for m in json.loads(line)["messages"]]
+    corpus = tiny_corpus()
     if args.family is None:
         if args.tokenizer != "trained":
             parser.error("--tokenizer qwen needs --family")
