@@ -71,8 +71,7 @@ def _hashes(root: Path) -> dict[str, str]:
 def core_venv(tmp_path_factory):
     """(venv, work folder, wheel, distributions after the core install): the wheel installed without extras into
     a fresh venv that first got this interpreter's torch and torchvision."""
-    import torch
-    import torchvision
+    from importlib.metadata import version
 
     tmp = tmp_path_factory.mktemp("wheel")
     src, dist, venv, work = tmp / "src", tmp / "dist", tmp / "venv", tmp / "work"
@@ -88,10 +87,12 @@ def core_venv(tmp_path_factory):
     (wheel,) = dist.glob("tokenswap-*.whl")
 
     _run([sys.executable, "-m", "venv", venv], tmp, _env(venv))  # not --system-site-packages: nothing leaks in
-    pins = [f"torch=={torch.__version__}", f"torchvision=={torchvision.__version__}"]
+    # The installed distributions' versions (torch.__version__ may add a local tag, +cu130, its wheel does not have).
+    torch_version = version("torch")
+    pins = [f"torch=={torch_version}", f"torchvision=={version('torchvision')}"]
     # A +cpu build (make setup without CUDA) comes from PyTorch's CPU index, as the Makefile installs it.
     index = ["--extra-index-url", os.environ.get("TORCH_CPU_INDEX", "https://download.pytorch.org/whl/cpu")] \
-        if "+cpu" in torch.__version__ else []
+        if "+cpu" in torch_version else []
     _pip(venv, work, *index, *pins)
     _pip(venv, work, wheel)
     return venv, work, wheel, _installed(venv, work)
@@ -113,9 +114,6 @@ def train_venv(core_venv):
 
 def test_core_install_runs_the_collator_example_without_the_job_extras(core_venv):
     venv, work, _, installed = core_venv
-    pulled = sorted(set(JOB_PACKAGES) & installed)
-    assert not pulled, f"`pip install tokenswap` (no extra) installed packages of the job extras: {pulled}"
-
     page = (ROOT / "docs" / "training.md").read_text()
     section = page.split("## The collator in your own trainer", 1)[1]
     example = re.search(r"```python\n(.*?)```", section, re.S).group(1)
@@ -142,6 +140,8 @@ def test_core_install_runs_the_collator_example_without_the_job_extras(core_venv
     shapes = report["shapes"]
     assert shapes["input_ids"][0] == 1 and shapes["labels"] == shapes["input_ids"], shapes
     assert shapes["image_grid_thw"] == [1, 3] and report["swapped"] == 1, report  # "cat" shown as its picture
+    pulled = sorted(set(JOB_PACKAGES) & installed)
+    assert not pulled, f"`pip install tokenswap` (no extra) installed packages of the job extras: {pulled}"
 
 
 def test_train_extra_runs_a_tiny_post_train_from_the_recipes_folder(train_venv, tmp_path):
