@@ -38,7 +38,7 @@ endif
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m tokenswap.demo --out demo_out
+	$(BIN)/python examples/demo.py --out demo_out
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow and not gpu" -q
@@ -47,7 +47,7 @@ slow_test: $(STAMP)
 	$(BIN)/python -m pytest -m "slow" -q
 
 quality: $(STAMP)
-	$(BIN)/ruff check tokenswap recipes tests benchmarks
+	$(BIN)/ruff check tokenswap recipes tests benchmarks examples
 	$(BIN)/lint-imports  # the import floors of docs/architecture.md (also run by tests/test_architecture.py)
 
 # The compatibility subset (`compat` marker); compat_test runs it on the floor: constraints-lowest.txt in .venv-lowest.

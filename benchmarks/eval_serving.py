@@ -2,7 +2,7 @@
 
     python benchmarks/eval_serving.py        # writes benchmarks/results/eval_serving.json
 
-Starts its own OpenAI-compatible server on 127.0.0.1 (:class:`tokenswap.testing.LoadLLMServer`) that answers
+Starts its own OpenAI-compatible server on 127.0.0.1 (:class:`tests.support.LoadLLMServer`) that answers
 every request after a fixed ``--latency`` and serves at most ``--capacity`` at once (the rest queue, as a
 serving engine's full batch does). Then runs ``tokenswap eval --backend openai --forms all`` on a
 TokenSwap-Bench-format set of ``--pairs`` pairs (one 56x56 picture each, every picture shown by two items, ten
@@ -55,7 +55,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tokenswap.testing import LoadLLMServer  # noqa: E402
+from tests.support import LoadLLMServer  # noqa: E402
 
 BENCH_REQUESTS = 5 * 1516 + 2 * 6946  # --forms all on TokenSwap-Bench, every swap its own picture (an upper bound)
 CONCEPTS = ["cat", "dog", "apple", "car", "tree", "house", "boat", "bird", "fish", "star"]

@@ -27,11 +27,11 @@ uninterrupted run); otherwise it is *lost*, and the reason is printed. Sections:
 - ``malformed``: a Magpie JSONL file with lone surrogates (``"\\udcff"`` escapes), wrong field types, an unknown
   role, null, truncated and non-UTF-8 rows through ``tokenswap build-store`` with ``data.skip_malformed=true``
   (each skipped and counted, every good row kept) and without it (exit 2 naming file and line).
-- ``llm``: a misbehaving HTTP server on 127.0.0.1 (``tokenswap.testing.ScriptedLLMServer``, the tests'
+- ``llm``: a misbehaving HTTP server on 127.0.0.1 (``tests.support.ScriptedLLMServer``, the tests'
   own): redirect to another host, slow drip, huge replies, garbage/non-UTF-8/cut bodies, null reply,
   429 with Retry-After, 500 storm, no server.
 - ``concurrency``: ``tokenswap build-store`` with the LLM extractor and the validity judge at ``llm.concurrency=16``
-  against ``tokenswap.testing.LoadLLMServer`` answering in a random order: SIGKILLed at random moments and
+  against ``tests.support.LoadLLMServer`` answering in a random order: SIGKILLed at random moments and
   resumed, then a rate-limited server (429 + Retry-After), a server dropping or stalling some requests (the
   build exits 1 naming the failures, ``report.json`` says ``complete: false``, the same command after the
   server recovers fills them in). Every chunk, store shard and dataset shard must be byte-identical to a build

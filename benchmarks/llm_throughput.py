@@ -2,7 +2,7 @@
 
     python benchmarks/llm_throughput.py        # writes benchmarks/results/llm_throughput.json
 
-Starts its own OpenAI-compatible server on 127.0.0.1 (:class:`tokenswap.testing.LoadLLMServer`) that
+Starts its own OpenAI-compatible server on 127.0.0.1 (:class:`tests.support.LoadLLMServer`) that
 answers every request after a fixed ``--latency`` and serves at most ``--capacity`` at once (the rest
 queue, as a serving engine's full batch does), so the most any client can get is
 ``capacity / latency`` requests/s. Then runs ``tokenswap build-store --config store_generate.yaml`` on
@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tokenswap.testing import LoadLLMServer, concept_reply  # noqa: E402
+from tests.support import LoadLLMServer, concept_reply  # noqa: E402
 
 MAGPIE_ROWS = 300_000
 KEPT_SAMPLES = 116_722

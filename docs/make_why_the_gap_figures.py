@@ -31,12 +31,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: its tokenswap and tests.support
+
+from tests.support import LoadLLMServer
 from tokenswap.cli import main as tokenswap_main
 from tokenswap.data.items import LETTERS, MCItem
 from tokenswap.data.tokenswap_bench import write_tokenswap_bench
 from tokenswap.eval.forms import CAPTION_PROMPT, rendered_word
 from tokenswap.swap import unit_hash as draw  # the scripted models' only source of chance
-from tokenswap.testing import LoadLLMServer
 
 DOCS = Path(__file__).resolve().parent
 CONCEPTS = ["cat", "dog", "car", "apple", "house", "tree", "bird", "fish", "chair", "clock", "horse", "boat",
@@ -84,7 +86,7 @@ def bench_items(n: int, seed: int) -> list[tuple[MCItem, MCItem]]:
 
 
 class ScriptedModels:
-    """``reply(payload)`` for :class:`tokenswap.testing.LoadLLMServer`: the model named in the request answers."""
+    """``reply(payload)`` for :class:`tests.support.LoadLLMServer`: the model named in the request answers."""
 
     def __init__(self, pairs: list[tuple[MCItem, MCItem]]):
         self.seen = {pixels(picture(c)): (c, "picture") for c in CONCEPTS}

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import os
 import random
+import sys
+from pathlib import Path
+
+# The tests import their own support module (`tests.support`) and the demo (`examples.demo`) from the checkout;
+# pytest's importlib mode puts no folder on sys.path. Appended: the installed packages keep precedence.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.append(_ROOT)
 
 # Set before transformers/wandb import anywhere in the test process.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -90,14 +90,14 @@ def check_figure(report: dict, records: list, out: Path, plot_demo) -> None:
 
 
 def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch, capfd):
+    from examples.demo import main, plot_demo
     from tokenswap.compare import load_run, read_wandb_offline
-    from tokenswap.demo import main, plot_demo
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     out = tmp_path / "demo"
     argv = ["--out", str(out), "--seeds", "0", "--concepts", "8", "--pretrain-steps", "12", "--post-steps", "6",
             "--eval-every", "3", "--phrasings", "2"]
-    # The demo pins its numerics itself (tokenswap.demo.NUMERICS: AVX2 kernels, one thread per process), so the
+    # The demo pins its numerics itself (examples/demo.py NUMERICS: AVX2 kernels, one thread per process), so the
     # record holds on any x86-64 CI machine, whatever its cores and instruction set.
     assert main(argv) == 0
     # a progress bar through every long stage, each reaching its total (3 runs x 6 post-training steps)

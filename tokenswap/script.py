@@ -1,7 +1,7 @@
 """How a tokenswap process ends: the one place, with ``tokenswap.cli``'s console entry, that exits.
 
 ``run_script(main)`` is the whole ``__main__`` block of a recipe (through
-:func:`tokenswap.training.entry.run_recipe`), of ``python -m tokenswap.demo`` and of ``python -m tokenswap.testing``:
+:func:`tokenswap.training.entry.run_recipe`), of ``examples/demo.py`` and of ``python -m tokenswap.testing``:
 ``main`` runs inside the redacting output streams, the errors a user acts on become one line and an exit status by
 :func:`tokenswap.errors.exit_status` (the mapping ``tokenswap.cli.main`` uses), and a traceback of anything else
 (a bug) goes out masked as well, since the interpreter prints it after the streams are restored.

@@ -8,11 +8,13 @@ and released chat template, its real image and video processors (Qwen3-VL / Qwen
 either a byte-level BPE trained locally on a few sentences (small and fast) or, with
 ``tokenizer="qwen"``, Qwen2's real 151,643-rank vocabulary (:mod:`tokenswap.qwen_tokenizer`).
 :func:`build_tiny_qwen2vl` is the original Qwen2-VL kit most tests use. Nothing is downloaded.
-:class:`ScriptedChatModel` is a chat model in process whose replies a test scripts; :class:`ScriptedLLMServer` is a misbehaving OpenAI-compatible server on 127.0.0.1 for the LLM client's tests;
-:class:`LoadLLMServer` one with a latency, a capacity and a rate limit, that counts what is in flight.
+:func:`build_tiny_store` and :func:`build_tiny_bench` write the tiny image store and bench;
+:func:`assert_matches_processor` checks a collator's batch against the processor's own; :class:`ScriptedChatModel`
+is a chat model in process whose replies a test scripts. ``python -m tokenswap.testing DIR`` writes the kit the docs
+use; its tokenizer corpus is package data, so an installed package and a checkout write the same files.
 
-One module although it is long (~690 lines): it is the test kit (tiny checkpoints of every family, the
-tiny store and the scripted LLM server) that tests, benchmarks and the demo import as one thing.
+The kit for users' own tests and for this project's tests, benchmarks and demo; the project's test servers and
+fault fixtures are its tests' own (``tests/support.py`` of a checkout), not shipped.
 """
 
 from __future__ import annotations
@@ -25,10 +27,7 @@ from pathlib import Path
 __all__ = [
     "QWEN2VL_CHAT_TEMPLATE",
     "QWEN2VL_SPECIAL_TOKENS",
-    "LoadLLMServer",
-    "concept_reply",
     "ScriptedChatModel",
-    "ScriptedLLMServer",
     "TINY_FAMILIES",
     "TINY_MOE_FAMILIES",
     "assert_matches_processor",
@@ -36,12 +35,9 @@ __all__ = [
     "build_tiny_model",
     "build_tiny_qwen2vl",
     "build_tiny_store",
-    "llm_answer",
-    "llm_reply",
     "official_batch",
-    "png_bomb",
-    "process_group_left",
     "tiny_config",
+    "tiny_corpus",
     "tiny_qwen2vl_config",
     "train_tokenizer",
 ]
@@ -569,33 +565,6 @@ def build_tiny_bench(root: str | os.PathLike, store) -> Path:
     return Path(root)
 
 
-def llm_answer(text: str | None = "fine") -> bytes:
-    """The body of an OpenAI chat-completions reply whose one choice says ``text`` (``None``: a null content)."""
-    return json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
-
-
-def llm_reply(body: bytes, status: int = 200, headers: dict | None = None, length: int | None = None):
-    """A :class:`ScriptedLLMServer` behaviour: answer ``status`` with ``headers`` and ``body``.
-
-    ``length`` is the ``Content-Length`` to announce (default the body's own; another value makes a reply
-    cut short or one announcing more than it sends).
-    """
-
-    def send(h) -> None:
-        h.send_response(status)
-        for k, v in (headers or {}).items():
-            h.send_header(k, v)
-        h.send_header("Content-Length", str(len(body) if length is None else length))
-        # The server closes every connection after its answer; saying so keeps a pooled client from sending the next
-        # request down a socket that is being closed (which fails it at random, as a dropped connection).
-        h.send_header("Connection", "close")
-        h.end_headers()
-        h.wfile.write(body)
-        h.wfile.flush()
-
-    return send
-
-
 class ScriptedChatModel:
     """A :class:`~tokenswap.inference.ChatModel` in process whose replies come from :meth:`answer`, for tests.
 
@@ -634,230 +603,14 @@ class ScriptedChatModel:
         return Reply(text=text)
 
 
-class ScriptedLLMServer:
-    """An HTTP server on 127.0.0.1 (a free port, real sockets) that answers each POST with the next behaviour of
-    :attr:`script`, to test an OpenAI-compatible client against servers that misbehave.
+def tiny_corpus() -> list[str]:
+    """The texts the tiny kit's tokenizer learns (the messages of the tests' ``swap_tiny.jsonl``), from the package
+    data ``tokenswap/assets/tiny_corpus.jsonl`` (one JSON string a line): an installed package and a checkout build
+    the same tiny kit, byte for byte."""
+    from importlib import resources
 
-    A behaviour is a function of the ``http.server.BaseHTTPRequestHandler`` that writes the answer (see
-    :func:`llm_reply`; a custom one can drip, flood or stall). With the script used up, each POST gets
-    ``llm_reply(llm_answer("fine"))``. An ``OSError`` inside a behaviour (the client hung up on purpose: a
-    deadline, a size limit) is swallowed, and every connection is closed after one request. Use as a context
-    manager, or call :meth:`close`.
-
-    Attributes:
-        base_url: ``http://127.0.0.1:PORT/v1``, the client's base URL.
-        script: behaviours still to play, first first.
-        headers: the request headers of every POST received so far, in order (``len`` counts the requests).
-    """
-
-    def __init__(self) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        self.script: list = []
-        self.headers: list[dict] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:  # noqa: N802 (http.server API)
-                self.rfile.read(int(self.headers["Content-Length"]))
-                server.headers.append(dict(self.headers))
-                behaviour = server.script.pop(0) if server.script else llm_reply(llm_answer())
-                try:
-                    behaviour(self)
-                except OSError:
-                    pass  # the client gave up on purpose
-                self.close_connection = True
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        """Stop serving and release the port."""
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def __enter__(self) -> ScriptedLLMServer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def concept_reply(payload: dict) -> str:
-    """A deterministic answer of the store build's LLM extractor or validity judge, for :class:`LoadLLMServer`.
-
-    Extraction (a system turn first): the first three distinct words of 5+ letters of the text between
-    ``<<<`` and ``>>>``, with their offsets. Judge (image parts): valid unless the concept's name has a
-    length divisible by 3. The same request always gets the same answer, whatever the order they arrive in.
-    """
-    import re
-
-    messages = payload["messages"]
-    content = messages[-1]["content"]
-    if messages[0]["role"] == "system":
-        text = content.split("\n\n<<<", 1)[1].rsplit(">>>", 1)[0]  # the prompt names <<< once before
-        spans, seen = [], set()
-        for m in re.finditer(r"[A-Za-z]{5,}", text):
-            word = m.group(0).lower()
-            if word not in seen:
-                seen.add(word)
-                spans.append({"text": m.group(0), "start": m.start(), "end": m.end()})
-            if len(spans) == 3:
-                break
-        return json.dumps({"concepts": spans})
-    question = next(p["text"] for p in content if p["type"] == "text")
-    concept = re.search(r'The phrase was "([^"]*)"', question).group(1)
-    return json.dumps({"valid": len(concept) % 3 != 0, "reason": "scripted"})
-
-
-class LoadLLMServer:
-    """An OpenAI-compatible server on 127.0.0.1 with a latency, a capacity and a rate limit, counting requests in flight.
-
-    Each POST is answered after ``latency(payload)`` seconds (a number, or a function of the request payload
-    for random delays) with ``{"choices": [{"message": {"content": reply(payload)}}], "usage": ...}``; a
-    ``reply`` that raises makes the server hang up without an answer (a dropped connection).
-    At most ``capacity`` requests are served at once; the rest queue (as a serving engine's batch is
-    full), so throughput is at most ``capacity / latency``. With ``rate_limit=K``, a request arriving
-    while K are already in flight is answered ``reject_status`` (429) with ``Retry-After: retry_after``
-    (none when it is None): a rate-limited API. ``respond(payload, headers)``, when given, sees each request first
-    (``headers`` with lower-case names) and may answer it itself with ``(status, body bytes)`` (a body no
-    ``reply`` can make: an error quoting the ``Authorization`` header, JSON nested 100,000 deep); ``None`` leaves
-    the request to ``reply``. Keep-alive HTTP/1.1 on one ``asyncio`` loop (a thread per connection costs more CPU
-    than the client it measures), with a deep listen backlog.
-
-    Attributes:
-        base_url: ``http://127.0.0.1:PORT/v1``.
-        requests: payloads served (200), in arrival order.
-        in_flight: requests being handled now (queued ones included).
-        max_in_flight: the most requests ever being handled at once (queued ones included).
-        rejected: 429 (``reject_status``) answers given.
-        arrivals: ``(monotonic time, status)`` of every POST.
-    """
-
-    def __init__(self, reply=None, latency=0.0, capacity: int | None = None, rate_limit: int | None = None,
-                 retry_after: float | None = 1.0, reject_status: int = 429, respond=None) -> None:
-        import asyncio
-        import threading
-
-        self.reply = reply or (lambda payload: "fine")
-        self.respond = respond
-        self.latency = latency
-        self.capacity = capacity
-        self.rate_limit = rate_limit
-        self.retry_after = retry_after
-        self.reject_status = reject_status
-        self.requests: list[dict] = []
-        self.arrivals: list[tuple[float, int]] = []
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.rejected = 0
-        self._loop = asyncio.new_event_loop()
-        started = threading.Event()
-
-        def serve() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._slots = asyncio.Semaphore(capacity) if capacity else None
-            self._server = self._loop.run_until_complete(
-                asyncio.start_server(self._handle, "127.0.0.1", 0, backlog=1024)
-            )
-            started.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=serve, daemon=True, name="load-llm-server")
-        self._thread.start()
-        started.wait()
-        self.base_url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/v1"
-
-    async def _handle(self, reader, writer) -> None:
-        import asyncio
-        import time
-
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
-                payload = json.loads(await reader.readexactly(int(headers.get("content-length", "0"))))
-                limited = self.rate_limit is not None and self.in_flight >= self.rate_limit
-                self.arrivals.append((time.monotonic(), self.reject_status if limited else 200))
-                if limited:
-                    self.rejected += 1
-                    after = {} if self.retry_after is None else {"Retry-After": f"{self.retry_after:g}"}
-                    await self._send(writer, self.reject_status, b'{"error": "rate limited"}', after)
-                    continue
-                self.in_flight += 1
-                self.max_in_flight = max(self.max_in_flight, self.in_flight)
-                try:
-                    if self._slots is not None:
-                        await self._slots.acquire()
-                    try:
-                        delay = self.latency(payload) if callable(self.latency) else self.latency
-                        await asyncio.sleep(delay)
-                        try:
-                            own = self.respond(payload, headers) if self.respond is not None else None
-                            text = self.reply(payload) if own is None else None
-                        except Exception:  # noqa: BLE001 - a reply function that raises drops the connection
-                            return
-                    finally:
-                        if self._slots is not None:
-                            self._slots.release()
-                    self.requests.append(payload)
-                finally:
-                    self.in_flight -= 1
-                status, body = own if own is not None else (200, json.dumps({
-                    "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-                }).encode())
-                await self._send(writer, status, body)
-                if headers.get("connection", "").lower() == "close":
-                    return
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError):
-            return  # the client hung up (or sent something this test server does not speak)
-        except asyncio.CancelledError:
-            # close() ends open connections by cancelling them; ending normally here keeps Python 3.11's stream
-            # callback from logging a CancelledError traceback per connection (it calls task.exception()).
-            return
-        finally:
-            writer.close()
-
-    @staticmethod
-    async def _send(writer, status: int, body: bytes, headers: dict | None = None) -> None:
-        from http import HTTPStatus
-
-        head = f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
-        head += "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        head += f"Content-Length: {len(body)}\r\n\r\n"
-        writer.write(head.encode("latin-1") + body)
-        await writer.drain()
-
-    def close(self) -> None:
-        """Stop serving and release the port."""
-        import asyncio
-
-        async def stop() -> None:
-            self._server.close()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:  # open keep-alive connections: end them here, not when the loop is gone
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-
-    def __enter__(self) -> LoadLLMServer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    text = (resources.files("tokenswap") / "assets" / "tiny_corpus.jsonl").read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -877,10 +630,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="trained: small local BPE; qwen: Qwen2's real vocabulary (needs dashscope)")
     args = parser.parse_args(argv)
     out = Path(args.out)
-    corpus = []
-    assets = Path(__file__).resolve().parent.parent / "tests" / "assets" / "swap_tiny.jsonl"
-    if assets.exists():
-        corpus = [m["content"] for line in assets.read_text().splitlines() for m in json.loads(line)["messages"]]
+    corpus = tiny_corpus()
     if args.family is None:
         if args.tokenizer != "trained":
             parser.error("--tokenizer qwen needs --family")
@@ -896,40 +646,6 @@ def main(argv: list[str] | None = None) -> int:
     print(store.root)
     print(build_tiny_bench(out / "tiny-bench", store))
     return 0
-
-
-def png_bomb(width: int, height: int, rows: int | None = None) -> bytes:
-    """A valid grey PNG whose header says ``width`` x ``height``, made without allocating its pixels.
-
-    ``rows=None`` stores every row of zeros (zlib keeps it tiny: ~2 MB for 30000x30000), so it decodes in
-    full if nothing refuses it; ``rows=64`` stores only the first rows, for checks that must refuse it from
-    the header alone.
-    """
-    import struct
-    import zlib
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    z = zlib.compressobj(9)
-    row = b"\x00" * (width + 1)  # filter byte + one byte per pixel
-    body = b"".join(z.compress(row) for _ in range(height if rows is None else min(height, rows))) + z.flush()
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", body) + chunk(b"IEND", b"")
-
-
-def process_group_left(pgid: int) -> list[int]:
-    """The pids still in process group ``pgid``, zombies included (an unreaped worker is still there): what a
-    test or fault trial asserts is empty once a job that ran in its own session has ended."""
-    left = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getpgid(int(entry)) == pgid:
-                    left.append(int(entry))
-            except ProcessLookupError:
-                continue
-    return left
 
 
 if __name__ == "__main__":

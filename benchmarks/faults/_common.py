@@ -275,7 +275,7 @@ def _switchable(respond_bad, hit) -> tuple[dict, Callable]:
 def _store_rerun_trials(t: Tally, section: str, what: str, work: Path, bad: Callable[[], bytes], ref: Path,
                         stage: str) -> None:
     """build-store with bad replies to the requests about "garden" in one stage, then the same command again."""
-    from tokenswap.testing import LoadLLMServer, concept_reply
+    from tests.support import LoadLLMServer, concept_reply
 
     def hit(payload) -> bool:
         system = payload["messages"][0]["role"] == "system"
@@ -309,7 +309,7 @@ def _store_rerun_trials(t: Tally, section: str, what: str, work: Path, bad: Call
 def _eval_rerun_trials(t: Tally, section: str, what: str, work: Path, bad: Callable[[], bytes], bench: Path,
                        ref: dict, answer: Callable, *extra: str) -> None:
     """`tokenswap eval` with bad replies about "circle", then the same command against the recovered server."""
-    from tokenswap.testing import LoadLLMServer
+    from tests.support import LoadLLMServer
 
     def hit(payload) -> bool:
         return "circle" in json.dumps(payload)
@@ -349,7 +349,7 @@ def _eval_answer(payload) -> str:
 
 
 def _eval_reference(work: Path, bench: Path, answer: Callable, name: str, *extra: str) -> dict:
-    from tokenswap.testing import LoadLLMServer
+    from tests.support import LoadLLMServer
 
     out = work / name
     with LoadLLMServer(answer) as server:
@@ -360,7 +360,7 @@ def _eval_reference(work: Path, bench: Path, answer: Callable, name: str, *extra
 
 
 def _build_reference(work: Path, name: str) -> Path:
-    from tokenswap.testing import LoadLLMServer, concept_reply
+    from tests.support import LoadLLMServer, concept_reply
 
     out = work / name
     with LoadLLMServer(concept_reply) as server:

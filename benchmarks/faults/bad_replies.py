@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tokenswap.testing import ScriptedLLMServer, llm_answer, llm_reply
+from tests.support import ScriptedLLMServer, llm_answer, llm_reply
 
 from ._common import (
     Tally,
@@ -59,8 +59,8 @@ def section_bad_replies(t: Tally, work: Path) -> None:
     """Bodies Python's JSON parser cannot take, logprobs that overflow or are NaN, poisoned cache and record lines."""
     import warnings as _warnings
 
+    from tests.support import LoadLLMServer
     from tokenswap.inference import LLMRequestError, OpenAIChatModel, ResponseCache, cache_key
-    from tokenswap.testing import LoadLLMServer
 
     msg = [{"role": "user", "content": "hi"}]
     good_top = b'{"choices": [{"message": {"content": "A"}, "logprobs": {"content": [{"token": "A", "logprob": -0.1, ' \

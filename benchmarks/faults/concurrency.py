@@ -1,5 +1,5 @@
 """Section ``concurrency`` of benchmarks/faults.py: ``tokenswap build-store`` with the LLM extractor and the validity
-judge at ``llm.concurrency=16`` against ``tokenswap.testing.LoadLLMServer`` answering in a random order: SIGKILLed
+judge at ``llm.concurrency=16`` against ``tests.support.LoadLLMServer`` answering in a random order: SIGKILLed
 at random moments and resumed, then a rate-limited server (429 + Retry-After), a server dropping or stalling some
 requests (the build exits 1 naming the failures, ``report.json`` says ``complete: false``, the same command after
 the server recovers fills them in). Every chunk, store shard and dataset shard must be byte-identical to a build at
@@ -68,7 +68,7 @@ def _until(reached: Callable[[], bool], p: subprocess.Popen, progress: Callable[
 
 
 def section_concurrency(t: Tally, work: Path, rng: random.Random, n_kills: int) -> None:
-    from tokenswap.testing import LoadLLMServer, concept_reply
+    from tests.support import LoadLLMServer, concept_reply
 
     delays = random.Random(1)
     server = LoadLLMServer(concept_reply, latency=lambda payload: delays.uniform(0.0, 0.04))

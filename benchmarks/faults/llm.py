@@ -1,5 +1,5 @@
 """Section ``llm`` of benchmarks/faults.py: a misbehaving HTTP server on 127.0.0.1
-(``tokenswap.testing.ScriptedLLMServer``, the tests' own): redirect to another host, slow drip, huge replies,
+(``tests.support.ScriptedLLMServer``, the tests' own): redirect to another host, slow drip, huge replies,
 garbage/non-UTF-8/cut bodies, null reply, 429 with Retry-After, 500 storm, no server.
 """
 
@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tokenswap.testing import ScriptedLLMServer, llm_answer, llm_reply
+from tests.support import ScriptedLLMServer, llm_answer, llm_reply
 
 from ._common import Tally
 

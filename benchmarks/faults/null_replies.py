@@ -47,12 +47,12 @@ def section_null_replies(t: Tally, work: Path) -> None:
 def _bench_builder_null_trials(t: Tally, work: Path) -> None:
     from PIL import Image
 
+    from tests.support import LoadLLMServer
     from tokenswap.concepts import LexiconExtractor
     from tokenswap.eval.bench_builder import BenchBuilder, BenchRequestsFailed
     from tokenswap.eval.mc import MCItem
     from tokenswap.inference import OpenAIChatModel
     from tokenswap.store.image_store import ImageStore, StoreWriter
-    from tokenswap.testing import LoadLLMServer
 
     root = work / "null-bench-store"
     if not (root / "store.json").exists():

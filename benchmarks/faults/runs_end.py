@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tokenswap.testing import process_group_left
+from tests.support import process_group_left
 
 from ._common import (
     ENV,

@@ -62,7 +62,7 @@ def _echo_body(form: str, auth: str) -> bytes:
 
 def _sink_server(form: str, reply):
     """A loopback server answering every third request with a 500 that quotes the header in ``form``."""
-    from tokenswap.testing import LoadLLMServer
+    from tests.support import LoadLLMServer
 
     count = {"n": 0}
 
@@ -77,7 +77,7 @@ def _sink_server(form: str, reply):
 
 def section_secrets(t: Tally, work: Path, model: Path | None, store: Path | None) -> None:
     """The API key (every encoded and cut form) in no sink; credentials refused in base URLs; W&B and pickles."""
-    from tokenswap.testing import concept_reply
+    from tests.support import concept_reply
 
     env = {**ENV, FAULT_KEY_ENV: FAULT_KEY}
     bench = _fault_bench(work / "secrets-bench")

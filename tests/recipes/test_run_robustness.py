@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support import process_group_left
 from tokenswap.config import load_config
-from tokenswap.testing import process_group_left
 from tokenswap.training import COMPLETE_MARKER, PREEMPTED_EXIT, run_recipe
 from tokenswap.training.checkpoint import FAULT_PAUSE_ENV
 

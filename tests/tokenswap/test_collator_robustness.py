@@ -18,11 +18,11 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.support import png_bomb
 from tokenswap.collator import TokenSwapCollator
 from tokenswap.images import BadImageError
 from tokenswap.store.image_store import SCHEMA, ImageStore, StoreWriter, image_id_of
 from tokenswap.swap import SwapPolicy
-from tokenswap.testing import png_bomb
 
 ASSETS = __import__("pathlib").Path(__file__).parents[1] / "assets"
 

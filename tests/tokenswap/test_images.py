@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.support import png_bomb
 from tokenswap.images import BadImageError, check_image_size, load_image
-from tokenswap.testing import png_bomb
 
 
 def _encode(image: Image.Image, fmt: str = "PNG", **kw) -> bytes:

@@ -1,6 +1,6 @@
 """The OpenAI-compatible client with many requests in flight: the limit, back-pressure, the cache under load.
 
-Real sockets against :class:`tokenswap.testing.LoadLLMServer` on 127.0.0.1, which counts what is in flight.
+Real sockets against :class:`tests.support.LoadLLMServer` on 127.0.0.1, which counts what is in flight.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import LoadLLMServer
 from tokenswap.inference import LLMRequestError, OpenAIChatModel, ResponseCache, map_ordered
-from tokenswap.testing import LoadLLMServer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -150,7 +150,7 @@ def test_a_kill_under_concurrency_cannot_tear_the_cache(tmp_path):
 
 
 def test_the_deadline_holds_while_the_headers_drip_and_under_load():
-    from tokenswap.testing import ScriptedLLMServer
+    from tests.support import ScriptedLLMServer
 
     def drip_headers(h) -> None:  # the status line, then one header byte every 0.1 s: no read ever times out
         h.wfile.write(b"HTTP/1.1 200 OK\r\n")
@@ -175,7 +175,7 @@ def test_request_returns_reasoning_usage_and_the_first_tokens_logprobs(tmp_path)
 
     from PIL import Image
 
-    from tokenswap.testing import ScriptedLLMServer, llm_reply
+    from tests.support import ScriptedLLMServer, llm_reply
 
     body = json.dumps({
         "choices": [{

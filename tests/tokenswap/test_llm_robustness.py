@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
+from tests.support import ScriptedLLMServer, llm_answer, llm_reply
 from tokenswap.inference import LLMRequestError, OpenAIChatModel
-from tokenswap.testing import ScriptedLLMServer, llm_answer, llm_reply
 
 MSG = [{"role": "user", "content": "hi"}]
 

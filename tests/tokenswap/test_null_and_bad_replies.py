@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from tests.support import LoadLLMServer, ScriptedLLMServer, concept_reply, llm_answer, llm_reply
 from tokenswap.cli import main as tokenswap_main
 from tokenswap.inference import LLMRequestError, OpenAIChatModel, ResponseCache, cache_key
 from tokenswap.inference.runs import RecordLog
-from tokenswap.testing import LoadLLMServer, ScriptedLLMServer, concept_reply, llm_answer, llm_reply
 
 MSG = [{"role": "user", "content": "hi"}]
 DEEP = b"[" * 100_000 + b"]" * 100_000

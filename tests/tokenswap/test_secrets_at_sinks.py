@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import LoadLLMServer, concept_reply
 from tokenswap.cli import main as tokenswap_main
-from tokenswap.testing import LoadLLMServer, concept_reply
 
 KEY = 'sk-sink/Te+st"key\\0a1b2c3d4e5f6g7h8'  # JSON, percent and plus forms all differ from the raw one
 KEY_ENV = "TOKENSWAP_SINK_TEST_KEY"

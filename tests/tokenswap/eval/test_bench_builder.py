@@ -228,8 +228,8 @@ def _bench_files(out) -> dict[str, bytes]:
 def test_items_in_flight_write_the_same_bench_as_one_at_a_time(store, tmp_path):
     import random
 
+    from tests.support import LoadLLMServer
     from tokenswap.eval.bench_builder import BenchRequestsFailed
-    from tokenswap.testing import LoadLLMServer
 
     items = [MCItem(f"{k}-{n}", "astronomy", q, ["w", "x", "y", "z"], 1) for n in range(4) for k, q in QUESTIONS.items()]
     with LoadLLMServer(_served, latency=lambda payload: random.uniform(0.0, 0.03)) as server:

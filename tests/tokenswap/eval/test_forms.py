@@ -29,12 +29,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.support import LoadLLMServer
 from tokenswap.cli import main as tokenswap_main
 from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs
 from tokenswap.eval.gap import GapEvaluator
 from tokenswap.eval.mc import LETTERS, MCItem
 from tokenswap.families import load_checkpoint
-from tokenswap.testing import LoadLLMServer
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -95,7 +95,7 @@ def _pixels(image: Image.Image) -> str:
 
 
 class RuleModel:
-    """The scripted model: ``reply(payload)`` for :class:`tokenswap.testing.LoadLLMServer`."""
+    """The scripted model: ``reply(payload)`` for :class:`tests.support.LoadLLMServer`."""
 
     def __init__(self, captions: dict[str, str] | None = None):
         from tokenswap.store.sources import render_word

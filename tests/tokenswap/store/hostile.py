@@ -7,7 +7,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from tokenswap.testing import png_bomb
+from tests.support import png_bomb
 
 
 def bomb_png(path: Path, side: int = 30000) -> Path:

@@ -1,6 +1,6 @@
 """A store build with many requests in flight writes exactly what one request at a time writes; failures are kept.
 
-The LLM extractor and the validity judge ask :class:`tokenswap.testing.LoadLLMServer` on 127.0.0.1, which
+The LLM extractor and the validity judge ask :class:`tests.support.LoadLLMServer` on 127.0.0.1, which
 answers every request after a random delay, so replies come back in a random order.
 """
 
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import LoadLLMServer, concept_reply
 from tokenswap.config import load_config
 from tokenswap.store.build import StoreBuildConfig, build_store
 from tokenswap.store.stages import RequestsFailed
-from tokenswap.testing import LoadLLMServer, concept_reply
 
 REPO = Path(__file__).resolve().parents[3]
 

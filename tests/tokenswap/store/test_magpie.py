@@ -67,7 +67,7 @@ def test_system_turn_and_malformed_rows(tmp_path):
 
 
 def test_fixture_is_magpie_format_and_reproducible():
-    from tokenswap.assets.make_magpie_fixture import make_rows
+    from tests.assets.make_magpie_fixture import make_rows
 
     lines = fixture_path().read_text().splitlines()
     assert len(lines) >= 300

@@ -1,6 +1,7 @@
 """The demo: a paired TokenSwap experiment on a toy concept world, end to end on a laptop CPU.
 
-``python -m tokenswap.demo --out demo_out`` (what ``make demo`` runs):
+``python examples/demo.py --out demo_out`` (what ``make demo`` runs), from a checkout: it launches the
+checkout's ``recipes/`` with ``configs/demo/``, so it is an example beside the package, not part of it:
 
 1. **World.** ``--concepts`` OpenMoji pictograms (banana, cat, rocket, ...) each get three
    arbitrary facts (a zone, an owner, a number; drawn by hash, so nothing can be guessed from
@@ -435,7 +436,7 @@ def _cpu_seconds() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tokenswap.demo", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python examples/demo.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="demo_out", help="output folder (reused: finished runs are skipped)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4],
                         help="post-training seeds: one run per arm and group each (default 0 1 2 3 4)")
@@ -454,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(os.environ.get(k) != v for k, v in NUMERICS.items()):
         # The libraries read these when first used, but an op run while importing could fix a path before: the demo
         # runs in a fresh process that has them from its start.
-        cmd = [sys.executable, "-m", "tokenswap.demo", *(sys.argv[1:] if argv is None else argv)]
+        cmd = [sys.executable, str(Path(__file__).resolve()), *(sys.argv[1:] if argv is None else argv)]
         return subprocess.run(cmd, env={**os.environ, **NUMERICS}).returncode
 
     t0, cpu0 = time.time(), _cpu_seconds()
@@ -668,7 +669,7 @@ def _report_md(report: dict, inloop_md: str, argv: list[str]) -> str:
     q = report["questions_per_form"]
     lines = [
         "# tokenswap demo: paired arms on a toy concept world\n",
-        f"`python -m tokenswap.demo {' '.join(argv)}`: seeds {report['seeds']}; {report['world']['concepts']} concepts "
+        f"`python examples/demo.py {' '.join(argv)}`: seeds {report['seeds']}; {report['world']['concepts']} concepts "
         f"({report['world']['group_a']} in group A, {report['world']['group_b']} in group B); CPT "
         f"{report['pretrain_steps']} steps; post-training {report['post_steps']} steps per arm and seed; "
         f"{q['group_b']} held-out questions per form on group B, {q['group_a']} on group A. "

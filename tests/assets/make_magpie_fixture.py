@@ -7,9 +7,10 @@ vehicles, weather, objects, plants), so the demo and tests have real swaps; abou
 ten has no such concept (coding, arithmetic), as in real instruction data. Written by us from
 templates; no third-party text.
 
-Run from the repo root (output is byte-identical on every run)::
+A development script, kept with the tests (the package ships its output only). Run from the repo root
+(output is byte-identical on every run)::
 
-    python tokenswap/assets/make_magpie_fixture.py
+    python tests/assets/make_magpie_fixture.py
 """
 
 from __future__ import annotations
@@ -237,7 +238,7 @@ def make_rows(n_rows: int = N_ROWS, seed: int = SEED) -> list[dict]:
 
 
 def main() -> None:
-    out = Path(__file__).with_name("magpie_fixture.jsonl")
+    out = Path(__file__).resolve().parents[2] / "tokenswap" / "assets" / "magpie_fixture.jsonl"
     with open(out, "w", encoding="utf-8") as f:
         for row in make_rows():
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
