@@ -6,8 +6,9 @@
 #           attention), then tokens/s, MFU and peak memory padded vs packed on a Qwen2-VL-2B-shaped model and on a
 #           7B-shaped LoRA model (benchmarks/gpu_packing.py);
 #   part 2 (what the lease has left, less a margin to rerun one run): post-training recipe runs, most valuable first:
-#           tokenswap arm packed and padded, text arm, tokenswap under DeepSpeed ZeRO-3, QLoRA (packed). A run that
-#           does not fit in the time left is skipped and the report says so; the liger run is dropped, and says why.
+#           tokenswap arm packed, configs/one_gpu/post_tokenswap.yaml (the README's one-GPU config), tokenswap arm
+#           padded, text arm, tokenswap under DeepSpeed ZeRO-3, QLoRA (packed). A run that does not fit in the time
+#           left is skipped and the report says so; the liger run is dropped, and says why.
 #
 #   bash benchmarks/gpu_check.sh --part 1 --wheels .whl --archive $OUT/part1.tar.gz     # on the GPU machine, then
 #   bash benchmarks/gpu_check.sh --part 2 --wheels .whl --lease-left S --archive $OUT/part2.tar.gz
@@ -133,25 +134,42 @@ archive() {
   tar czf "$ARCHIVE.partial" -C "$(dirname "$REPORT")" "$(basename "$REPORT")" && mv -f "$ARCHIVE.partial" "$ARCHIVE"
 }
 trap archive EXIT
-SITE="$SCRATCH/site"
+# The carried wheels go into the image's own environment (pip from the folder, no index): what the image has stays,
+# so the runs use its torch, transformers, accelerate and peft. The twin is cached and must stay as built, so on it
+# a fresh environment in $SCRATCH/env sees the twin's packages through a .pth and takes the install instead.
+STAMP_FILE="$SCRATCH/.gpu_check_wheels"
 if [ -n "$WHEELS" ]; then
   ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "gpu_check: no wheels in $WHEELS (run benchmarks/gpu_wheels.sh $WHEELS)" >&2; exit 2; }
   STAMP=$( (cd "$WHEELS" && sha256sum -- *.whl) | sha256sum | cut -c1-16)
-  if [ -f "$SITE/.gpu_check_wheels" ] && [ "$(cat "$SITE/.gpu_check_wheels")" = "$STAMP" ]; then
+  ENV_DIR="$SCRATCH/env"
+  if [ -f "$STAMP_FILE" ] && [ "$(cat "$STAMP_FILE")" = "$STAMP" ]; then
     # An earlier part of this lease installed these very wheels: reinstalling would cost seconds of GPU time.
-    echo "gpu_check: the wheels of $WHEELS are installed in $SITE already (by an earlier part): not reinstalled"
+    echo "gpu_check: the wheels of $WHEELS are installed already (by an earlier part): not reinstalled"
   else
-    rm -rf "$SITE" "$SCRATCH/preflight_checked.json"
-    mkdir -p "$SITE"
-    echo "gpu_check: installing the wheels of $WHEELS into $SITE"
-    timeout "$T_install" "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$SITE" "$WHEELS"/*.whl 2> >(grep -v "is ignored: it is neither" >&2) || {
-      echo "gpu_check: installing the wheels of $WHEELS failed (or took over $T_install s)" >&2; exit 1; }
-    echo "$STAMP" > "$SITE/.gpu_check_wheels"
+    rm -f "$STAMP_FILE" "$SCRATCH/preflight_checked.json"
+    if [ "$DRY_RUN" = 1 ]; then
+      rm -rf "$ENV_DIR"
+      "$PYTHON" -m venv --without-pip "$ENV_DIR" || { echo "gpu_check: making $ENV_DIR failed" >&2; exit 1; }
+      "$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
+        "$("$ENV_DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/gpu_twin.pth"
+    fi
+  fi
+  [ "$DRY_RUN" = 1 ] && PYTHON="$ENV_DIR/bin/python"
+  if [ ! -f "$STAMP_FILE" ]; then
+    INSTALL_START=$SECONDS
+    # pip's plan first: a carried wheel that would replace one of the image's packages stops the check here.
+    "$PYTHON" benchmarks/gpu_report.py install-plan --wheels "$WHEELS" --scratch "$SCRATCH" || exit $?
+    echo "gpu_check: installing the wheels of $WHEELS into $("$PYTHON" -c 'import sys; print(sys.prefix)')"
+    left=$(( T_install - (SECONDS - INSTALL_START) )); [ "$left" -lt 1 ] && left=1
+    mapfile -t REQS < "$SCRATCH/carried.txt"
+    timeout "$left" "$PYTHON" -m pip install -q --disable-pip-version-check --no-index --find-links "$WHEELS" \
+      --no-compile --no-cache-dir "${REQS[@]}" 2> >(grep -v "is ignored: it is neither" >&2) || {
+      echo "gpu_check: installing the wheels of $WHEELS failed (or took over $T_install s with its plan)" >&2; exit 1; }
+    echo "$STAMP" > "$STAMP_FILE"
   fi
 fi
-# This checkout first, then the private wheels, then whatever the machine has.
-export PYTHONPATH="$REPO${WHEELS:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}"
+# This checkout first, then whatever the environment has.
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 REPORT_PY=("$PYTHON" benchmarks/gpu_report.py --report "$REPORT" --scratch "$SCRATCH" --device "$DEVICE")
 
 if [ "$DEVICE" = cuda ] && ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
@@ -162,7 +180,7 @@ fi
 
 # ---------------------------------------------------------------------------- preflight: this part's packages only
 case "$PART" in 1) PRE_TIMEOUT=$T_preflight ;; 2) PRE_TIMEOUT=$T_preflight_2 ;; *) PRE_TIMEOUT=$(( T_preflight + T_preflight_2 )) ;; esac
-timeout "$PRE_TIMEOUT" "${REPORT_PY[@]}" preflight --part "$PART" ${WHEELS:+--site "$SITE"}
+timeout "$PRE_TIMEOUT" "${REPORT_PY[@]}" preflight --part "$PART" ${WHEELS:+--carried "$SCRATCH/carried.txt"}
 rc=$?
 if [ "$rc" != 0 ]; then
   echo "gpu_check: preflight failed (exit $rc; 124: over its $PRE_TIMEOUT s): see above; $REPORT/summary.txt" >&2
@@ -183,6 +201,9 @@ skipped() {
 # name | accelerate config + flags | base YAML | extra overrides
 RUNS=(
   "tokenswap_packed|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store collator.packing=true collator.pixel_dtype=bfloat16"
+  # the README's one-GPU config as a user launches it, on the check's model, store and the tiny data (one micro-batch
+  # a step: the run must fit its timeout)
+  "one_gpu_tokenswap|--config_file configs/accelerate/single_gpu.yaml|one_gpu/post_tokenswap.yaml|image_store=$SCRATCH/store data.llava_json=tests/assets/llava_tiny.json data.llava_image_root=tests/assets/images data.swap_dataset=tests/assets/swap_tiny.jsonl train.gradient_accumulation_steps=1"
   "tokenswap|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store"
   "text|--config_file configs/accelerate/single_gpu.yaml|tiny/post_text.yaml|"
   "tokenswap_zero3|--config_file configs/accelerate/zero3.yaml --num_processes 1|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store train.deepspeed=configs/deepspeed/zero3.json"
