@@ -1,7 +1,7 @@
 """benchmarks/gpu_check.sh's Python steps: preflight, assets, parsing each step's output, the summary table.
 
     python benchmarks/gpu_report.py plan --device cuda|cpu                       # the timeouts; 2 if the plan breaks a rule
-    python benchmarks/gpu_report.py install-plan --wheels DIR --scratch DIR   # pip's plan: 2 if it replaces a package
+    python benchmarks/gpu_report.py install-plan --wheels DIR --scratch DIR   # pip's plan: 2 replaces, 3 unresolved
     python benchmarks/gpu_report.py preflight --part 1|2|all --report DIR --scratch DIR --device cuda|cpu [--carried FILE]
     python benchmarks/gpu_report.py assets    --report DIR --scratch DIR --device cuda|cpu
     python benchmarks/gpu_report.py run NAME RC --report DIR --scratch DIR      # after each recipe run
@@ -211,9 +211,9 @@ def _carried(path: Path) -> list[str]:
 
 
 def install_plan(args) -> int:
-    """pip's plan for the carried wheels in this interpreter's environment, without the index: exit 2 with one line
-    when pip cannot install them or would replace a package the environment (the image) already has; else
-    ``carried.txt`` (what to ask pip for) in the scratch folder."""
+    """pip's plan for the carried wheels in this interpreter's environment, without the index: one line and exit 2
+    when it would replace a package the environment (the image) already has, exit 3 when pip cannot resolve it (a
+    requirement that neither the image nor the wheels meet); else ``carried.txt`` (what to ask pip for)."""
     import importlib.metadata as md
     import subprocess
 
@@ -232,7 +232,7 @@ def install_plan(args) -> int:
         why = [ln for ln in lines if ln.startswith("ERROR:") or " depends on " in ln or ln.startswith("The user")]
         print("gpu_check: pip cannot install the carried wheels into this environment without an index: "
               + "; ".join(why or lines[-3:])[:600], file=sys.stderr)
-        return 2
+        return 3
     replaced = []
     for item in json.loads(plan_path.read_text()).get("install", []):
         name, version = item["metadata"]["name"], item["metadata"]["version"]
