@@ -17,17 +17,18 @@
 #   STEPS=40 SCRATCH=/tmp/gpu_check PYTHON=python3 bash benchmarks/gpu_check.sh
 #
 # --only a,b: only these steps of the part (run names, exactness, gpu_packing_2b, gpu_packing_7b), to rerun one.
-# --wheels DIR: install the wheels benchmarks/gpu_wheels.sh DIR built (pip --no-deps --target, first on
-# PYTHONPATH), once: a later part on the same machine finds them installed (same wheels, same hashes) and reuses
-# them, and its preflight checks only what the earlier part's did not. --report DIR: where the summary
+# --wheels DIR: install the wheels benchmarks/gpu_wheels.sh DIR built into this Python's own environment (pip
+# --no-index --find-links, after pip's dry-run plan: exit 2, one line, if it would replace a package the image has),
+# once: a later part on the same machine finds them installed (same wheels, same hashes) and reuses them, and its
+# preflight checks only what the earlier part's did not. --report DIR: where the summary
 # (summary.txt, rewritten after every step), the logs and the JSON figures go (a few MB; default $SCRATCH/report).
 # --archive FILE: that folder as one .tar.gz, rewritten after every step and when the script ends, so a part
 # stopped at any point still returns every figure it measured in one file. --lease-left S: the device seconds
 # left when the part starts; the part keeps LEASE_RESERVE (60 s: the transfer back, the give-back) and
 # RERUN_MARGIN (100 s: one run's timeout and a command's start, to rerun a failed run) and uses at most 540 s.
-# Everything else (the private site-packages, the model, the image store, checkpoints) stays in $SCRATCH under
-# /tmp. --dry-run: the CPU twin of the GPU image (benchmarks/gpu_twin.sh: the image's packages at their versions,
-# cached), the wheels gpu_wheels.sh builds for this machine's Python carried over it exactly as above, then the
+# Everything else (the model, the image store, checkpoints) stays in $SCRATCH under /tmp. --dry-run: the CPU twin
+# of the GPU image (benchmarks/gpu_twin.sh: the image's packages at their versions, cached), the wheels
+# gpu_wheels.sh builds for this machine's Python installed as above (into $SCRATCH/env, which sees the twin), then the
 # same plan check, preflight, steps (one CPU step each, toy width), parsing and summary: what would fail on the
 # GPU fails here first.
 #
@@ -63,7 +64,7 @@ while [ $# -gt 0 ]; do
     --only) ONLY=",${2:?--only needs step names, comma-separated},"; shift ;;
     --archive) ARCHIVE=${2:?--archive needs a file name ending in .tar.gz}; shift ;;
     --lease-left) LEASE_LEFT=${2:?--lease-left needs the device seconds left}; shift ;;
-    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1 (use --part 1|2, --wheels DIR, --report DIR, --archive FILE," \
          "--lease-left S, --dry-run)" >&2; exit 2 ;;
   esac
