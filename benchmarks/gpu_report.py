@@ -412,7 +412,8 @@ def run(args) -> int:
     smi_path = scratch / "runs" / f"{name}.smi"
     smi = [int(x) for x in smi_path.read_text().split() if x.strip().isdigit()] if smi_path.exists() else []
     perf = [h for h in history if "perf/tokens_per_s" in h]
-    info = json.loads((report / "preflight.json").read_text())
+    # part 2 in a call of its own (the lease's second command) has only its own preflight
+    info = json.loads(next(p for p in (report / "preflight.json", report / "preflight_2.json") if p.exists()).read_text())
     row.update(status="ok", samples_per_s=summary_row["train_samples_per_second"],
                alloc_gib=mem.get("max_memory_allocated_gib"), rss_gib=mem.get("max_rss_gib"),
                smi_gib=max(smi) / 1024 if smi else None,
