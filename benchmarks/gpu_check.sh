@@ -6,8 +6,9 @@
 #           attention), then tokens/s, MFU and peak memory padded vs packed on a Qwen2-VL-2B-shaped model and on a
 #           7B-shaped LoRA model (benchmarks/gpu_packing.py);
 #   part 2 (what the lease has left, less a margin to rerun one run): post-training recipe runs, most valuable first:
-#           tokenswap arm packed and padded, text arm, tokenswap under DeepSpeed ZeRO-3, QLoRA (packed). A run that
-#           does not fit in the time left is skipped and the report says so; the liger run is dropped, and says why.
+#           tokenswap arm packed, configs/one_gpu/post_tokenswap.yaml (the README's one-GPU config), tokenswap arm
+#           padded, text arm, tokenswap under DeepSpeed ZeRO-3, QLoRA (packed). A run that does not fit in the time
+#           left is skipped and the report says so; the liger run is dropped, and says why.
 #
 #   bash benchmarks/gpu_check.sh --part 1 --wheels .whl --archive $OUT/part1.tar.gz     # on the GPU machine, then
 #   bash benchmarks/gpu_check.sh --part 2 --wheels .whl --lease-left S --archive $OUT/part2.tar.gz
@@ -16,17 +17,18 @@
 #   STEPS=40 SCRATCH=/tmp/gpu_check PYTHON=python3 bash benchmarks/gpu_check.sh
 #
 # --only a,b: only these steps of the part (run names, exactness, gpu_packing_2b, gpu_packing_7b), to rerun one.
-# --wheels DIR: install the wheels benchmarks/gpu_wheels.sh DIR built (pip --no-deps --target, first on
-# PYTHONPATH), once: a later part on the same machine finds them installed (same wheels, same hashes) and reuses
-# them, and its preflight checks only what the earlier part's did not. --report DIR: where the summary
+# --wheels DIR: install the wheels benchmarks/gpu_wheels.sh DIR built into this Python's own environment (pip
+# --no-index --find-links, after pip's dry-run plan: exit 2, one line, if it would replace a package the image has),
+# once: a later part on the same machine finds them installed (same wheels, same hashes) and reuses them, and its
+# preflight checks only what the earlier part's did not. --report DIR: where the summary
 # (summary.txt, rewritten after every step), the logs and the JSON figures go (a few MB; default $SCRATCH/report).
 # --archive FILE: that folder as one .tar.gz, rewritten after every step and when the script ends, so a part
 # stopped at any point still returns every figure it measured in one file. --lease-left S: the device seconds
 # left when the part starts; the part keeps LEASE_RESERVE (60 s: the transfer back, the give-back) and
 # RERUN_MARGIN (100 s: one run's timeout and a command's start, to rerun a failed run) and uses at most 540 s.
-# Everything else (the private site-packages, the model, the image store, checkpoints) stays in $SCRATCH under
-# /tmp. --dry-run: the CPU twin of the GPU image (benchmarks/gpu_twin.sh: the image's packages at their versions,
-# cached), the wheels gpu_wheels.sh builds for this machine's Python carried over it exactly as above, then the
+# Everything else (the model, the image store, checkpoints) stays in $SCRATCH under /tmp. --dry-run: the CPU twin
+# of the GPU image (benchmarks/gpu_twin.sh: the image's packages at their versions, cached), the wheels
+# gpu_wheels.sh builds for this machine's Python installed as above (into $SCRATCH/env, which sees the twin), then the
 # same plan check, preflight, steps (one CPU step each, toy width), parsing and summary: what would fail on the
 # GPU fails here first.
 #
@@ -62,7 +64,7 @@ while [ $# -gt 0 ]; do
     --only) ONLY=",${2:?--only needs step names, comma-separated},"; shift ;;
     --archive) ARCHIVE=${2:?--archive needs a file name ending in .tar.gz}; shift ;;
     --lease-left) LEASE_LEFT=${2:?--lease-left needs the device seconds left}; shift ;;
-    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1 (use --part 1|2, --wheels DIR, --report DIR, --archive FILE," \
          "--lease-left S, --dry-run)" >&2; exit 2 ;;
   esac
@@ -133,25 +135,53 @@ archive() {
   tar czf "$ARCHIVE.partial" -C "$(dirname "$REPORT")" "$(basename "$REPORT")" && mv -f "$ARCHIVE.partial" "$ARCHIVE"
 }
 trap archive EXIT
-SITE="$SCRATCH/site"
+# The carried wheels go into the image's own environment (pip from the folder, no index): what the image has stays,
+# so the runs use its torch, transformers, accelerate and peft. The twin is cached and must stay as built, so on it
+# a fresh environment in $SCRATCH/env sees the twin's packages through a .pth and takes the install instead.
+STAMP_FILE="$SCRATCH/.gpu_check_wheels"
 if [ -n "$WHEELS" ]; then
   ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "gpu_check: no wheels in $WHEELS (run benchmarks/gpu_wheels.sh $WHEELS)" >&2; exit 2; }
   STAMP=$( (cd "$WHEELS" && sha256sum -- *.whl) | sha256sum | cut -c1-16)
-  if [ -f "$SITE/.gpu_check_wheels" ] && [ "$(cat "$SITE/.gpu_check_wheels")" = "$STAMP" ]; then
+  ENV_DIR="$SCRATCH/env"
+  if [ -f "$STAMP_FILE" ] && [ "$(cat "$STAMP_FILE")" = "$STAMP" ]; then
     # An earlier part of this lease installed these very wheels: reinstalling would cost seconds of GPU time.
-    echo "gpu_check: the wheels of $WHEELS are installed in $SITE already (by an earlier part): not reinstalled"
+    echo "gpu_check: the wheels of $WHEELS are installed already (by an earlier part): not reinstalled"
   else
-    rm -rf "$SITE" "$SCRATCH/preflight_checked.json"
-    mkdir -p "$SITE"
-    echo "gpu_check: installing the wheels of $WHEELS into $SITE"
-    timeout "$T_install" "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$SITE" "$WHEELS"/*.whl 2> >(grep -v "is ignored: it is neither" >&2) || {
-      echo "gpu_check: installing the wheels of $WHEELS failed (or took over $T_install s)" >&2; exit 1; }
-    echo "$STAMP" > "$SITE/.gpu_check_wheels"
+    rm -f "$STAMP_FILE" "$SCRATCH/preflight_checked.json"
+    if [ "$DRY_RUN" = 1 ]; then
+      rm -rf "$ENV_DIR"
+      "$PYTHON" -m venv --without-pip "$ENV_DIR" || { echo "gpu_check: making $ENV_DIR failed" >&2; exit 1; }
+      "$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
+        "$("$ENV_DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/gpu_twin.pth"
+    fi
+  fi
+  [ "$DRY_RUN" = 1 ] && PYTHON="$ENV_DIR/bin/python"
+  if [ ! -f "$STAMP_FILE" ]; then
+    INSTALL_START=$SECONDS
+    # pip's plan first: a carried wheel that would replace one of the image's packages stops the check here (2).
+    # One pip cannot resolve (3: an image version no list gives, say) stops part 2, whose runs need the wheels;
+    # part 1's steps need none of them, so it goes on without, and its preflight says what is missing.
+    "$PYTHON" benchmarks/gpu_report.py install-plan --wheels "$WHEELS" --scratch "$SCRATCH"
+    plan_rc=$?
+    if [ "$plan_rc" = 3 ] && [ "$PART" = 1 ]; then
+      echo "gpu_check: part 1 goes on without the carried wheels (its steps need none of them); part 2 would stop here" >&2
+      : > "$SCRATCH/carried.txt"
+    elif [ "$plan_rc" != 0 ]; then
+      exit 2
+    fi
+    echo "gpu_check: installing the wheels of $WHEELS into $("$PYTHON" -c 'import sys; print(sys.prefix)')"
+    left=$(( T_install - (SECONDS - INSTALL_START) )); [ "$left" -lt 1 ] && left=1
+    mapfile -t REQS < "$SCRATCH/carried.txt"
+    if [ "${#REQS[@]}" -gt 0 ]; then
+      timeout "$left" "$PYTHON" -m pip install -q --disable-pip-version-check --no-index --find-links "$WHEELS" \
+        --no-compile --no-cache-dir "${REQS[@]}" 2> >(grep -v "is ignored: it is neither" >&2) || {
+        echo "gpu_check: installing the wheels of $WHEELS failed (or took over $T_install s with its plan)" >&2; exit 1; }
+      echo "$STAMP" > "$STAMP_FILE"
+    fi
   fi
 fi
-# This checkout first, then the private wheels, then whatever the machine has.
-export PYTHONPATH="$REPO${WHEELS:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}"
+# This checkout first, then whatever the environment has.
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 REPORT_PY=("$PYTHON" benchmarks/gpu_report.py --report "$REPORT" --scratch "$SCRATCH" --device "$DEVICE")
 
 if [ "$DEVICE" = cuda ] && ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
@@ -162,7 +192,7 @@ fi
 
 # ---------------------------------------------------------------------------- preflight: this part's packages only
 case "$PART" in 1) PRE_TIMEOUT=$T_preflight ;; 2) PRE_TIMEOUT=$T_preflight_2 ;; *) PRE_TIMEOUT=$(( T_preflight + T_preflight_2 )) ;; esac
-timeout "$PRE_TIMEOUT" "${REPORT_PY[@]}" preflight --part "$PART" ${WHEELS:+--site "$SITE"}
+timeout "$PRE_TIMEOUT" "${REPORT_PY[@]}" preflight --part "$PART" ${WHEELS:+--carried "$SCRATCH/carried.txt"}
 rc=$?
 if [ "$rc" != 0 ]; then
   echo "gpu_check: preflight failed (exit $rc; 124: over its $PRE_TIMEOUT s): see above; $REPORT/summary.txt" >&2
@@ -183,6 +213,9 @@ skipped() {
 # name | accelerate config + flags | base YAML | extra overrides
 RUNS=(
   "tokenswap_packed|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store collator.packing=true collator.pixel_dtype=bfloat16"
+  # the README's one-GPU config as a user launches it, on the check's model, store and the tiny data (one micro-batch
+  # a step: the run must fit its timeout)
+  "one_gpu_tokenswap|--config_file configs/accelerate/single_gpu.yaml|one_gpu/post_tokenswap.yaml|image_store=$SCRATCH/store data.llava_json=tests/assets/llava_tiny.json data.llava_image_root=tests/assets/images data.swap_dataset=tests/assets/swap_tiny.jsonl train.gradient_accumulation_steps=1"
   "tokenswap|--config_file configs/accelerate/single_gpu.yaml|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store"
   "text|--config_file configs/accelerate/single_gpu.yaml|tiny/post_text.yaml|"
   "tokenswap_zero3|--config_file configs/accelerate/zero3.yaml --num_processes 1|tiny/post_tokenswap.yaml|image_store=$SCRATCH/store train.deepspeed=configs/deepspeed/zero3.json"

@@ -1,7 +1,8 @@
 """benchmarks/gpu_check.sh's Python steps: preflight, assets, parsing each step's output, the summary table.
 
     python benchmarks/gpu_report.py plan --device cuda|cpu                       # the timeouts; 2 if the plan breaks a rule
-    python benchmarks/gpu_report.py preflight --part 1|2|all --report DIR --scratch DIR --device cuda|cpu [--site DIR]
+    python benchmarks/gpu_report.py install-plan --wheels DIR --scratch DIR   # pip's plan: 2 replaces, 3 unresolved
+    python benchmarks/gpu_report.py preflight --part 1|2|all --report DIR --scratch DIR --device cuda|cpu [--carried FILE]
     python benchmarks/gpu_report.py assets    --report DIR --scratch DIR --device cuda|cpu
     python benchmarks/gpu_report.py run NAME RC --report DIR --scratch DIR      # after each recipe run
     python benchmarks/gpu_report.py tests RC --report DIR --scratch DIR         # after the packing exactness tests
@@ -41,7 +42,7 @@ KERNELS = ["flash_attention_2", "tokenswap_varlen", "tokenswap_flex", "tokenswap
 # replaces these estimates with measurements. Every timeout is at least 1.5x its estimate, and part 1's timeouts sum
 # to at most PART1_BUDGET, so part 1 ends within it even when every step runs to its timeout.
 PLAN = {
-    "install": (1, 10, 15, "13 wheels, ~28 MB, unpacked by pip --no-deps --no-compile --target (no resolver, no build)"),
+    "install": (1, 10, 15, "pip's plan, then 25 wheels, ~34 MB, into the image's environment from the folder (no index)"),
     "preflight": (1, 10, 15, "imports torch, transformers, peft, pytest and what part 1 runs; CUDA's first context"),
     "exactness": (1, 150, 225, "24 bf16 CUDA tests (8 more skip: no flash-attn); FlexAttention's compiles are the "
                   "least certain part (issue 38 puts the step at 90-155 s)"),
@@ -71,7 +72,7 @@ _RUN = ["torch", "transformers", "accelerate", "peft", "trl", "datasets", "yaml"
 STEP_IMPORTS = {
     "1": {"exactness": _PACKED, "gpu_packing_2b": _BENCH, "gpu_packing_7b": [*_BENCH, "peft"],
           "gpu_packing_tiny": _BENCH},
-    "2": {"tokenswap_packed": _RUN, "tokenswap": _RUN, "text": _RUN, "tokenswap_zero3": [*_RUN, "deepspeed"],
+    "2": {"tokenswap_packed": _RUN, "one_gpu_tokenswap": _RUN, "tokenswap": _RUN, "text": _RUN, "tokenswap_zero3": [*_RUN, "deepspeed"],
           "tokenswap_qlora": [*_RUN, "bitsandbytes"], "tokenswap_liger": _RUN},
 }
 # Runs left out of the check, with the reason printed in their place.
@@ -164,7 +165,7 @@ def _owner(module: str) -> str:
     return "recipe" if module == "recipe" else canon(module.split(".")[0])
 
 
-def _requirement_problems(site: Path | None, used: set[str], checked: set[str]) -> list[tuple[str, str]]:
+def _requirement_problems(carried: set[str], used: set[str], checked: set[str]) -> list[tuple[str, str]]:
     """``(distribution, problem)`` for the requirements of the carried distributions this part imported and for
     tokenswap's ranges of them, against what this interpreter sees; ``checked``: what an earlier part checked."""
     import importlib.metadata as md
@@ -188,17 +189,65 @@ def _requirement_problems(site: Path | None, used: set[str], checked: set[str]) 
         if not r.specifier.contains(Version(found.version), prereleases=True):
             problems.append((owner, f"{label} needs {r}: found {found.version} in {found.locate_file('')}"))
 
-    if site is not None and site.is_dir():
-        for dist in md.distributions(path=[str(site)]):
-            name = canon(dist.metadata["Name"])
-            if name in used - checked:
-                for raw in dist.requires or []:
-                    check(name, f"carried {dist.metadata['Name']} {dist.version}", raw)
-    for raw in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
+    for name in sorted(carried & (used - checked)):
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            continue
+        for raw in dist.requires or []:
+            check(name, f"carried {dist.metadata['Name']} {dist.version}", raw)
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = [r for rs in project.get("optional-dependencies", {}).values() for r in rs]
+    for raw in dict.fromkeys([*project["dependencies"], *extras]):
         name = canon(Requirement(raw).name)
         if name in RANGED and name in used - checked:
             check(name, "tokenswap", raw)
     return problems
+
+
+def _carried(path: Path) -> list[str]:
+    """The canonical names of the carried distributions, from ``carried.txt`` (``name==version`` a line)."""
+    return [line.split("==")[0] for line in path.read_text().split()] if path.exists() else []
+
+
+def install_plan(args) -> int:
+    """pip's plan for the carried wheels in this interpreter's environment, without the index: one line and exit 2
+    when it would replace a package the environment (the image) already has, exit 3 when pip cannot resolve it (a
+    requirement that neither the image nor the wheels meet); else ``carried.txt`` (what to ask pip for)."""
+    import importlib.metadata as md
+    import subprocess
+
+    from packaging.utils import canonicalize_name as canon
+    from packaging.utils import parse_wheel_filename
+
+    wheels, scratch = Path(args.wheels), Path(args.scratch)
+    scratch.mkdir(parents=True, exist_ok=True)
+    specs = sorted(f"{canon(n)}=={v}" for n, v, *_ in map(parse_wheel_filename, (w.name for w in wheels.glob("*.whl"))))
+    plan_path = scratch / "pip_plan.json"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--disable-pip-version-check",
+                           "--no-index", "--find-links", str(wheels), "--report", str(plan_path), *specs],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [ln.strip() for ln in done.stderr.splitlines() if ln.strip() and "is ignored: it is neither" not in ln]
+        why = [ln for ln in lines if ln.startswith("ERROR:") or " depends on " in ln or ln.startswith("The user")]
+        print("gpu_check: pip cannot install the carried wheels into this environment without an index: "
+              + "; ".join(why or lines[-3:])[:600], file=sys.stderr)
+        return 3
+    replaced = []
+    for item in json.loads(plan_path.read_text()).get("install", []):
+        name, version = item["metadata"]["name"], item["metadata"]["version"]
+        try:
+            replaced.append(f"{name} {md.version(name)} with {version}")
+        except md.PackageNotFoundError:
+            pass
+    if replaced:
+        print(f"gpu_check: installing the carried wheels would replace the image's {', '.join(replaced)}: carry "
+              "only what the image lacks (benchmarks/gpu_wheels.sh) and widen the range that asks for more",
+              file=sys.stderr)
+        return 2
+    (scratch / "carried.txt").write_text("".join(f"{spec}\n" for spec in specs))
+    print(f"gpu_check: install plan: {len(specs)} carried packages, none of the image's replaced")
+    return 0
 
 
 def _used_distributions() -> set[str]:
@@ -216,7 +265,7 @@ def preflight(args) -> int:
     of this lease checked on the same wheels), and skip, with the reason, every step whose package is missing or
     unmet. Exit 0: a skipped step is said in the summary, not a failure of the part."""
     report, scratch = Path(args.report), Path(args.scratch)
-    site = Path(args.site) if args.site else None
+    carried = set(_carried(Path(args.carried))) if args.carried else set()
     part_steps = {name: modules for part in (["1", "2"] if args.part == "all" else [args.part])
                   for name, modules in STEP_IMPORTS[part].items()}
     record_path = scratch / "preflight_checked.json"  # gpu_check.sh removes it whenever it (re)installs the wheels
@@ -233,10 +282,10 @@ def preflight(args) -> int:
             missing.append(broken[_owner(module)])
             continue
         if module != "recipe" and "." not in module and _owner(module) not in checked:
-            where = "carried" if site and str(site) in str(getattr(loaded, "__file__", "")) else "machine"
+            where = "carried" if _owner(module) in carried else "machine"
             lines.append(f"ok {module} {getattr(loaded, '__version__', '')} ({where})")
     used = _used_distributions()
-    problems = _requirement_problems(site, used, checked)
+    problems = _requirement_problems(carried, used, checked)
     for owner, problem in problems:
         broken.setdefault(owner, problem)
     skips = {}
@@ -363,7 +412,8 @@ def run(args) -> int:
     smi_path = scratch / "runs" / f"{name}.smi"
     smi = [int(x) for x in smi_path.read_text().split() if x.strip().isdigit()] if smi_path.exists() else []
     perf = [h for h in history if "perf/tokens_per_s" in h]
-    info = json.loads((report / "preflight.json").read_text())
+    # part 2 in a call of its own (the lease's second command) has only its own preflight
+    info = json.loads(next(p for p in (report / "preflight.json", report / "preflight_2.json") if p.exists()).read_text())
     row.update(status="ok", samples_per_s=summary_row["train_samples_per_second"],
                alloc_gib=mem.get("max_memory_allocated_gib"), rss_gib=mem.get("max_rss_gib"),
                smi_gib=max(smi) / 1024 if smi else None,
@@ -492,18 +542,21 @@ def summary(report: Path | str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("step", choices=["plan", "preflight", "assets", "run", "tests", "bench", "skip", "summary"])
+    parser.add_argument("step", choices=["plan", "install-plan", "preflight", "assets", "run", "tests", "bench", "skip", "summary"])
     parser.add_argument("name", nargs="?")
     parser.add_argument("rc", nargs="?", default="0")
     parser.add_argument("--report", default=None)
     parser.add_argument("--scratch", default=None)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--site", default=None)
+    parser.add_argument("--carried", default=None)
+    parser.add_argument("--wheels", default=None)
     parser.add_argument("--kind", default="run")
     parser.add_argument("--part", choices=["1", "2", "all"], default="all")
     args = parser.parse_args()
     if args.step == "plan":
         return plan(args)
+    if args.step == "install-plan":
+        return install_plan(args)
     if args.report is None:
         parser.error("--report is required")
     if args.step == "summary":

@@ -27,6 +27,23 @@ if [ ! -f "$TWIN/.complete" ]; then
     2> >(grep -v "is ignored: it is neither" >&2) >&2
   "$TWIN/bin/python" -m pip install -q --disable-pip-version-check --no-deps "${SPECS[@]}" \
     2> >(grep -v "is ignored: it is neither" >&2) >&2
+  # The twin is the image's only if pip kept every pinned version (name==version lines without a `# twin:` note).
+  "$TWIN/bin/python" - "$LIST" >&2 <<'PY' || exit 1
+import importlib.metadata as md
+import sys
+
+same, wrong = [], []
+for line in open(sys.argv[1]):
+    spec, _, note = line.partition("#")
+    name, _, version = spec.strip().partition("==")
+    if not version or "twin:" in note:
+        continue
+    have = md.version(name)
+    (same if have == version else wrong).append(f"{name} {have}" + ("" if have == version else f" (image {version})"))
+if wrong:
+    sys.exit(f"gpu_twin: not the image's versions: {', '.join(wrong)}")
+print(f"gpu_twin: the image's versions: {', '.join(same)}")
+PY
   touch "$TWIN/.complete"
 fi
 echo "$TWIN/bin/python"

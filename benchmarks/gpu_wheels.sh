@@ -5,17 +5,18 @@
 #   bash benchmarks/gpu_wheels.sh DIR               # Python 3.12, manylinux x86_64 (the GPU image's)
 #   PYVER=3.11 bash benchmarks/gpu_wheels.sh DIR    # another Python (the CPU twin: this machine's)
 #
-# What the runs need, at the versions the test suite runs against (constraints.txt), minus what the image already
-# has (benchmarks/gpu_image.txt): a package is left out when the image's version is the tested one, or satisfies
-# every carried package's requirement on it (huggingface_hub: the image's 1.33 meets transformers 5.24's
-# >=1.31,<3; the tested 2.x would shadow it and needs httpx2, which the image lacks). Then every requirement of
-# every carried wheel is checked against the carried wheels and the image's list; one that neither meets fails
-# here, not on the GPU. No torch, CUDA or numpy wheels. deepspeed is built here as a pure-Python wheel
-# (DS_BUILD_OPS=0: its ops JIT-compile on the GPU machine when used; ZeRO-3 needs none); bitsandbytes is cut down
-# to its CUDA 13 and CPU libraries. Every carried wheel is one pinned version (name==version: a range would carry
-# whatever is newest on the day); the script prints each wheel's sha256 and the total size, which must stay within
-# CARRY_LIMIT_MB (40). liger-kernel is not carried: no release can patch Qwen2-VL under transformers 5.24 (see
-# DROPPED in gpu_check.sh), so gpu_check.sh drops its run and says why.
+# Only what the image lacks travels, at the versions the test suite runs against (constraints.txt): tokenswap's
+# requirements (pyproject.toml: dependencies and the extras named in GPU_EXTRAS, default train) and everything they
+# need, less what the image has (benchmarks/gpu_image.txt). The image's own packages (torch, transformers,
+# accelerate, peft, tokenizers, huggingface_hub, safetensors, numpy, ...) are never carried: gpu_check.sh installs
+# the wheels into the image's environment with pip, which would replace them. A requirement the image's version
+# does not meet stops the script here (exit 2, one line each: widen the range), not on the GPU. Then every
+# requirement of every carried wheel is checked against the carried wheels and the image's list. No torch, CUDA or
+# numpy wheels. deepspeed is built here as a pure-Python wheel (DS_BUILD_OPS=0: its ops JIT-compile on the GPU
+# machine when used; ZeRO-3 needs none); bitsandbytes (ALSO: the QLoRA run) is cut down to its CUDA 13 and CPU
+# libraries. Every carried wheel is one pinned version (name==version: a range would carry whatever is newest on
+# the day); the script prints each wheel's sha256 and the total size, which must stay within CARRY_LIMIT_MB (40).
+# liger-kernel is not carried (DROPPED in gpu_report.py says why), nor flash-attn (built against the image's torch).
 set -euo pipefail
 
 DIR=${1:?usage: bash benchmarks/gpu_wheels.sh DIR}
@@ -27,21 +28,26 @@ LIMIT_MB=${CARRY_LIMIT_MB:-40}
 mkdir -p "$DIR"
 rm -f "$DIR"/*.whl
 
-# What the runs import (and what those need that the image lacks). typing_extensions: the carried pydantic and pydantic_core need
-# >= 4.16.0, and the image's version is not known (gpu_image.txt lists it without one), so the tested one travels
-# (a 45 KB wheel) rather than a preflight failure on the GPU.
-NEEDED="transformers tokenizers huggingface_hub safetensors accelerate peft trl datasets dill multiprocess deepspeed
-        pydantic pydantic_core annotated_types typing_inspection typing_extensions hjson bitsandbytes"
-PLAN=$("$VENV_PY" - "$PYVER" $NEEDED <<'PY'
+# What the runs need: tokenswap's own requirements (pyproject.toml's dependencies and the extras in GPU_EXTRAS) and
+# ALSO (bitsandbytes: the QLoRA run; the rest of the gpu extra is flash-attn, built against the image's torch, and
+# liger-kernel, dropped), then what those need, down to the last requirement (each at the tested version's
+# requirements, read from this environment). A package the image has is never carried: pip would replace the
+# image's own build. Its version must meet every requirement on it, else the script stops (exit 2, one line each)
+# before downloading anything; a version the image list does not give is checked on the GPU machine by
+# gpu_check.sh's install plan. What the image lacks travels at its tested version (constraints.txt).
+GPU_EXTRAS=${GPU_EXTRAS:-train}
+ALSO=${ALSO:-bitsandbytes}
+PYPROJECT=${PYPROJECT:-pyproject.toml}  # another file: what a range change would carry, before making it
+PLAN=$("$VENV_PY" - "$PYVER" "$GPU_EXTRAS" "$ALSO" "$PYPROJECT" <<'PY'
 import importlib.metadata as md
-import re
 import sys
+import tomllib
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name as canon
 from packaging.version import Version
 
-pyver, needed = sys.argv[1], [canon(n) for n in sys.argv[2:]]
+pyver, extras, also, pyproject = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4]
 def pins(path):
     out = {}
     for line in open(path):
@@ -51,41 +57,68 @@ def pins(path):
             out[canon(name)] = version or None
     return out
 tested, image = pins("constraints.txt"), pins("benchmarks/gpu_image.txt")
-env = {"python_version": pyver, "python_full_version": pyver + ".0", "sys_platform": "linux",
-       "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython", "extra": ""}
-import tomllib
-own = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
-def requires(name):  # the tested version's requirements (installed in the test environment); tokenswap's own
-    if name == "tokenswap":
-        return [Requirement(r) for r in own]
-    try:
-        reqs = md.requires(name) or []
-    except md.PackageNotFoundError:
-        return []
-    return [r for r in map(Requirement, reqs) if not r.marker or r.marker.evaluate(env)]
-carry, kept = [], []
-for name in needed:
-    if name not in tested:
-        sys.exit(f"gpu_wheels: {name} has no pinned version in constraints.txt; pin it there (name==version)")
-    have = image.get(name, "absent")
-    if have == tested[name]:
-        kept.append(f"{name} {have} (the tested version)")
+env = {"python_version": pyver, "python_full_version": pyver + ".0", "sys_platform": "linux", "os_name": "posix",
+       "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
+       "platform_python_implementation": "CPython", "extra": ""}
+project = tomllib.load(open(pyproject, "rb"))["project"]
+groups = project.get("optional-dependencies", {})
+unknown = [e for e in extras if e not in groups]
+if unknown:
+    print(f"PROBLEM GPU_EXTRAS names {' '.join(unknown)}, not an extra of pyproject.toml (extras: {' '.join(groups)})")
+    sys.exit(0)
+wanted = [(r, "tokenswap") for r in map(Requirement, project["dependencies"])]
+wanted += [(r, f"tokenswap[{e}]") for e in extras for r in map(Requirement, groups[e])]
+named = {canon(r.name): r for rs in groups.values() for r in map(Requirement, rs)}
+wanted += [(named.get(canon(n), Requirement(n)), "the check's runs") for n in also]
+carry, kept, problems, seen = {}, {}, [], set()
+while wanted:
+    r, who = wanted.pop(0)
+    if r.marker and not r.marker.evaluate(env):
         continue
-    if have not in ("absent", None):
-        wants = [(other, r) for other in ["tokenswap", *needed] if other != name for r in requires(other)
-                 if canon(r.name) == name]
-        if all(r.specifier.contains(Version(have), prereleases=True) for _, r in wants):
-            why = ", ".join(f"{o} {r.specifier or 'any'}" for o, r in wants) or "nothing carried asks for it"
-            kept.append(f"{name} {have} (tested {tested[name]}; {why})")
-            continue
-    carry.append(f"{name}=={tested[name]}")
-print("KEPT " + "; ".join(kept))
-print("CARRY " + " ".join(carry))
+    name = canon(r.name)
+    seen.add(name)
+    if name in image:
+        have = image[name]
+        if have is None:
+            kept.setdefault(name, "version checked on the GPU")
+        elif r.specifier.contains(Version(have), prereleases=True):
+            kept.setdefault(name, have)
+        else:
+            problems.append(f"{who} needs {r}; the image has {name} {have}, and pip would replace it")
+        continue
+    if name in carry:
+        if not r.specifier.contains(Version(carry[name]), prereleases=True):
+            problems.append(f"{who} needs {r}; the carried {name} is {carry[name]}")
+        continue
+    version = tested.get(name)
+    if version is None:
+        problems.append(f"{who} needs {r}; {name} has no pin in constraints.txt (name==version)")
+        continue
+    if not r.specifier.contains(Version(version), prereleases=True):
+        problems.append(f"{who} needs {r}; constraints.txt pins {name}=={version}")
+        continue
+    try:
+        installed = md.version(name)
+    except md.PackageNotFoundError:
+        installed = None
+    if installed != version:
+        problems.append(f"{name}: this environment has {installed}, constraints.txt {version}; run 'make setup'")
+        continue
+    carry[name] = version
+    wanted += [(req, f"{name} {version}") for req in map(Requirement, md.requires(name) or [])]
+for p in problems:
+    print(f"PROBLEM {p}")
+print("KEPT " + "; ".join(f"{n} {v}" for n, v in kept.items()))
+print("CARRY " + " ".join(f"{n}=={v}" for n, v in carry.items()))
 PY
 )
+if grep -q '^PROBLEM ' <<< "$PLAN"; then
+  sed -n 's/^PROBLEM /gpu_wheels: /p' <<< "$PLAN" >&2
+  exit 2
+fi
 KEPT=$(sed -n 's/^KEPT //p' <<< "$PLAN")
 read -r -a SPECS <<< "$(sed -n 's/^CARRY //p' <<< "$PLAN")"
-echo "gpu_wheels: the image's own kept: $KEPT"
+echo "gpu_wheels: the image's own, kept: $KEPT"
 echo "gpu_wheels: carried: ${SPECS[*]}"
 
 DOWNLOAD=()

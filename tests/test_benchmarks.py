@@ -101,22 +101,24 @@ def test_gpu_check_runs_every_step_on_the_cpu_twin_of_the_gpu_image(tmp_path):
         min(names.index(r) for r in ("text", "tokenswap", "tokenswap_packed"))
     assert names.index("tokenswap_packed") < names.index("tokenswap") < names.index("text")
     rows = {line.split()[1]: line for line in summary.splitlines()[1:-1]}
-    for run in ("text", "tokenswap", "tokenswap_packed", "tokenswap_zero3", "tokenswap_qlora"):
+    for run in ("text", "tokenswap", "tokenswap_packed", "one_gpu_tokenswap", "tokenswap_zero3", "tokenswap_qlora"):
         assert rows[run].split()[2] == "ok", rows[run]
     assert "packed: sdpa" in rows["tokenswap_qlora"] and "fallback" not in rows["tokenswap_qlora"]
     # no liger-kernel release patches Qwen2-VL under transformers 5.24: the run is dropped, the reason printed
     assert "skipped (dropped from the check: liger-kernel 0.8.5" in rows["tokenswap_liger"]
     assert "tokenswap_liger skipped: dropped from the check: liger-kernel 0.8.5" in done.stdout
     assert "1 dropped (tokenswap_liger)" in summary.splitlines()[-1]
-    assert not list((tmp_path / "scratch" / "site").glob("liger*"))  # not carried either
+    carried = (tmp_path / "scratch" / "carried.txt").read_text().split()
+    assert not [c for c in carried if c.startswith("liger")]  # not carried either
     assert re.search(r"gpu_check: part 1 on the GPU \(estimate/timeout s\): .*; timeouts \d+ s of 330", done.stdout)
     assert "ok (4-bit" in summary
     for kernel in ("flash_attention_2", "tokenswap_varlen", "tokenswap_flex", "tokenswap_varlen_sdpa"):
         assert "skipped (needs a CUDA device)" in rows[kernel], rows[kernel]
     assert "gpu_packing_tiny" in summary and "0 failed" in summary.splitlines()[-1]
     preflight = json.loads((report / "preflight.json").read_text())
-    assert "ok transformers 5.24.0 (carried)" in preflight["packages"]
-    assert not list((tmp_path / "scratch" / "site").glob("huggingface_hub*"))  # the image's 1.33 stays
+    # the image's own transformers (5.17.0), accelerate and peft run; none of them carried
+    assert "ok transformers 5.17.0 (machine)" in preflight["packages"], preflight["packages"]
+    assert not {c.split("==")[0] for c in carried} & IMAGE_OWN, carried
     # only the summary, logs and JSON figures in the report: a few MB
     assert sum(f.stat().st_size for f in report.rglob("*") if f.is_file()) < 5 * 2**20
 
@@ -145,7 +147,7 @@ def test_gpu_check_part_2_runs_what_the_lease_has_left_and_says_what_it_skipped(
                           capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     summary = (tmp_path / "report" / "summary.txt").read_text()
-    assert summary.count("skipped (lease: ") == 5, summary  # every run but liger (dropped, and why)
+    assert summary.count("skipped (lease: ") == 6, summary  # every run but liger (dropped, and why)
     assert "uses at most 1 s, keeping 60 s for the way back and 100 s to rerun one run" in done.stdout
     assert "PART_BUDGET=1, the step may take 100 s" in summary and "flash_attention_2" not in summary
     with tarfile.open(archive) as tar:
@@ -220,17 +222,96 @@ def test_built_wheels_are_ignored_by_git(tmp_path):
         assert done.returncode == 0, f"{path} is not ignored: git add . would commit a built wheel"
 
 
-def test_gpu_wheels_carries_pinned_versions_only_and_no_liger(tmp_path):
-    """The carried set is one name==version per wheel (the same pins give the same files and hashes); liger-kernel,
-    whose run is dropped, is not carried. Checked up to the download, which this (offline) call cannot make."""
-    done = subprocess.run(["bash", str(BENCHMARKS / "gpu_wheels.sh"), str(tmp_path / "w")], capture_output=True,
+# The image's own packages (benchmarks/gpu_image.txt, KINDS.md's versions): pip would replace any one carried.
+IMAGE_OWN = {"torch", "torchvision", "numpy", "transformers", "accelerate", "peft", "tokenizers", "huggingface-hub",
+             "safetensors", "protobuf"}
+
+
+def _gpu_wheels(tmp_path, dependencies, train):
+    """gpu_wheels.sh's plan for a pyproject with these ranges; offline, so it stops at the download."""
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(f'[project]\nname = "tokenswap"\nversion = "0"\ndependencies = {json.dumps(dependencies)}\n'
+                         f'[project.optional-dependencies]\ntrain = {json.dumps(train)}\n'
+                         'gpu = ["flash-attn>=2.6", "bitsandbytes>=0.50"]\n')
+    return subprocess.run(["bash", str(BENCHMARKS / "gpu_wheels.sh"), str(tmp_path / "w")], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "VENV_PY": sys.executable, "PIP_NO_INDEX": "1",
-                                                       "PIP_FIND_LINKS": str(tmp_path)})
+                                                       "PIP_FIND_LINKS": str(tmp_path), "PYPROJECT": str(pyproject)})
+
+
+def test_gpu_wheels_carries_only_what_the_image_lacks_at_pinned_versions(tmp_path):
+    """Ranges that admit the image's transformers 5.17 and accelerate 1.15: the train extra's trl, deepspeed,
+    datasets and wandb travel, one name==version each; the image's own stack and liger-kernel do not."""
+    done = _gpu_wheels(tmp_path, ["torch>=2.10", "transformers>=5.17.0", "numpy>=1.26", "pyyaml>=6"],
+                       ["accelerate>=1.15.0", "deepspeed>=0.19.0", "peft>=0.21.0", "trl>=1.13.0", "datasets>=4.7.0",
+                        "wandb>=0.28.2"])
     carried = re.search(r"^gpu_wheels: carried: (.*)$", done.stdout, re.M)
     assert carried, done.stdout + done.stderr
     specs = carried[1].split()
-    assert specs and all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][A-Za-z0-9.+!-]*", spec) for spec in specs), specs
-    assert not [spec for spec in specs if spec.startswith("liger")]
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][A-Za-z0-9.+!-]*", spec) for spec in specs), specs
+    names = {spec.split("==")[0] for spec in specs}
+    assert {"trl", "deepspeed", "datasets", "wandb", "bitsandbytes"} <= names
+    assert not names & IMAGE_OWN and not [n for n in names if n.startswith("liger")], names
+    assert "transformers 5.17.0" in done.stdout and "accelerate 1.15.0" in done.stdout
+
+
+def test_gpu_wheels_refuses_a_range_the_images_transformers_does_not_meet(tmp_path):
+    done = _gpu_wheels(tmp_path, ["torch>=2.10", "transformers>=5.24,<5.25"], ["trl>=1.13.0"])
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "gpu_wheels: tokenswap needs transformers<5.25,>=5.24; the image has transformers 5.17.0, and pip would "
+        "replace it"], done.stderr
+    assert "carried:" not in done.stdout
+
+
+def _wheel(folder: Path, name: str, version: str, requires=()):
+    """A minimal pure-Python wheel (no files but its metadata)."""
+    import zipfile
+
+    dist = f"{name}-{version}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires)
+    files = {f"{dist}/METADATA": meta, f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+             "Tag: py3-none-any\n"}
+    files[f"{dist}/RECORD"] = "".join(f"{f},,\n" for f in files) + f"{dist}/RECORD,,\n"
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+
+
+def _install_plan(tmp_path, wheels):
+    return subprocess.run([sys.executable, str(BENCHMARKS / "gpu_report.py"), "install-plan", "--wheels", str(wheels),
+                           "--scratch", str(tmp_path / "scratch")], capture_output=True, text=True, timeout=300)
+
+
+def test_gpu_check_install_plan_refuses_to_replace_a_package_the_environment_has(tmp_path):
+    """gpu_check.sh installs the carried wheels into the image's own environment: pip's dry run goes first, and a
+    wheel that would replace one of that environment's packages stops it (exit 2, one line), nothing installed."""
+    import importlib.metadata as md
+
+    wheels = tmp_path / "w"
+    wheels.mkdir()
+    _wheel(wheels, "tokenswap_gpu_probe", "1.0", ["tqdm"])  # a package the environment lacks, needing one it has
+    done = _install_plan(tmp_path, wheels)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "scratch" / "carried.txt").read_text() == "tokenswap-gpu-probe==1.0\n"
+    _wheel(wheels, "tqdm", "0.0.1")  # ... and one that would replace the environment's own tqdm
+    done = _install_plan(tmp_path, wheels)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"gpu_check: installing the carried wheels would replace the image's tqdm {md.version('tqdm')} with 0.0.1: "
+        "carry only what the image lacks (benchmarks/gpu_wheels.sh) and widen the range that asks for more"]
+    assert md.version("tqdm") != "0.0.1"
+
+
+def test_gpu_check_install_plan_says_in_one_line_what_pip_cannot_find(tmp_path):
+    wheels = tmp_path / "w"
+    wheels.mkdir()
+    _wheel(wheels, "tokenswap_gpu_probe", "1.0", ["tokenswap-no-such-package>=1"])
+    done = _install_plan(tmp_path, wheels)
+    assert done.returncode == 3, done.stdout + done.stderr  # part 1 goes on without the wheels, part 2 stops
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu_check: pip cannot install the carried wheels") and \
+        "tokenswap-no-such-package" in lines[0], lines
 
 
 def test_part_1_does_not_need_part_2s_packages_and_part_2_reuses_part_1s_install(tmp_path):
@@ -263,17 +344,17 @@ def test_part_1_does_not_need_part_2s_packages_and_part_2_reuses_part_1s_install
         assert name not in one.stdout + one.stderr, name
     pre = json.loads((tmp_path / "report1" / "preflight.json").read_text())
     assert pre["missing"] == [] and pre["problems"] == [] and pre["skips"] == {}, pre
-    assert "ok transformers 5.24.0 (carried)" in pre["packages"]
-    installed = (tmp_path / "scratch" / "site" / ".gpu_check_wheels").stat().st_mtime_ns
+    assert "ok transformers 5.17.0 (machine)" in pre["packages"]
+    installed = (tmp_path / "scratch" / ".gpu_check_wheels").stat().st_mtime_ns
     two = part("2")
     assert two.returncode == 0, f"{two.stdout[-3000:]}\n{two.stderr[-3000:]}"
-    assert "installed in" in two.stdout and "not reinstalled" in two.stdout and "installing" not in two.stdout
-    assert (tmp_path / "scratch" / "site" / ".gpu_check_wheels").stat().st_mtime_ns == installed
+    assert "installed already" in two.stdout and "not reinstalled" in two.stdout and "installing" not in two.stdout
+    assert (tmp_path / "scratch" / ".gpu_check_wheels").stat().st_mtime_ns == installed
     pre = json.loads((tmp_path / "report2" / "preflight_2.json").read_text())
     assert "torch" in pre["checked_by_an_earlier_part"] and not [p for p in pre["packages"] if p.startswith("ok torch")]
     assert [line for line in two.stdout.splitlines() if line.startswith("gpu_check: missing trl:")]
     summary = (tmp_path / "report2" / "summary.txt").read_text()
     rows = {line.split()[1]: line for line in summary.splitlines()[1:-1]}
-    for run in ("tokenswap_packed", "tokenswap", "text", "tokenswap_zero3", "tokenswap_qlora"):
+    for run in ("tokenswap_packed", "one_gpu_tokenswap", "tokenswap", "text", "tokenswap_zero3", "tokenswap_qlora"):
         assert "skipped (package: trl: ModuleNotFoundError" in rows[run], rows[run]
-    assert "0 failed" in summary.splitlines()[-1] and "5 skipped for a package" in summary.splitlines()[-1]
+    assert "0 failed" in summary.splitlines()[-1] and "6 skipped for a package" in summary.splitlines()[-1]
