@@ -22,7 +22,7 @@ the adapter in ``adapter/``, and with ``eval`` set, ``eval/metrics_image.{json,m
 
 from __future__ import annotations
 
-import tokenswap  # noqa: F401 -- first: it quiets a bitsandbytes notice (tokenswap/__init__.py)
+import tokenswap.start  # noqa: F401 -- first: a command-line secret refused, the streams redacting before imports print
 
 # isort: split
 import json

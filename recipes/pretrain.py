@@ -15,7 +15,7 @@ Then `tokenswap compare --runs outputs/pretrain_text outputs/pretrain_generate` 
 
 from __future__ import annotations
 
-import tokenswap  # noqa: F401 -- first: it quiets a bitsandbytes notice (tokenswap/__init__.py)
+import tokenswap.start  # noqa: F401 -- first: a command-line secret refused, the streams redacting before imports print
 
 # isort: split
 import json
