@@ -295,12 +295,13 @@ def _secret_home(key: str, argv: Sequence[str]) -> str:
         return "set HF_TOKEN in the environment instead (or run `hf auth login`)"
     if "api_key" in name or "base_url" in key.lower().replace("-", "_"):
         env = "OPENAI_API_KEY"
+        section = key.rpartition(".")[0]
         for i, arg in enumerate(argv):  # the variable this command line names for the key, if it names one
             if arg == "--api-key-env" and i + 1 < len(argv):
                 env = argv[i + 1]
-            elif arg.startswith("--api-key-env=") or arg.split("=", 1)[0].endswith(".api_key_env"):
+            elif arg.startswith("--api-key-env=") or (section and arg.startswith(f"{section}.api_key_env=")):
                 env = arg.split("=", 1)[1]
-        return f"set {env} (the variable `api_key_env` names) in the environment instead"
+        return f"set {env} (the variable `api_key_env` / --api-key-env names) in the environment instead"
     return "put it in the YAML config (--config) instead"
 
 
