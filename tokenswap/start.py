@@ -14,24 +14,8 @@ A library never imports this module: it acts on the process, which only a script
 
 from __future__ import annotations
 
-import sys
-
-from tokenswap.errors import OutputClosedError
-from tokenswap.redaction import command_line_secret, script_streams
+from tokenswap.script import start_script
 
 __all__: list[str] = []
 
-
-def _start() -> None:
-    script_streams()
-    why = command_line_secret(sys.argv[1:])
-    if why is None:
-        return
-    try:
-        print(f"error: {why}", file=sys.stderr, flush=True)
-    except OutputClosedError as e:  # no one reads the line: the status still says it
-        e.silence()
-    raise SystemExit(2)
-
-
-_start()
+start_script()
