@@ -322,7 +322,8 @@ def command_line_secret(argv: Sequence[str]) -> str | None:
            "used")
     for i, arg in enumerate(argv):
         key, eq, value = arg.partition("=")
-        if eq and SECRET_NAME.search(_option_name(key)) and value.strip("[]'\" "):
+        if (eq and SECRET_NAME.search(_option_name(key))
+                and value.strip("[]'\" ").lower() not in ("", "null", "none", "~")):  # unsetting one is no secret
             return f"`{key}` on the command line: {why}; {_secret_home(key, argv)}"
         if (not eq and arg.startswith("-") and SECRET_NAME.search(_option_name(arg)) and i + 1 < len(argv)
                 and not argv[i + 1].startswith("-")):

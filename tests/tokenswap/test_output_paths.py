@@ -268,3 +268,10 @@ def test_a_library_logger_made_inside_the_streams_to_a_reader_gone_is_a_quiet_14
         run_script(main)
     ''')], closed="stdout", timeout=300, PYTHONUNBUFFERED="1")
     assert code == 141 and "Traceback" not in err and "Logging error" not in err, err[-3000:]
+
+
+def test_unsetting_a_secret_on_the_command_line_and_naming_its_variable_are_no_secret():
+    from tokenswap.redaction import command_line_secret
+
+    assert command_line_secret(["train.hub_token=null", "extractor.llm.api_key_env=MY_KEY", "--api-key-env", "K",
+                                "run.max_new_tokens=8", "--base-url", "http://localhost:8000/v1"]) is None
