@@ -64,9 +64,17 @@ uninterrupted run); otherwise it is *lost*, and the reason is printed. Sections:
   plus form, cut by the client, cut by the build) or whose reply repeats the key, through ``build-store`` and
   ``tokenswap eval --backend openai``: no form of the key in any file of the folder nor in stdout/stderr;
   ``user:password@`` in ``extractor.llm`` / ``judge.llm`` / the bench builder's base URLs: exit 2 naming the key and
-  the fix, the password nowhere; a tiny offline W&B training run launched with ``train.hub_token=...`` and a
-  ``user:pass@`` URL in ``train.hub_model_id``: neither in the ``.wandb`` file, ``debug.log``, any
-  ``training_args.bin`` nor any other file, and the run resumes from its checkpoint.
+  the fix, the password nowhere (on the command line: refused before the command runs); a tiny offline W&B training
+  run whose YAML holds ``train.hub_token`` and a ``user:pass@`` URL in ``train.hub_model_id``: neither in the
+  ``.wandb`` file, ``debug.log``, any ``training_args.bin`` nor any other file, and the run resumes from its
+  checkpoint.
+- ``launcher``: each recipe under ``accelerate launch`` (1 process; post-training also 2) with ``HF_TOKEN``,
+  ``WANDB_API_KEY`` and ``OPENAI_API_KEY`` in the environment, ended by a config error: no secret past the launcher's
+  traceback nor in any file; a hub token on the launched command line refused without its value.
+- ``handlers``: transformers', datasets', huggingface_hub's, DeepSpeed's and accelerate's log handlers (made before
+  the streams) log the hub token inside a recipe run and ``tokenswap eval``: masked on every line, restored after.
+- ``closed_reader``: ``--help``, ``--version``, a recipe's printing imports under ``PYTHONUNBUFFERED=1``, DeepSpeed's
+  logger inside the streams and an error line, each to a reader gone: a quiet 141 or the command's own status.
 - ``null_replies``: a 200 with ``content: null`` (or none) for some requests: ``build-store`` (extract and judge
   stages) exits 1 with ``complete: false`` counting failed requests, the rerun asks them again and equals an
   uninterrupted build; ``tokenswap eval`` records them as failed, never as the answer ``""``, never scored, the rerun
@@ -110,7 +118,7 @@ from faults._common import Tally, contextlib_quiet  # noqa: E402
 
 SECTIONS = ("store", "store_images", "native_images", "shard_rewrite", "data", "malformed", "llm", "concurrency",
             "training", "workers", "same_folder", "state_window", "sigterm", "resume_settings",
-            "secrets", "null_replies", "bad_replies", "runs_end")
+            "secrets", "null_replies", "bad_replies", "runs_end", "launcher", "handlers", "closed_reader")
 MODULES = {name: importlib.import_module(f"faults.{name}") for name in SECTIONS}
 OUTCOMES = {name: m.OUTCOME for name, m in MODULES.items()}
 
@@ -176,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         "bad_replies": lambda: m["bad_replies"].section_bad_replies(tally, work),
         "runs_end": lambda: m["runs_end"].section_runs_end(tally, work, model, tiny_store,
                                                        picked.get("runs_end", m["runs_end"].TRIALS)),
+        "launcher": lambda: m["launcher"].section_launcher(tally, work),
+        "handlers": lambda: m["handlers"].section_handlers(tally, work),
+        "closed_reader": lambda: m["closed_reader"].section_closed_reader(tally, work),
     }
     timings = {}
     with beside_load(args.beside_load):

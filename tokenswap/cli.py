@@ -47,6 +47,18 @@ def _usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from tokenswap.redaction import redacting_std_streams
+    from tokenswap.script import install_redacting_excepthook
+
+    # Every line a command prints (its messages, progress, warnings, --help) goes out with known secrets masked,
+    # and so does the traceback of a bug, which the interpreter prints after the streams are restored; a reader gone
+    # before the usage is printed (`tokenswap --help | true`) is a quiet 141, as for any command.
+    install_redacting_excepthook()
+    with redacting_std_streams():
+        return exit_status(lambda: _route(argv))
+
+
+def _route(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0
@@ -59,26 +71,25 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"tokenswap: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    from tokenswap.redaction import redacting_std_streams
-    from tokenswap.script import install_redacting_excepthook
-
-    # Every line a command prints (its messages, progress, warnings) goes out with known secrets masked, and so
-    # does the traceback of a bug, which the interpreter prints after the streams are restored.
-    install_redacting_excepthook()
-    with redacting_std_streams():
-        return _run(name, rest)
+    return _run(name, rest)
 
 
 def _run(name: str, rest: list[str]) -> int:
     from tokenswap.extras import COMMAND_EXTRAS, exit_on_missing_extra
 
     def run() -> int:
-        module = importlib.import_module(COMMANDS[name][0])
-        return exit_status(lambda: module.cli_main(rest), prefix=f"tokenswap {name}: ")
+        from tokenswap.errors import InputError
+        from tokenswap.redaction import command_line_secret
+
+        why = command_line_secret(rest)  # before the command's imports: nothing of it runs
+        if why is not None:
+            raise InputError(why)
+        return importlib.import_module(COMMANDS[name][0]).cli_main(rest)
 
     # A package of a job's extra not installed: one line naming the extra, exit status 2 (tokenswap.extras).
     verb = rest[:1] if name in ("crossmath", "rest") and rest and not rest[0].startswith("-") else []
-    return exit_on_missing_extra(run, " ".join(["tokenswap", name, *verb]), COMMAND_EXTRAS.get(name))
+    return exit_on_missing_extra(lambda: exit_status(run, prefix=f"tokenswap {name}: "),
+                                 " ".join(["tokenswap", name, *verb]), COMMAND_EXTRAS.get(name))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import yaml
 from tokenswap.errors import InputError
 
 # Masking by field name lives in the one redaction every sink uses; kept importable here.
-from tokenswap.redaction import mask_secrets, redact_argv
+from tokenswap.redaction import command_line_secret, mask_secrets, redact_argv
 
 __all__ = ["ConfigError", "config_to_dict", "field_docs", "flatten_dict", "load_config", "parse_config",
            "resolve_config_path", "split_argv", "usage"]
@@ -339,6 +339,7 @@ def load_config(cls: type[T], path: str | os.PathLike | None = None, overrides: 
         resolved = resolve_config_path(path)
         source = str(resolved)
         data = _read_yaml(resolved)
+        mask_secrets(data)  # remembered before any check: a problem found below may quote a secret of the file
     problems: list[str] = []
     for item in overrides:
         if "=" not in item:
@@ -476,10 +477,14 @@ def parse_config(cls: type[T], argv: list[str] | None = None) -> T:
     Every problem is raised at once as one :class:`ConfigError` (an :class:`~tokenswap.errors.InputError`), a
     config file that is not found as a ``FileNotFoundError``; the recipes' entry
     (:func:`tokenswap.training.run_recipe`) prints it and exits 2, as ``tokenswap.cli.main`` does for the
-    subcommands, and answers ``--help`` with :func:`usage` before this is called. A secret-named override's value
-    is remembered for redaction first, since a problem may quote it.
+    subcommands, and answers ``--help`` with :func:`usage` before this is called. A secret on the command line
+    (a secret-named override, a URL carrying a password) is refused first, its value remembered for redaction and
+    never printed (:func:`tokenswap.redaction.command_line_secret`): secrets come from the environment or the YAML.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    why = command_line_secret(argv)
+    if why is not None:
+        raise ConfigError([why], "command line")
     redact_argv(argv)
     path, overrides = split_argv(argv)
     return load_config(cls, path, overrides)

@@ -60,11 +60,15 @@ class PreemptedError(RuntimeError):
     """
 
 
-class OutputClosedError(BrokenPipeError):
+class OutputClosedError(BaseException):
     """The reader of a command's stdout or stderr closed its end (``| head``), raised by the redacting streams
     (:class:`tokenswap.redaction.RedactingStream`) in place of the ``BrokenPipeError`` of their write, so that a broken
     pipe to a server (a ``BrokenPipeError`` too) is never mistaken for it. ``fd`` is the stream's file descriptor
-    (``None`` where it has none)."""
+    (``None`` where it has none).
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is, and no ``OSError``: the command stops wherever it was, and no
+    ``except OSError`` around printing code (a save-failure handler) and no ``except Exception`` (logging's
+    ``handleError``, which would print "--- Logging error ---" and go on) takes it for a fault of its own."""
 
     def __init__(self, *args, fd: int | None = None):
         super().__init__(*args)
@@ -89,7 +93,10 @@ def exit_status(run: Callable[[], int | None], prefix: str = "") -> int:
     the line goes out with known secrets masked.
     """
     def say(message: str) -> None:
-        print(f"{prefix}error: {message}", file=sys.stderr, flush=True)
+        try:
+            print(f"{prefix}error: {message}", file=sys.stderr, flush=True)
+        except OutputClosedError as e:  # no one reads the line: the status still tells what happened
+            e.silence()
 
     try:
         return int(run() or 0)
@@ -100,7 +107,10 @@ def exit_status(run: Callable[[], int | None], prefix: str = "") -> int:
         say(str(e))
         return 1
     except PreemptedError:
-        sys.stdout.flush()
+        try:
+            sys.stdout.flush()
+        except OutputClosedError as e:  # the stop is done and its checkpoint saved: 143 all the same
+            e.silence()
         return PREEMPTED_EXIT
     except OutputClosedError as e:  # nothing to say, and nowhere to say it
         e.silence()

@@ -24,7 +24,9 @@ every module may use it.
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import re
 import sys
@@ -43,6 +45,7 @@ __all__ = [
     "SECRET_NAME",
     "RedactingStream",
     "base_url_problem",
+    "command_line_secret",
     "mask_secrets",
     "public_url",
     "redact",
@@ -52,6 +55,7 @@ __all__ = [
     "redacting_std_streams",
     "remember",
     "remember_env",
+    "script_streams",
 ]
 
 MIN_CUT = 8
@@ -71,7 +75,7 @@ _URL_USERINFO_ENCODED = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*%3A%2F%2F
                                    re.IGNORECASE)
 
 _MASK = re.compile(r"<[A-Z0-9_]+>|\[[A-Za-z&][A-Za-z& ]*\]|\*+")  # what this module and transformers mask with
-_lock = threading.Lock()
+_lock = threading.Lock()  # guards _values, _envs and _forms; a fresh one in a forked child (_after_fork_in_child)
 _values: dict[str, str] = {}  # secret -> label of its mask
 _envs: dict[str, str] = {"HF_TOKEN": "hub token", "HUGGING_FACE_HUB_TOKEN": "hub token", "WANDB_API_KEY": "W&B key"}
 _forms: dict[tuple[str, str], list[tuple[str, str]]] = {}  # (secret, label) -> its encoded forms, cached
@@ -121,10 +125,12 @@ def _encoded_forms(value: str) -> list[str]:
 def _forms_of(secrets: list[tuple[str, str]]) -> list[tuple[str, str]]:
     out = []
     for value, label in secrets:
-        forms = _forms.get((value, label))
-        if forms is None:
+        with _lock:
+            forms = _forms.get((value, label))
+        if forms is None:  # computed outside the lock: two threads may both compute it, to the same list
             forms = [(form, label) for form in _encoded_forms(value)]
-            _forms[(value, label)] = forms
+            with _lock:
+                forms = _forms.setdefault((value, label), forms)
         out += forms
     return out
 
@@ -277,6 +283,58 @@ def redacted_argv() -> Iterator[None]:
         sys.argv = saved
 
 
+_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]+@")
+
+
+def _secret_home(key: str, argv: Sequence[str]) -> str:
+    """Where the secret of the command-line setting ``key`` belongs instead (a variable, a login, the YAML)."""
+    name = _option_name(key).lower()
+    if "wandb" in key.lower():
+        return "set WANDB_API_KEY in the environment instead (or run `wandb login`)"
+    if "hub" in key.lower() or name in ("token", "hf_token", "hub_token"):
+        return "set HF_TOKEN in the environment instead (or run `hf auth login`)"
+    if "api_key" in name or "base_url" in key.lower().replace("-", "_"):
+        env = "OPENAI_API_KEY"
+        section = key.rpartition(".")[0]
+        for i, arg in enumerate(argv):  # the variable this command line names for the key, if it names one
+            if arg == "--api-key-env" and i + 1 < len(argv):
+                env = argv[i + 1]
+            elif arg.startswith("--api-key-env=") or (section and arg.startswith(f"{section}.api_key_env=")):
+                env = arg.split("=", 1)[1]
+        return f"set {env} (the variable `api_key_env` / --api-key-env names) in the environment instead"
+    return "put it in the YAML config (--config) instead"
+
+
+def command_line_secret(argv: Sequence[str]) -> str | None:
+    """Why ``argv`` may not be run, when it carries a secret, or None; the message never holds the secret.
+
+    A command line is not a place for a secret: it shows in ``ps``, in shell history and job scripts, and a
+    launcher quotes it whole when the run fails (``accelerate launch`` raises ``CalledProcessError`` with the
+    command). Refused: a secret-named override (``train.hub_token=...``, :data:`SECRET_NAME`), a secret-named flag
+    with a value (``--api-key X``, ``--hub-token=X``) and any URL carrying a user or password
+    (``https://user:pw@host``). The value is remembered as well, so that nothing printed later shows it.
+
+    >>> print(command_line_secret(["--config", "c.yaml", "train.hub_token=hf_0123456789"]))  # doctest: +ELLIPSIS
+    `train.hub_token` on the command line: ...; set HF_TOKEN in the environment instead (or run `hf auth login`)
+    """
+    redact_argv(argv)  # remembered first: whatever fails after this prints it masked
+    why = ("a command line shows in `ps`, in shell history and in a launcher's error output, so its value was not "
+           "used")
+    for i, arg in enumerate(argv):
+        key, eq, value = arg.partition("=")
+        if (eq and SECRET_NAME.search(_option_name(key))
+                and value.strip("[]'\" ").lower() not in ("", "null", "none", "~")):  # unsetting one is no secret
+            return f"`{key}` on the command line: {why}; {_secret_home(key, argv)}"
+        if (not eq and arg.startswith("-") and SECRET_NAME.search(_option_name(arg)) and i + 1 < len(argv)
+                and not argv[i + 1].startswith("-")):
+            return f"`{arg}` on the command line: {why}; {_secret_home(arg, argv)}"
+        if _USERINFO.search(arg) or _URL_USERINFO_ENCODED.search(arg):
+            where = f"`{key}`" if eq else (f"`{argv[i - 1]}`" if i and argv[i - 1].startswith("-") else "an argument")
+            return (f"{where} on the command line is a URL carrying a user or password: {why}; drop the "
+                    f"`user:password@` and {_secret_home(where if where != 'an argument' else '', argv)}")
+    return None
+
+
 def public_url(url: str) -> str:
     """``url`` without user info, query or fragment: what a result file may name (a key never rides along).
 
@@ -318,57 +376,72 @@ class RedactingStream:
     Text is held until its line ends (or :meth:`flush`), then the line goes out in one write: ``print`` writes its
     arguments and its ``end`` separately, and where the inner stream writes through (``PYTHONUNBUFFERED=1``, common
     in cluster jobs and CI) each piece is a ``write(2)`` of its own, so the ranks of a launch sharing one stderr cut
-    into each other's lines mid-line. Holding the line also masks a secret that arrived in pieces. A line longer
-    than :attr:`HOLD_LIMIT` without a newline goes out as it is (nothing is held without bound); :meth:`flush`, and
-    the end of :func:`redacting_std_streams`, send what is held, so a progress bar that flushes is shown at once.
+    into each other's lines mid-line. Holding the line also masks a secret that arrived in pieces. The held text is
+    each thread's own: two threads printing at once give two whole lines, never one glued line. A line longer
+    than :attr:`HOLD_LIMIT` without a newline goes out as it is (nothing is held without bound); :meth:`flush` sends
+    the calling thread's held text and the end of :func:`redacting_std_streams` every thread's, so a progress bar
+    that flushes is shown at once.
 
     A write to a pipe whose reader closed it (``| head``) raises :class:`tokenswap.errors.OutputClosedError` once,
-    which :func:`tokenswap.errors.exit_status` turns into a quiet exit; what is written after it goes nowhere.
+    which :func:`tokenswap.errors.exit_status` turns into a quiet exit; what is written after it goes nowhere. Outside
+    a redacting block (a script's imports, before :func:`tokenswap.script.run_script`), nothing catches it yet: the
+    closed reader is noted and said at the first write inside the block.
     """
 
     HOLD_LIMIT = 1 << 16
 
     def __init__(self, inner):
         self._inner = inner
-        self._held = ""
-        # Worker threads print too (the held text is one line, not one per thread). Reentrant: a warning raised
-        # while a line goes out is printed through this same stream by the same thread.
+        self._held: dict[int, str] = {}  # thread ident -> its text not yet sent
+        # Reentrant: a warning raised while a line goes out is printed through this same stream by the same thread.
         self._lock = threading.RLock()
         self._closed_by_reader = False
+        self._told = False  # OutputClosedError raised
+        self.defer_closed = False  # note a closed reader without raising (no exit_status around the write)
         _STREAMS.add(self)
 
     def _after_fork_in_child(self) -> None:
         # A forked child (a data-loader worker) starts with a copy of this stream: the held text is the parent's to
         # send (sent twice otherwise), and a lock another parent thread held at the fork would never be released.
-        self._held = ""
+        self._held = {}
         self._lock = threading.RLock()
 
     def write(self, text: str) -> int:
+        me = threading.get_ident()
         with self._lock:
-            self._held += text
-            cut = self._held.rfind("\n") + 1
-            if not cut and len(self._held) >= self.HOLD_LIMIT:
-                cut = len(self._held)
+            held = self._held.pop(me, "") + text
+            cut = held.rfind("\n") + 1
+            if not cut and len(held) >= self.HOLD_LIMIT:
+                cut = len(held)
+            if held[cut:]:
+                self._held[me] = held[cut:]
             if cut:
-                out, self._held = self._held[:cut], self._held[cut:]
-                self._send(out)
+                self._send(held[:cut])
         return len(text)
 
-    def _send(self, text: str, flush: bool = False) -> None:
-        if self._closed_by_reader:
-            return  # the reader went away: there is no one left to show it to
+    def _fd(self) -> int | None:
         try:
-            if text:
-                self._inner.write(redact(text))
-            if flush:
-                self._inner.flush()
-        except BrokenPipeError as e:
-            self._closed_by_reader = True
+            return self._inner.fileno()
+        except (AttributeError, OSError, ValueError):
+            return None
+
+    def _send(self, text: str, flush: bool = False) -> None:
+        if not self._closed_by_reader:
             try:
-                fd = self._inner.fileno()
-            except (AttributeError, OSError, ValueError):
-                fd = None
-            raise OutputClosedError(*e.args, fd=fd) from None
+                if text:
+                    self._inner.write(redact(text))
+                if flush:
+                    self._inner.flush()
+                return
+            except BrokenPipeError:
+                self._closed_by_reader = True
+                if self.defer_closed:  # the interpreter's last flush of the inner stream goes nowhere, quietly
+                    OutputClosedError(fd=self._fd()).silence()
+        # The reader went away: there is no one left to show it to. Said once, where exit_status can hear it.
+        if self._told or self.defer_closed:
+            return
+        self._told = True
+        raise OutputClosedError(errno.EPIPE, os.strerror(errno.EPIPE), fd=self._fd())
 
     def writelines(self, lines) -> None:
         for line in lines:
@@ -376,29 +449,105 @@ class RedactingStream:
 
     def flush(self) -> None:
         with self._lock:
-            out, self._held = self._held, ""
-            self._send(out, flush=True)
+            self._send(self._held.pop(threading.get_ident(), ""), flush=True)
+
+    def flush_all(self) -> None:
+        """Send every thread's held text (the end of a redacting block: no thread will finish its line)."""
+        with self._lock:
+            held, self._held = "".join(self._held.values()), {}
+            self._send(held, flush=True)
 
     def __getattr__(self, name: str):
         return getattr(self._inner, name)
 
 
 _STREAMS: weakref.WeakSet[RedactingStream] = weakref.WeakSet()
-os.register_at_fork(after_in_child=lambda: [stream._after_fork_in_child() for stream in list(_STREAMS)])
+
+
+def _after_fork_in_child() -> None:
+    # The module lock too: a parent thread inside redact() at the fork would leave the child's copy held for ever.
+    global _lock
+    _lock = threading.Lock()
+    for stream in list(_STREAMS):
+        stream._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _stream_handlers() -> list[logging.StreamHandler]:
+    """Every logging StreamHandler alive: on a logger, or made and kept elsewhere (logging lists them all)."""
+    found: dict[int, logging.StreamHandler] = {}
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    handlers = [h for lg in loggers if isinstance(lg, logging.Logger) for h in lg.handlers]
+    handlers += [ref() for ref in list(getattr(logging, "_handlerList", []))]
+    for h in handlers:
+        # "stream" an attribute of its own: logging's last-resort handler reads sys.stderr at each record already
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) and "stream" in vars(h):
+            found[id(h)] = h
+    return list(found.values())
+
+
+def _rebind_handlers(streams: dict[int, Any]) -> list[tuple[logging.StreamHandler, Any]]:
+    """Point every StreamHandler whose stream is a key (by identity) of ``streams`` at its value; returns
+    (handler, old stream) for the way back. A library's handler holds the ``sys.stderr`` of its import, which
+    bypasses the redaction (and the whole lines) when it was made before the redacting streams."""
+    moved = []
+    for h in _stream_handlers():
+        new = streams.get(id(h.stream))
+        if new is not None and new is not h.stream:
+            h.acquire()
+            try:
+                moved.append((h, h.stream))
+                h.stream = new  # (not setStream: its flush of the old stream may meet a closed reader)
+            finally:
+                h.release()
+    return moved
+
+
+def script_streams() -> None:
+    """Redacting ``sys.stdout``/``sys.stderr`` for the rest of the process, from a script's first lines.
+
+    A recipe's imports print (transformers, DeepSpeed) and make their log handlers before its ``__main__`` block
+    runs: installed first, both go through the redaction, whole lines, and a reader gone during the imports is noted
+    quietly (the run then says its error line, or ends 141 at its first output, instead of a traceback from an
+    import). :func:`redacting_std_streams` (around the run itself) uses these streams as they are.
+    """
+    pairs = []
+    for name in ("stdout", "stderr"):
+        current = getattr(sys, name)
+        if current is None or isinstance(current, RedactingStream):
+            continue
+        stream = RedactingStream(current)
+        stream.defer_closed = True
+        setattr(sys, name, stream)
+        pairs.append((current, stream))
+    _rebind_handlers({id(old): new for old, new in pairs})
 
 
 @contextmanager
 def redacting_std_streams() -> Iterator[None]:
-    """``sys.stdout`` and ``sys.stderr`` redacted for the duration (a command's messages, warnings, tracebacks)."""
+    """``sys.stdout`` and ``sys.stderr`` redacted for the duration (a command's messages, warnings, tracebacks), and
+    every logging StreamHandler bound to them (a library's, made at its import) writing through them; both
+    restored after."""
     saved = sys.stdout, sys.stderr
-    streams = RedactingStream(saved[0]), RedactingStream(saved[1])
+    streams = tuple(s if isinstance(s, RedactingStream) else RedactingStream(s) for s in saved)
+    made = [s for s, old in zip(streams, saved) if s is not old]
+    deferred = [s.defer_closed for s in streams]
+    for s in streams:
+        s.defer_closed = False
     sys.stdout, sys.stderr = streams
+    moved = _rebind_handlers({id(s._inner): s for s in made})
     try:
         yield
     finally:
         sys.stdout, sys.stderr = saved
-        for stream in streams:
+        for h, old in moved:
+            h.stream = old
+        _rebind_handlers({id(s): s._inner for s in made})  # handlers made inside the block: back to the inner
+        for stream, defer in zip(streams, deferred):
+            stream.defer_closed = defer
             try:
-                stream.flush()
+                stream.flush_all()
             except OutputClosedError as e:  # the reader left after the command's last full line: nothing to tell it
                 e.silence()

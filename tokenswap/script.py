@@ -14,10 +14,10 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
-from tokenswap.errors import exit_status
-from tokenswap.redaction import RedactingStream, redacting_std_streams
+from tokenswap.errors import OutputClosedError, exit_status
+from tokenswap.redaction import RedactingStream, command_line_secret, redacting_std_streams, script_streams
 
-__all__ = ["install_redacting_excepthook", "run_script"]
+__all__ = ["install_redacting_excepthook", "run_script", "start_script"]
 
 
 def _print_masked(kind, value, tb) -> None:
@@ -42,3 +42,20 @@ def run_script(main: Callable[[], int | None], prefix: str = "") -> NoReturn:
     with redacting_std_streams():
         code = exit_status(main, prefix=prefix)
     raise SystemExit(code)
+
+
+def start_script() -> None:
+    """What a script run as a process needs before its other imports run (``import tokenswap.start``, the recipes'
+    first line): the redacting streams in front of stdout/stderr for the rest of the process (what the imports print
+    and the log handlers they make go out masked, in whole lines, and a reader gone during them costs no traceback),
+    and a secret on the command line refused: one line ``error: ...`` naming the variable to set instead, exit 2,
+    before seconds of imports, the value never printed."""
+    script_streams()
+    why = command_line_secret(sys.argv[1:])
+    if why is None:
+        return
+    try:
+        print(f"error: {why}", file=sys.stderr, flush=True)
+    except OutputClosedError as e:  # no one reads the line: the status still says it
+        e.silence()
+    raise SystemExit(2)

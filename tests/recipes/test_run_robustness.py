@@ -69,9 +69,9 @@ def run_entry(post, out, model, store, *extra):
     run_recipe(post.main, post.PostTrainConfig, ["--config", CONFIG, *overrides(out, model, store, *extra)])
 
 
-def launch(out, model, store, *extra, env=None, **kw) -> subprocess.Popen:
+def launch(out, model, store, *extra, env=None, config=CONFIG, **kw) -> subprocess.Popen:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT), **(env or {})}
-    cmd = [sys.executable, str(ROOT / "recipes" / "post_train.py"), "--config", CONFIG,
+    cmd = [sys.executable, str(ROOT / "recipes" / "post_train.py"), "--config", str(config),
            *overrides(out, model, store, *extra)]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
@@ -207,26 +207,29 @@ def test_secret_fields_are_masked_in_every_file_and_log_tokenswap_writes(post, t
     assert not leaks
 
 
-def test_no_secret_of_the_command_line_reaches_wandb_or_the_pickled_arguments(tiny_qwen2vl, tiny_store, tmp_path):
-    """A real offline W&B run launched with ``train.hub_token=...`` and a ``user:pass@`` URL in a Trainer field:
-    W&B records the command line and the Trainer's callback its arguments; neither may hold them, nor any
-    ``training_args.bin``, and the run resumes from its checkpoint as before."""
+def test_no_secret_of_the_config_reaches_wandb_or_the_pickled_arguments(tiny_qwen2vl, tiny_store, tmp_path):
+    """A real offline W&B run whose YAML holds ``train.hub_token`` and a ``user:pass@`` URL in a Trainer field (a
+    command line may not: it is refused): the Trainer's callback records its arguments in W&B; neither they nor
+    any ``training_args.bin`` may hold the secrets, and the run resumes from its checkpoint as before."""
     token, password = "hf_CommandLineToken0123456789", "Url-Pa55word-4242"
     url = f"https://alice:{password}@hub.example.com/org/model"
+    config = tmp_path / "with_secrets.yaml"
+    config.write_text((ROOT / "configs" / CONFIG).read_text().replace(
+        "\ntrain:\n", f"\ntrain:\n  hub_token: {token}\n  hub_model_id: {url}\n", 1))
     out = tmp_path / "run"
     env = {"WANDB_MODE": "offline"}
-    secrets = ("train.report_to=[wandb]", "wandb.mode=offline", f"train.hub_token={token}", f"train.hub_model_id={url}")
-    proc = launch(out, tiny_qwen2vl, tiny_store.root, "train.max_steps=2", *secrets, env=env)
+    secrets = ("train.report_to=[wandb]", "wandb.mode=offline")
+    proc = launch(out, tiny_qwen2vl, tiny_store.root, "train.max_steps=2", *secrets, env=env, config=config)
     said, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, said[-3000:]
     (run_file,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
     raw = run_file.read_bytes()
-    assert b"train.hub_token=<HUB_TOKEN>" in raw  # W&B did record the command line: masked
+    assert b"wandb.mode=offline" in raw  # W&B did record the command line, which holds no secret
     assert b"https://<CREDENTIALS>@hub.example.com/org/model" in raw  # and the Trainer's arguments: masked
     assert (run_file.parent / "logs" / "debug.log").is_file()
     # Resume from the checkpoint (nothing reads training_args.bin back) to the end of a longer run.
     proc = launch(out, tiny_qwen2vl, tiny_store.root, "train.max_steps=4", "train.resume_from_checkpoint=latest",
-                  *secrets, env=env)
+                  *secrets, env=env, config=config)
     said2, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, said2[-3000:]
     assert (out / "checkpoint-4" / COMPLETE_MARKER).is_file()

@@ -13,6 +13,8 @@ import pytest
 from tests.support import LoadLLMServer, concept_reply
 from tokenswap.cli import main as tokenswap_main
 
+ROOT = Path(__file__).resolve().parents[2]
+
 KEY = 'sk-sink/Te+st"key\\0a1b2c3d4e5f6g7h8'  # JSON, percent and plus forms all differ from the raw one
 KEY_ENV = "TOKENSWAP_SINK_TEST_KEY"
 
@@ -142,7 +144,30 @@ def test_build_store_refuses_credentials_in_a_base_url(key, tmp_path, capsys):
     args.append(f"{key}=https://alice:{PASSWORD}@api.example.com/v1")
     assert tokenswap_main(args) == 2
     err = capsys.readouterr().err
+    # on the command line: refused before the command is imported, naming the variable that holds the key
+    assert f"`{key}` on the command line is a URL carrying a user or password" in err
+    assert "set OPENAI_API_KEY" in err and PASSWORD not in err and "alice" not in err
+    assert not out.exists()  # refused before anything is written
+
+
+@pytest.mark.parametrize("key", ["extractor.llm.base_url", "judge.llm.base_url"])
+def test_build_store_refuses_credentials_in_a_base_url_of_its_yaml(key, tmp_path, capsys):
+    import yaml
+
+    out = tmp_path / "build"
+    args = build_args(out, "http://127.0.0.1:9/v1")
+    args = [a for a in args if not a.startswith(f"{key}=")]
     section = key.rsplit(".", 1)[0]
+    config = tmp_path / "build.yaml"  # the file it reads, with the URL in it (a command line refuses it)
+    data = yaml.safe_load((ROOT / "configs" / "store_generate.yaml").read_text())
+    head, leaf = section.split(".")
+    data.setdefault(head, {}).setdefault(leaf, {})["base_url"] = f"https://alice:{PASSWORD}@api.example.com/v1"
+    config.write_text(yaml.safe_dump(data))
+    args[args.index("store_generate.yaml")] = str(config)
+    if head == "judge":
+        args.append("judge.llm.model=v")
+    assert tokenswap_main(args) == 2
+    err = capsys.readouterr().err
     assert f"{section}: `base_url` must carry no user, password or query" in err
     assert "https://api.example.com/v1" in err and "environment variable `" in err
     assert PASSWORD not in err and "alice" not in err
@@ -157,8 +182,8 @@ def test_build_bench_refuses_credentials_in_a_base_url(section, tmp_path, tiny_s
         args.append("extractor.kind=llm")
     assert tokenswap_main(args) == 2
     err = capsys.readouterr().err
-    assert f"{section}: `base_url` must carry no user, password or query" in err and PASSWORD not in err
-    assert not (tmp_path / "bench").exists()
+    assert f"`{section}.base_url` on the command line is a URL carrying a user or password" in err
+    assert PASSWORD not in err and not (tmp_path / "bench").exists()
 
 
 def test_the_client_itself_refuses_credentials_in_its_url():
