@@ -115,7 +115,8 @@ def _written_file(e: OSError) -> str | None:
     while tb is not None:
         for name in ("path", "tmp", "f", "file", "filename"):
             value = tb.tb_frame.f_locals.get(name)
-            value = getattr(value, "name", value)
+            if not isinstance(value, (str, os.PathLike)):  # an open file: its path (a Path's .name is no path)
+                value = getattr(value, "name", None)
             if isinstance(value, (str, os.PathLike)) and os.fspath(value):
                 found = os.fspath(value)
                 break
