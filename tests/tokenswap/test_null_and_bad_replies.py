@@ -226,7 +226,9 @@ def test_build_store_commits_no_null_or_unparsable_reply_and_the_rerun_asks_agai
         assert failed_asked
         broken["on"] = False  # the server recovers
         before = len(server.requests)
+        capsys.readouterr()
         assert tokenswap_main(build_args(out, server.base_url)) == 0
+        assert f"build-store: resuming {out}: " in capsys.readouterr().err  # says it is no fresh build
         asked_again = server.requests[before:]
         assert any(hit(p) for p in asked_again)
     report = json.loads((out / "report.json").read_text())
