@@ -177,8 +177,8 @@ def exit_status(run: Callable[[], int | None], prefix: str = "") -> int:
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
         say(e.args[-1] if e.filename is None else f"{e.strerror}: {e.filename!r}")
         return 2
-    except KeyboardInterrupt:
-        say(interrupted_message())
+    except KeyboardInterrupt as e:  # a room that knows better what is kept says it in the interrupt's message
+        say(str(e) if e.args else interrupted_message())
         return INTERRUPTED_EXIT
     except OSError as e:
         if (message := disk_error_message(e)) is not None:
