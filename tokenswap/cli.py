@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(name: str, rest: list[str]) -> int:
     # The import inside the mapping: Ctrl-C during a slow import is one line and 130 as well.
-    return exit_status(lambda: importlib.import_module(COMMANDS[name][0]).cli_main(rest), prefix=f"tokenswap {name}: ")
+    return exit_status(lambda: importlib.import_module(COMMANDS[name][0]).cli_main(rest),
+                       prefix=f"tokenswap {name}: ")
 
 
 if __name__ == "__main__":

@@ -138,8 +138,8 @@ def disk_error_message(e: OSError) -> str | None:
                 "write to (or fix its permissions)")
     where = free_space(file if file is not None else os.getcwd())
     return (f"writing {file or 'an output file'!r} failed: [Errno {e.errno}] {e.strerror} ({where}). What was "
-            "written before is kept whole: free space on that disk (or pick a folder on a larger one), then run the same command "
-            "again to resume")
+            "written before is kept whole: free space on that disk (or pick a folder on a larger one), then run the "
+            "same command again to resume")
 
 
 def exit_status(run: Callable[[], int | None], prefix: str = "") -> int:
