@@ -103,3 +103,25 @@ def test_ctrl_c_in_a_command_is_one_line_and_130(tmp_path, capsys, monkeypatch):
     assert code == 130
     assert err.strip().splitlines() == ["tokenswap crossmath: error: interrupted (Ctrl-C): every file and answer "
                                         "written so far is kept whole; run the same command again to resume from them"]
+
+
+def test_a_new_folder_in_a_read_only_place_is_one_line_and_2(tmp_path, capsys):
+    # A training run's os.makedirs of a new run.output_dir on a read-only mount was an OSError traceback.
+    import os
+    import subprocess
+
+    from tokenswap.errors import exit_status
+
+    disk = tmp_path / "ro"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(disk)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("needs root and mount -t tmpfs for a read-only disk")
+    try:
+        code = exit_status(lambda: os.makedirs(disk / "runs" / "new"), prefix="x: ")
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.splitlines() == [f"x: error: cannot use '{disk / 'runs'}' (Read-only file system): a read-only disk or "
+                                "no permission; pick a folder you can write to (or fix its permissions)"]
