@@ -84,6 +84,11 @@ uninterrupted run); otherwise it is *lost*, and the reason is printed. Sections:
   retried by the client then failed requests (never a crash), in ``tokenswap eval`` (generate and loglik: nothing
   non-finite written, the rerun fills in) and ``build-store``; each kind of poisoned response-cache entry skipped with
   one warning naming the file and asked again; lines no run writes in ``records.jsonl`` skipped on resume.
+- ``no_link``: the folder lock where ``link(2)`` is refused (EPERM, ENOTSUP, ENOSYS, EXDEV: ``os.link`` patched in
+  the command's process; a real vfat mount too where one can be made): a build completes, a second build on a held
+  folder exits 1 naming the holder, the released folder builds.
+- ``sigint``: Ctrl-C at random moments in ``tokenswap eval`` and ``tokenswap build-store`` against a slow loopback
+  server: exit 130 with one line, no traceback; the rerun says it resumes and equals an uninterrupted run.
 
 The script checks the checkout it sits in (it puts that first on ``sys.path`` and on the subprocesses'
 ``PYTHONPATH``), not whatever ``tokenswap`` is installed. Each section is a module of ``benchmarks/faults/``
@@ -118,7 +123,8 @@ from faults._common import Tally, contextlib_quiet  # noqa: E402
 
 SECTIONS = ("store", "store_images", "native_images", "shard_rewrite", "data", "malformed", "llm", "concurrency",
             "training", "workers", "same_folder", "state_window", "sigterm", "resume_settings",
-            "secrets", "null_replies", "bad_replies", "runs_end", "launcher", "handlers", "closed_reader")
+            "secrets", "null_replies", "bad_replies", "runs_end", "launcher", "handlers", "closed_reader", "no_link",
+            "sigint")
 MODULES = {name: importlib.import_module(f"faults.{name}") for name in SECTIONS}
 OUTCOMES = {name: m.OUTCOME for name, m in MODULES.items()}
 
@@ -187,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         "launcher": lambda: m["launcher"].section_launcher(tally, work),
         "handlers": lambda: m["handlers"].section_handlers(tally, work),
         "closed_reader": lambda: m["closed_reader"].section_closed_reader(tally, work),
+        "no_link": lambda: m["no_link"].section_no_link(tally, work),
+        "sigint": lambda: m["sigint"].section_sigint(tally, work, rng),
     }
     timings = {}
     with beside_load(args.beside_load):

@@ -84,6 +84,7 @@ def _run(name: str, rest: list[str]) -> int:
         why = command_line_secret(rest)  # before the command's imports: nothing of it runs
         if why is not None:
             raise InputError(why)
+        # The import inside the mapping: Ctrl-C during a slow import is one line and 130 as well.
         return importlib.import_module(COMMANDS[name][0]).cli_main(rest)
 
     # A package of a job's extra not installed: one line naming the extra, exit status 2 (tokenswap.extras).

@@ -22,12 +22,15 @@ This module imports nothing of tokenswap: it is the ground floor every other roo
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import sys
 from collections.abc import Callable
 
-__all__ = ["OUTPUT_CLOSED_EXIT", "PREEMPTED_EXIT", "BusyError", "IncompleteRunError", "InputError",
-           "OutputClosedError", "PreemptedError", "exit_status"]
+__all__ = ["INTERRUPTED_EXIT", "OUTPUT_CLOSED_EXIT", "PREEMPTED_EXIT", "BusyError", "IncompleteRunError", "InputError",
+           "OutputClosedError", "PreemptedError", "disk_error_message", "exit_status", "free_space",
+           "interrupted_message"]
 
 PREEMPTED_EXIT = 143
 """Exit status after a SIGTERM stop (128 + 15, what a process killed by SIGTERM reports): the run saved a complete
@@ -82,6 +85,67 @@ class OutputClosedError(BaseException):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), self.fd)
 
 
+INTERRUPTED_EXIT = 130
+"""Exit status after Ctrl-C (128 + 2, what a shell reports for a process killed by SIGINT)."""
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def interrupted_message() -> str:
+    """The one line of a command or recipe stopped by Ctrl-C: every tokenswap output is written whole (atomic
+    files, whole JSONL lines), so what was written is kept and the same command resumes from it."""
+    return ("interrupted (Ctrl-C): every file and answer written so far is kept whole; run the same command again "
+            "to resume from them")
+
+
+def free_space(path: str | os.PathLike) -> str:
+    """``"disk of <folder>: N MiB free"`` for the disk holding ``path`` (its nearest existing folder)."""
+    folder = os.path.realpath(path)
+    while folder != os.path.dirname(folder) and not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    try:
+        free = f"{shutil.disk_usage(folder).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return f"disk of {folder}: {free}"
+
+
+def _written_file(e: OSError) -> str | None:
+    """The file a failed write was writing: the error's own, else the innermost frame's open file or path."""
+    if e.filename is not None:
+        return os.fsdecode(e.filename)
+    tb, found = e.__traceback__, None
+    while tb is not None:
+        for name in ("path", "tmp", "f", "file", "filename"):
+            value = tb.tb_frame.f_locals.get(name)
+            if not isinstance(value, (str, os.PathLike)):  # an open file: its path (a Path's .name is no path)
+                value = getattr(value, "name", None)
+            if isinstance(value, (str, os.PathLike)) and os.fspath(value):
+                found = os.fspath(value)
+                break
+        tb = tb.tb_next
+    return found
+
+
+def disk_error_message(e: OSError) -> str | None:
+    """One line for a write a full disk (ENOSPC, EDQUOT) or a read-only place (EROFS, EACCES, EPERM) refused,
+    naming the file and, for a full disk, the disk and its free space (as a failed checkpoint save does);
+    ``None`` for any other error."""
+    if e.errno not in _DISK_FULL + _NOT_WRITABLE:
+        return None
+    file = _written_file(e)
+    if e.errno in _NOT_WRITABLE:
+        if file is None:
+            return None
+        return (f"cannot use {file!r} ({e.strerror}): a read-only disk or no permission; pick a folder you can "
+                "write to (or fix its permissions)")
+    where = free_space(file if file is not None else os.getcwd())
+    return (f"writing {file or 'an output file'!r} failed: [Errno {e.errno}] {e.strerror} ({where}). What was "
+            "written before is kept whole: free space on that disk (or pick a folder on a larger one), then run the "
+            "same command again to resume")
+
+
 def exit_status(run: Callable[[], int | None], prefix: str = "") -> int:
     """``run()``'s exit status (``None`` is 0), with the errors a user acts on mapped to one line on stderr.
 
@@ -89,6 +153,8 @@ def exit_status(run: Callable[[], int | None], prefix: str = "") -> int:
     print the bare ``error: ...``). :class:`InputError`, a missing file or folder, and a local model path that does
     not exist are 2; :class:`IncompleteRunError` and :class:`BusyError` are 1; :class:`PreemptedError` is
     :data:`PREEMPTED_EXIT`; :class:`OutputClosedError` is :data:`OUTPUT_CLOSED_EXIT`, with nothing printed.
+    Ctrl-C is :data:`INTERRUPTED_EXIT` with one line (what is kept, how to resume); a write refused by a full disk
+    is 1 and by a read-only place 2, one line naming the file (:func:`disk_error_message`).
     Anything else propagates (a bug is a traceback). The caller installs the redacting streams around this call, so
     the line goes out with known secrets masked.
     """
@@ -121,7 +187,13 @@ def exit_status(run: Callable[[], int | None], prefix: str = "") -> int:
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
         say(e.args[-1] if e.filename is None else f"{e.strerror}: {e.filename!r}")
         return 2
+    except KeyboardInterrupt as e:  # a room that knows better what is kept says it in the interrupt's message
+        say(str(e) if e.args else interrupted_message())
+        return INTERRUPTED_EXIT
     except OSError as e:
+        if (message := disk_error_message(e)) is not None:
+            say(message)
+            return 2 if e.errno in _NOT_WRITABLE else 1
         # transformers/huggingface_hub report a missing local checkpoint as an invalid repo id.
         if "Repo id must be" not in str(e):
             raise

@@ -7,7 +7,8 @@
 * :class:`FolderLock`: one job per output folder, an exclusive ``flock`` released by the kernel when its holder
   dies. Processes forked while it is held (data-loader workers) drop their copy at once, so a killed holder
   frees the folder at once, not when its orphaned workers notice. The lock file is never followed as a symlink,
-  and it holds its holder's tag from the first instant (a locked, tagged temporary hard-linked into place).
+  and it holds its holder's tag from the first instant (a locked, tagged temporary hard-linked into place; on a
+  disk without hard links, the file is locked in place and tagged right after).
 * :func:`read_json` / :func:`iter_jsonl` / :func:`read_jsonl` / :func:`json_loads`: a missing, unreadable, empty,
   truncated or hostile file (nesting Python's parser cannot take, integers past its digit limit) is an
   :class:`InputError` naming the file (and ``path:line``) and the fix, not a traceback. :func:`iter_jsonl` is the
@@ -156,6 +157,9 @@ os.register_at_fork(after_in_child=_drop_inherited_locks)
 # tag is in the file before the lock is, so only a file written by an older tokenswap, or one being taken over from
 # a dead holder, is read without it, and either settles within microseconds.
 _TAG_WAIT_S = 2.0
+# link(2)'s answers on a disk without hard links (exFAT, FUSE, some SMB mounts), where the lock falls back to
+# create-and-flock with the tag written after.
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV})
 _TAG = re.compile(r"^pid (?P<pid>\d+) on host (?P<host>\S+) since ")
 
 
@@ -183,6 +187,9 @@ class FolderLock:
     (nobody holds it) and renaming the new tagged, locked file over it; a refused job checks that the file it
     read is still the one in place and that its tag names a live process, and looks again for a bounded moment
     otherwise. :meth:`release` removes the file before unlocking it, so a file left behind is a dead holder's.
+    Where the disk refuses hard links (``link`` answers EPERM, ENOTSUP, ENOSYS or EXDEV: exFAT, many FUSE and SMB
+    mounts), the lock file is created (or opened) and ``flock``ed in place and the tag written right after; a job
+    refused in between waits (bounded) for the tag, so the holder is still named.
 
     Args:
         folder: the folder to lock (created if missing).
@@ -263,30 +270,43 @@ class FolderLock:
 
     def acquire(self) -> FolderLock:
         folder = self.path.parent
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            raise InputError(
+                f"cannot create the output folder {folder} ({e.strerror}): pick an output folder on a writable disk"
+            ) from None
         for stale in folder.glob(f"{glob_escape(self.path.name)}.*.tmp"):  # a job killed while taking the lock
             if _dead_temporary(stale, self.path.name):
                 stale.unlink(missing_ok=True)
         mine, tmp = self._tagged()
         try:
-            self._take(mine, tmp)
+            held = self._take(mine, tmp)
         except BaseException:
             self._close(mine)
             tmp.unlink(missing_ok=True)
             raise
+        if held != mine:  # the disk has no hard links: the lock is the file in place, tagged after its flock
+            self._close(mine)
         tmp.unlink(missing_ok=True)  # linked into place (or renamed there): the lock file is its other name
-        self._fd = mine
+        self._fd = held
         return self
 
-    def _take(self, mine: int, tmp: Path) -> None:
+    def _take(self, mine: int, tmp: Path) -> int:
+        """The descriptor that holds the lock: ``mine`` (the tagged temporary, now in place), or one of the file in
+        place when the disk refuses hard links (:meth:`_take_in_place`)."""
         deadline = time.monotonic() + _TAG_WAIT_S
         while True:
             try:
                 os.link(tmp, self.path)
-                return
+                return mine
             except FileExistsError:
                 pass
             except OSError as e:
+                if e.errno in _NO_HARD_LINKS:
+                    return self._take_in_place(mine, deadline)
                 raise (self._unusable(e) or e) from None
             try:
                 # O_NOFOLLOW: a symlink planted in the lock's place must not lead us to its target. Read-write: NFS
@@ -301,22 +321,62 @@ class FolderLock:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    tag, believed = self._holder(fd)
-                    if believed or time.monotonic() > deadline:
-                        raise self._error(
-                            f"{self.path.parent} is {self._doing} by another process ({tag or 'unknown process'}); "
-                            f"wait for it to finish (a killed {self._what} releases the folder at once), or use "
-                            "another output folder"
-                        ) from None
-                    time.sleep(0.005)  # a takeover or a release in its last microseconds: look again
+                    self._refuse_or_wait(fd, deadline)  # a takeover or a release in its last microseconds
                     continue
                 if self._in_place(fd):
                     # A dead holder's file, now locked by us: nobody can replace it meanwhile, so ours goes in its
                     # place whole (tag and lock together).
                     os.rename(tmp, self.path)
-                    return
+                    return mine
             finally:
                 self._close(fd)
+
+    def _refuse_or_wait(self, fd: int, deadline: float) -> None:
+        """Raise the refusal naming the holder of the held ``fd`` once its tag can be believed (or the bounded wait
+        is over); return to look again otherwise."""
+        tag, believed = self._holder(fd)
+        if believed or time.monotonic() > deadline:
+            raise self._error(
+                f"{self.path.parent} is {self._doing} by another process ({tag or 'unknown process'}); "
+                f"wait for it to finish (a killed {self._what} releases the folder at once), or use "
+                "another output folder"
+            ) from None
+        time.sleep(0.005)
+
+    def _take_in_place(self, mine: int, deadline: float) -> int:
+        """The lock on a disk that refuses hard links (exFAT, many FUSE and SMB mounts): create-or-open the lock
+        file, ``flock`` it, then write the tag. A job refused in the instant between the two waits (bounded) for
+        the tag, so the holder is still named wherever the disk keeps the file."""
+        tag = os.pread(mine, 512, 0)
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            except OSError as e:
+                raise (self._unusable(e) or e) from None
+            _HELD_FDS.add(fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    self._refuse_or_wait(fd, deadline)
+                finally:
+                    self._close(fd)
+                continue
+            except BaseException:
+                self._close(fd)
+                raise
+            if not self._in_place(fd):  # released (removed) between our open and our flock: take the new one
+                self._close(fd)
+                continue
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, tag, 0)
+                os.fsync(fd)
+            except BaseException:
+                self.path.unlink(missing_ok=True)
+                self._close(fd)
+                raise
+            return fd
 
     def release(self) -> None:
         if self._fd is not None:

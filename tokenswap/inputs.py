@@ -13,8 +13,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
+import socket
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from tokenswap.errors import InputError
 
@@ -86,12 +90,71 @@ class HubMissError(InputError):
     message already names the flag and the fix, so a caller that prefixes its own errors passes this one on."""
 
 
+# How long the one probe of the hub may take before an id that is not in the local cache is refused: the hub
+# libraries' own retries on a machine without network take ~47 s and print a warning per retry.
+_PROBE_S = 3.0
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _in_hub_cache(name: str, repo_type: str) -> bool:
+    """Whether the hub cache holds a copy of ``name`` (then the libraries load it without the network)."""
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub")
+    return os.path.isdir(os.path.join(hub, f"{repo_type}s--{name.replace('/', '--')}"))
+
+
+def _hub_unreachable(name: str, repo_type: str) -> str | None:
+    """Why the hub cannot serve ``name`` now (``HF_HUB_OFFLINE`` set, or one short connection probe failed), or
+    ``None`` when it may: a cached copy, a proxy (the probe would not go through it) or a reachable endpoint."""
+    if _in_hub_cache(name, repo_type):
+        return None
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE:
+        return "cannot be reached (HF_HUB_OFFLINE is set, and the local hub cache holds no copy)"
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    result: list[BaseException | None] = []
+
+    def probe() -> None:  # in a thread: a name lookup without network can hang past any socket timeout
+        try:
+            socket.create_connection((host, port), timeout=_PROBE_S).close()
+            result.append(None)
+        except OSError as e:
+            result.append(e)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(_PROBE_S)
+    if not result:
+        return f"cannot be reached ({host}:{port} did not answer within {_PROBE_S:.0f} s)"
+    if result[0] is not None:
+        e = result[0]
+        return f"cannot be reached ({host}:{port}: {getattr(e, 'strerror', None) or e})"
+    return None
+
+
+def _fetch_elsewhere(name: str, what: str, holds: str, repo_type: str) -> str:
+    """How to use ``name`` without this machine reaching the hub, and what a valid local value holds (without the
+    "or pass a hub id such as ..." of ``holds``: a hub id is what just failed)."""
+    flag = "" if repo_type == "model" else f" --repo-type {repo_type}"
+    local = re.sub(r"[;,]? or (?:pass )?a hub id(?: such as \S+)?$", "", holds)
+    return (f"download it where the hub is reachable (`hf download {name}{flag} --local-dir DIR`), copy DIR here "
+            f"and pass {what} DIR; {local}")
+
+
 @contextlib.contextmanager
 def from_hub(name: str, what: str, holds: str, kind: str = "folder", repo_type: str = "model") -> Iterator[None]:
     """Around the load of a value :func:`local_or_hub` took for a hub id: a hub that cannot be reached, or has no
     such id, is an InputError saying that no such local path exists either, and what a valid one holds (a mistyped
     local path such as ``data/mmlu`` reads as an ``owner/name`` id and ends here). An unreachable hub's line also
-    says how to fetch the id where the hub can be reached (``hf download``, with ``repo_type``) and pass the copy."""
+    says how to fetch the id where the hub can be reached (``hf download``, with ``repo_type``) and pass the copy.
+
+    An id not in the local hub cache is refused within seconds when ``HF_HUB_OFFLINE`` is set or one short probe of
+    the hub's endpoint fails, before the libraries' own retries (~47 s, a warning each)."""
+    if not os.path.exists(os.path.expanduser(name)) and (why := _hub_unreachable(name, repo_type)) is not None:
+        raise HubMissError(f"{what} {name!r} does not exist locally (no such {kind}), and the hub {why}: "
+                           f"{_fetch_elsewhere(name, what, holds, repo_type)}")
     try:
         yield
     except Exception as e:
@@ -105,13 +168,9 @@ def from_hub(name: str, what: str, holds: str, kind: str = "folder", repo_type: 
         if os.path.exists(os.path.expanduser(name)):  # a local path: whatever failed, it was no hub lookup
             raise
         first = (str(e).splitlines() or [type(e).__name__])[0]
-        fetch = ""
-        if reason == "cannot be reached":
-            flag = "" if repo_type == "model" else f" --repo-type {repo_type}"
-            fetch = (f"; for the hub's {name}, download it where the hub is reachable (`hf download {name}{flag} "
-                     f"--local-dir DIR`) and pass {what} DIR")
+        fix = _fetch_elsewhere(name, what, holds, repo_type) if reason == "cannot be reached" else holds
         raise HubMissError(f"{what} {name!r} does not exist locally (no such {kind}), and the hub {reason} ({first})"
-                         f"{fetch}; {holds}") from None
+                           f"; {fix}") from None
 
 
 MODEL_HOLDS = ("a checkpoint folder holds config.json and the weights (a training run's output_dir or one of its "

@@ -570,6 +570,44 @@ def test_kill_mid_run_then_resume_asks_nothing_twice(tmp_path, monkeypatch):
     _assert_no_secret(tmp_path)
 
 
+def test_ctrl_c_is_one_line_and_130_and_the_rerun_says_it_resumes(tmp_path, monkeypatch, capsys):
+    # Ctrl-C used to print a 50-line traceback ending in the redacting streams, and the rerun said nothing about
+    # resuming.
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    bench = _bench(tmp_path / "bench")
+    out = tmp_path / "out"
+
+    def behave(payload, attempt):
+        time.sleep(0.4)
+        return ("json", answer("D"))
+
+    with Loopback(behave) as server:
+        args = _eval_args(server, bench, out, "--concurrency", "2")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get(
+            "PYTHONPATH", "")])}
+        proc = subprocess.Popen([sys.executable, "-m", "tokenswap.cli", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env, text=True)
+        deadline = time.monotonic() + 120
+        while not ((out / "records.jsonl").exists() and
+                   len((out / "records.jsonl").read_text().splitlines()) >= 3):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 130, stderr
+        said = [line for line in (stdout + stderr).splitlines() if line.strip() and "it/s]" not in line]
+        assert "Traceback" not in stderr and len([s for s in said if "error" in s or "interrupted" in s]) == 1, stderr
+        assert "interrupted (Ctrl-C)" in stderr and "run the same command again" in stderr
+        kept = len(_records(out / "records.jsonl"))
+        assert 3 <= kept < 10
+        capsys.readouterr()
+        assert tokenswap_main(args) == 0
+        err = capsys.readouterr().err
+    assert f"resuming {out}: {kept} answers kept, {10 - kept} left to ask" in err, err
+    assert len(_records(out / "records.jsonl")) == 10
+    _assert_no_secret(tmp_path)
+
+
 def test_loglik_through_an_endpoint_reads_top_logprobs(tmp_path):
     import math
 

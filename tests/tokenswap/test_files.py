@@ -360,3 +360,89 @@ def test_a_held_lock_without_a_readable_tag_is_named_unknown_after_a_bounded_wai
         assert 0.3 <= time.monotonic() - t0 < 5
     finally:
         os.close(fd)
+
+
+# ----------------------------------------------------------------------------- a disk without hard links
+
+_LINK_REFUSALS = ["EPERM", "ENOTSUP", "ENOSYS", "EXDEV"]
+
+
+@pytest.mark.parametrize("name", _LINK_REFUSALS)
+def test_a_disk_that_refuses_hard_links_still_locks_and_names_the_holder(tmp_path, monkeypatch, name):
+    # exFAT, FUSE and some SMB mounts answer link(2) with one of these: the lock used to say the folder "must be
+    # writable" though it is.
+    import errno as errno_module
+
+    code = getattr(errno_module, name)
+
+    def no_link(src, dst, *args, **kwargs):
+        raise OSError(code, os.strerror(code), str(src), None, str(dst))
+
+    monkeypatch.setattr(os, "link", no_link)
+    lock = FolderLock(tmp_path, prefix=".job-lock").acquire()
+    tag = (tmp_path / ".job-lock-r000").read_text()
+    assert tag.startswith(f"pid {os.getpid()} on host ")
+    assert not list(tmp_path.glob("*.tmp"))
+    with pytest.raises(FolderLockedError, match=rf"\(pid {os.getpid()} on host "):
+        FolderLock(tmp_path, prefix=".job-lock").acquire()
+    lock.release()
+    assert not list(tmp_path.iterdir())
+    FolderLock(tmp_path, prefix=".job-lock").acquire().release()  # free again once released
+
+
+def test_a_dead_holders_lock_is_taken_over_on_a_disk_without_hard_links(tmp_path, monkeypatch):
+    (tmp_path / ".job-lock-r000").write_text(f"pid {_dead_pid()} on host {os.uname().nodename} since then\n")
+
+    def no_link(src, dst, *args, **kwargs):
+        raise PermissionError(1, "Operation not permitted", str(src))
+
+    monkeypatch.setattr(os, "link", no_link)
+    lock = FolderLock(tmp_path, prefix=".job-lock").acquire()
+    assert (tmp_path / ".job-lock-r000").read_text().startswith(f"pid {os.getpid()} on host ")
+    lock.release()
+
+
+def test_a_new_output_folder_in_a_read_only_place_is_one_input_error(tmp_path):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    parent.chmod(0o555)
+    try:
+        if os.access(parent, os.W_OK):  # root ignores the mode: a read-only mount is needed instead
+            if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(parent)],
+                              capture_output=True).returncode != 0:
+                pytest.skip("needs a read-only folder (root ignores modes, and mount -t tmpfs failed)")
+        try:
+            with pytest.raises(InputError, match="cannot create the output folder .*writable disk"):
+                FolderLock(parent / "new" / "out", prefix=".job-lock").acquire()
+        finally:
+            subprocess.run(["umount", str(parent)], capture_output=True)
+    finally:
+        parent.chmod(0o755)
+
+
+def _vfat_mount(tmp_path: Path) -> Path:
+    import shutil
+
+    mkfs = shutil.which("mkfs.vfat") or shutil.which("mkfs.fat")
+    if mkfs is None or os.geteuid() != 0:
+        pytest.skip("needs root and mkfs.vfat (dosfstools) for a real disk without hard links")
+    image, mount = tmp_path / "fat.img", tmp_path / "fat"
+    mount.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(8 << 20)
+    subprocess.run([mkfs, str(image)], check=True, capture_output=True)
+    if subprocess.run(["mount", "-o", "loop", str(image), str(mount)], capture_output=True).returncode != 0:
+        pytest.skip("cannot loop-mount a vfat image here")
+    return mount
+
+
+def test_the_lock_works_on_a_real_vfat_mount(tmp_path):
+    mount = _vfat_mount(tmp_path)
+    try:
+        lock = FolderLock(mount / "out", prefix=".job-lock").acquire()
+        assert f"pid {os.getpid()} on host " in (mount / "out" / ".job-lock-r000").read_text()
+        with pytest.raises(FolderLockedError, match=rf"\(pid {os.getpid()} on host "):
+            FolderLock(mount / "out", prefix=".job-lock").acquire()
+        lock.release()
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)

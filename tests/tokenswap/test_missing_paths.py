@@ -133,3 +133,39 @@ def test_build_bench_inputs(tmp_path, capsys, tiny_store, key, says, holds):
                      f"source={paths['source']}", f"out_dir={tmp_path / 'b'}"], capsys)
     assert_no_such(code, err, says.format(tmp=tmp_path), holds)
     assert not (tmp_path / "b").exists()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed once the block ends: a connection there is refused
+
+
+@pytest.mark.parametrize("how", ["unreachable-endpoint", "hf-hub-offline"])
+def test_a_hub_id_without_network_is_one_line_saying_how_to_fetch_it_elsewhere(tmp_path, capsys, monkeypatch, how):
+    # Without network the hub libraries retried for ~47 s, printed a warning per retry, and the line suggested a hub
+    # id (the very thing that had failed). The loader must not even be reached.
+    import tokenswap.families as families
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    if how == "hf-hub-offline":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    else:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+
+    def reached(*args, **kwargs):
+        raise AssertionError("the hub libraries were asked")
+
+    monkeypatch.setattr(families, "load_checkpoint", reached)
+    code, err = run(["probe", "--model", "some-owner/some-model", "--pairs", "2", "--out", tmp_path / "o"], capsys)
+    assert_no_such(code, err, "--model 'some-owner/some-model' does not exist locally (no such folder), and the hub "
+                   "cannot be reached", "(`hf download some-owner/some-model --local-dir DIR`), copy DIR here and pass "
+                   "--model DIR")
+    assert "such as" not in err and "pass a hub id" not in err and len(err.strip().splitlines()) == 1, err
+    if how == "hf-hub-offline":
+        assert "HF_HUB_OFFLINE is set" in err

@@ -226,11 +226,17 @@ def test_build_store_commits_no_null_or_unparsable_reply_and_the_rerun_asks_agai
         assert failed_asked
         broken["on"] = False  # the server recovers
         before = len(server.requests)
+        capsys.readouterr()
         assert tokenswap_main(build_args(out, server.base_url)) == 0
+        assert f"build-store: resuming {out}: " in capsys.readouterr().err  # says it is no fresh build
         asked_again = server.requests[before:]
         assert any(hit(p) for p in asked_again)
-    assert json.loads((out / "report.json").read_text())["complete"] is True
+    report = json.loads((out / "report.json").read_text())
+    assert report["complete"] is True
     assert build_files(out) == build_files(reference_build)  # as if nothing had happened
+    # The resumed build's extraction counts are the whole build's, not those of its last run's few chunks.
+    reference = json.loads((reference_build / "report.json").read_text())
+    assert report["ranks"]["extract"][0]["llm_extraction"] == reference["ranks"]["extract"][0]["llm_extraction"]
 
 
 # ---------------------------------------------------------------------------- tokenswap eval

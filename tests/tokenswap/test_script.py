@@ -94,3 +94,35 @@ def test_no_other_module_of_the_package_exits():
             if ("raise SystemExit" in code or "sys.exit(" in code) and path.name not in ("script.py", "cli.py"):
                 found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert found == []
+
+
+def _interrupted(body: str) -> subprocess.CompletedProcess:
+    import signal
+
+    code = "\n".join(["import sys, time", body])
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_ctrl_c_in_a_script_is_one_line_and_130():
+    # Ctrl-C used to be a traceback through the redacting streams.
+    done = _interrupted("from tokenswap.script import run_script\n"
+                        "def main():\n    print('ready', flush=True)\n    time.sleep(60)\nrun_script(main)")
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.splitlines() == ["error: interrupted (Ctrl-C): every file and answer written so far is kept "
+                                        "whole; run the same command again to resume from them"]
+
+
+def test_ctrl_c_in_a_recipe_says_how_to_resume_from_its_checkpoints():
+    done = _interrupted("from dataclasses import dataclass\nfrom tokenswap.training.entry import run_recipe\n"
+                        "@dataclass\nclass Config:\n    steps: int = 1\n"
+                        "def main(cfg):\n    print('ready', flush=True)\n    time.sleep(60)\n"
+                        "run_recipe(main, Config, [])")
+    assert done.returncode == 130, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("error: interrupted (Ctrl-C): the run's complete checkpoints are kept") and \
+        "train.resume_from_checkpoint=latest" in line

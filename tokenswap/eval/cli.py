@@ -338,7 +338,11 @@ def _evaluate_records(args) -> int:
         naming = args.backend == "hf" and plan.recognition
         units = plan.all_units()
         missing_naming = naming and any(f"naming|{pid}" not in log.records for pid in plan.recognition_items)
-        if any(not plan.done(log, u) for u in units) or missing_naming:
+        left = sum(not plan.done(log, u) for u in units)
+        if log.records and left:  # a rerun after a kill, a Ctrl-C or a failed request: say it is not a fresh run
+            print(f"tokenswap eval: resuming {out}: {len(units) - left} answers kept, {left} left to ask",
+                  file=sys.stderr, flush=True)
+        if left or missing_naming:
             backend = open_backend(args, settings, batch_size=args.batch_size)
             if shards is None or shards.main:
                 for line in settings.applied:

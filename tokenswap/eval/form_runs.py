@@ -614,8 +614,8 @@ def plot_forms(payload: dict, path) -> None:
         lo, hi = e["ci"] if e.get("ci") else (v, v)
         names.append(name)
         values.append(100 * v)
-        lows.append(100 * (v - lo))
-        highs.append(100 * (hi - v))
+        lows.append(max(0.0, 100 * (v - lo)))  # a percentile interval need not hold its point: no negative whisker
+        highs.append(max(0.0, 100 * (hi - v)))
     colors = ["#4c72b0", "#dd8452", "#55a868", "#8172b3", "#c44e52", "#937860"][: len(names)]
     left.bar(range(len(names)), values, yerr=[lows, highs], capsize=4, color=colors)
     left.set_xticks(range(len(names)), names)
@@ -628,8 +628,10 @@ def plot_forms(payload: dict, path) -> None:
     groups = d["by_images_sent"]
     ks = [int(k) for k in groups]
     gaps = [100 * (groups[str(k)]["gap"]["value"] or 0.0) for k in ks]
-    err = [[100 * ((g["gap"]["value"] or 0) - g["gap"]["ci"][0]) if g["gap"]["ci"] else 0 for g in groups.values()],
-           [100 * (g["gap"]["ci"][1] - (g["gap"]["value"] or 0)) if g["gap"]["ci"] else 0 for g in groups.values()]]
+    err = [[max(0.0, 100 * ((g["gap"]["value"] or 0) - g["gap"]["ci"][0])) if g["gap"]["ci"] else 0
+            for g in groups.values()],
+           [max(0.0, 100 * (g["gap"]["ci"][1] - (g["gap"]["value"] or 0))) if g["gap"]["ci"] else 0
+            for g in groups.values()]]
     right.errorbar(ks, gaps, yerr=err, fmt="o-", capsize=4, color="#4c72b0")
     right.axhline(0, color="grey", lw=0.8)
     for k, g in zip(ks, groups.values()):

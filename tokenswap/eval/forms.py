@@ -157,14 +157,23 @@ def clean_caption(reply: str | None) -> tuple[str | None, str | None]:
     runs (newlines included: a caption goes inside one prompt line) become one space, and one trailing period goes
     (the caption sits inside a sentence).
 
+    A caption holding an image tag (``<image 1> next to <image 2>``) is refused with its reason: inside the item
+    the tag would ask for a picture.
+
     >>> clean_caption("  A red\\n apple<|im_end|>. "), clean_caption(""), clean_caption("x" * 501)[1]
     (('A red apple', None), (None, 'the caption is empty'), 'the caption is 501 characters, more than 500')
+    >>> clean_caption("<image 1> next to <|image_pad|>{}")
+    (None, 'the caption holds an image tag (<image 1>)')
     """
     text = " ".join(_MARKUP.sub("", reply or "").split())
     if text.endswith(".") and not text.endswith(".."):
         text = text[:-1].rstrip()
     if not text:
         return None, "the caption is empty"
+    if tag := IMAGE_TAG.search(text):
+        # Inside the item's text the tag would ask for a picture the caption form does not send: the model's text is
+        # data, never markup, so the caption is left out of its form (counted), and a recorded one never crashes.
+        return None, f"the caption holds an image tag ({tag.group(0)})"
     if len(text) > CAPTION_MAX_CHARS:
         return None, f"the caption is {len(text)} characters, more than {CAPTION_MAX_CHARS}"
     return text, None

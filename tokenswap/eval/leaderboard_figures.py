@@ -62,6 +62,13 @@ def _pyplot():
     return plt
 
 
+def _whiskers(gaps: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[np.ndarray]:
+    """``errorbar``'s ``xerr`` for intervals ``[lo, hi]`` around ``gaps``. A percentile interval need not hold its
+    point (always so with a handful of resamples, ``--resamples 1``): its near whisker is then drawn as zero instead of
+    a negative length matplotlib refuses; the interval itself stays in the table and the JSON."""
+    return [np.clip(gaps - lo, 0, None), np.clip(hi - gaps, 0, None)]
+
+
 def draw_gaps(ax, board: dict) -> None:
     """Bars of the gap (%) per model, whiskers, a diamond at each gap, counts on a right-hand axis."""
     import matplotlib.pyplot as plt
@@ -75,7 +82,7 @@ def draw_gaps(ax, board: dict) -> None:
     lo = np.array([100 * r["gap_ci"][0] for r in rows])
     hi = np.array([100 * r["gap_ci"][1] for r in rows])
     ax.barh(ys, gaps, color=[colors.get(r["group"], _BAR) for r in rows], height=0.7)
-    ax.errorbar(gaps, ys, xerr=[gaps - lo, hi - gaps], fmt="none", ecolor="black", capsize=2, linewidth=0.8)
+    ax.errorbar(gaps, ys, xerr=_whiskers(gaps, lo, hi), fmt="none", ecolor="black", capsize=2, linewidth=0.8)
     ax.plot(gaps, ys, linestyle="none", marker="D", markersize=4, color="black", zorder=3)
     _room(ax, np.r_[lo, hi, gaps])
     ax.set_yticks(ys, [_plain(r["label"]) for r in rows], fontsize=8)
@@ -122,7 +129,7 @@ def draw_by_images(ax, board: dict) -> None:
         x = np.array([k for k, _ in groups]) + (j - (len(rows) - 1) / 2) * step
         y = np.array([100 * g["gap"]["value"] for _, g in groups])
         ci = [g["gap"]["ci"] or [g["gap"]["value"]] * 2 for _, g in groups]
-        err = np.array([[y_ - 100 * c[0] for y_, c in zip(y, ci)], [100 * c[1] - y_ for y_, c in zip(y, ci)]])
+        err = np.array(_whiskers(y, np.array([100 * c[0] for c in ci]), np.array([100 * c[1] for c in ci])))
         ax.errorbar(x, y, yerr=err, marker="o", markersize=4, capsize=2, linewidth=1.2, label=_plain(r["label"]))
     ax.axhline(0, color="black", linewidth=0.6)
     ax.set_xticks(ks)
@@ -204,7 +211,8 @@ def draw_components(ax, board: dict) -> None:
     lo = np.array([100 * r["gap_ci"][0] for r in rows])
     hi = np.array([100 * r["gap_ci"][1] for r in rows])
     # The gap just under its bar, so the marker hides no part's label.
-    ax.errorbar(gaps, ys - 0.25, xerr=[gaps - lo, hi - gaps], fmt="none", ecolor="black", capsize=2, linewidth=0.9)
+    ax.errorbar(gaps, ys - 0.25, xerr=_whiskers(gaps, lo, hi), fmt="none", ecolor="black", capsize=2,
+                linewidth=0.9)
     ax.plot(gaps, ys - 0.25, linestyle="none", marker="D", markersize=5, color="black", zorder=3, gid="gap")
     _room(ax, np.r_[lo, hi, gaps, pos, neg])
     ax.axvline(0, color="black", linewidth=0.6)

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -243,6 +244,8 @@ def build_store(cfg: StoreBuildConfig) -> dict:
 def _build_locked(cfg: StoreBuildConfig, out: Path, rank: int, world: int, t_start: float) -> dict:
     state = out / "state"
     _check_plan(cfg, state, world, rank)
+    if rank == 0:
+        _say_if_resumed(out, state)
     state.mkdir(parents=True, exist_ok=True)
     since = time.time() - (time.perf_counter() - t_start)
     try:
@@ -251,6 +254,18 @@ def _build_locked(cfg: StoreBuildConfig, out: Path, rank: int, world: int, t_sta
         if rank == 0:
             write_failure_report(out, state, world, str(e))
         raise
+
+
+def _say_if_resumed(out: Path, state: Path) -> None:
+    """One line when the build goes on from an earlier run's committed work (a rerun after a kill, a Ctrl-C or
+    failed requests), so a resumed build is never mistaken for a fresh one."""
+    chunks = len(list((state / "candidates").glob("part-r*.jsonl")))
+    stages = [name for name, folder in (("extract", "candidates"), ("images", "images"), ("dataset", "dataset"))
+              if any((state / folder).glob("done-r*.json"))]
+    if chunks or stages:
+        done = f"stages done: {', '.join(stages)}" if stages else "no stage done yet"
+        print(f"build-store: resuming {out}: {chunks} extraction chunks kept, {done}; only the rest is built "
+              "(answers in the response cache are not asked again)", file=sys.stderr, flush=True)
 
 
 def _run_stages(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, world: int, t_start: float, since: float):

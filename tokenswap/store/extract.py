@@ -176,7 +176,9 @@ class LLMConceptExtractor:
         best = min(hits, key=lambda h: (abs(h - anchor), h))
         return best, best + len(span)
 
-    def extract(self, text: str) -> list[tuple[int, int, str]]:
+    def extract(self, text: str, into: ExtractionStats | None = None) -> list[tuple[int, int, str]]:
+        """The kept spans of ``text``; its counts go to :attr:`stats` and, when given, also to ``into`` (the build
+        keeps them per committed chunk, so a resumed build reports the whole build's)."""
         # Counted per call and merged at the end, so concurrent calls never interleave their updates.
         stats = ExtractionStats(texts=1)
         try:
@@ -187,6 +189,8 @@ class LLMConceptExtractor:
             raise
         with self._lock:
             self.stats.merge(stats)
+        if into is not None:
+            into.merge(stats)
         return kept
 
     def _extract(self, text: str, stats: ExtractionStats) -> list[tuple[int, int, str]]:

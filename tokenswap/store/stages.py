@@ -23,7 +23,7 @@ from tokenswap.inference.types import LLMRequestError, RequestStats
 from tokenswap.redaction import redact_data
 from tokenswap.store.build_config import FIXTURE, DataConfig, StoreBuildConfig
 from tokenswap.store.builders import SOURCE_BUILDERS, _build_extractor, build_chat_model
-from tokenswap.store.extract import LLMConceptExtractor
+from tokenswap.store.extract import ExtractionStats, LLMConceptExtractor
 from tokenswap.swap import unit_hash
 
 from .image_store import ImageStore, StoreWriter
@@ -82,6 +82,24 @@ def _parts(folder: Path, rank: int | None = None) -> list[Path]:
     return sorted(
         p for p in folder.iterdir() if (m := _PART.search(p.name)) and (rank is None or int(m.group(1)) == rank)
     )
+
+
+def _chunk_stats_path(folder: Path, rank: int, chunk: int) -> Path:
+    return folder / f"counts-r{rank:03d}-{chunk:06d}.json"
+
+
+def _build_extraction_stats(folder: Path, rank: int) -> ExtractionStats | None:
+    """The model's extraction counts summed over this rank's committed chunks (``None`` when none has any): a
+    resumed build reports every chunk, not only those its last run extracted."""
+    total, found = ExtractionStats(), False
+    for part in _parts(folder, rank):
+        path = _chunk_stats_path(folder, rank, int(_PART.search(part.name).group(2)))
+        if not path.exists():
+            continue
+        counts = read_json_object(path, "extraction counts", MARKER_FIX)
+        total.merge(ExtractionStats(**{k: v for k, v in counts.items() if k in ExtractionStats.__dataclass_fields__}))
+        found = True
+    return total if found else None
 
 
 def _owner(key: str, world: int) -> int:
@@ -176,23 +194,30 @@ def _stage_extract(cfg: StoreBuildConfig, state: Path, rank: int, world: int) ->
                 bar.add_model(getattr(holder["extractor"], "chat_model", None))
             yield chunk, sample
 
-    def extract(job: tuple[int, dict]) -> list[dict]:
+    def extract(job: tuple[int, dict]) -> tuple[list[dict], ExtractionStats | None]:
         _, sample = job
-        return [
+        extractor = holder["extractor"]
+        counted = ExtractionStats() if isinstance(extractor, LLMConceptExtractor) else None
+        spans = [
             {"message": m, "start": s, "end": e, "key": k}
             for m, msg in enumerate(sample["messages"])
             if msg["role"] == "user"
-            for s, e, k in holder["extractor"].extract(msg["content"])
+            for s, e, k in (extractor.extract(msg["content"]) if counted is None
+                            else extractor.extract(msg["content"], into=counted))
         ]
+        return spans, counted
 
     t0 = time.perf_counter()
     failed: list[dict] = []
     rows: list[dict] = []
     current: int | None = None
     broken = False  # the current chunk has a failed row: not committed
+    chunk_stats: ExtractionStats | None = None  # the model's extraction counts of the current chunk
 
     def commit() -> None:
         if current is not None and not broken:
+            if chunk_stats is not None:  # before the part: a part in place always has its counts beside it
+                atomic_write(_chunk_stats_path(folder, rank, current), json.dumps(vars(chunk_stats)).encode())
             _write_jsonl(folder / f"part-r{rank:03d}-{current:06d}.jsonl", rows)
 
     for outcome in map_ordered(extract, todo(), concurrency):
@@ -200,22 +225,30 @@ def _stage_extract(cfg: StoreBuildConfig, state: Path, rank: int, world: int) ->
         chunk, sample = outcome.item
         if chunk != current:
             commit()
-            current, rows, broken = chunk, [], False
+            current, rows, broken, chunk_stats = chunk, [], False, None
         if not outcome.ok:
             if not isinstance(outcome.error, LLMRequestError):
                 raise outcome.error
             broken = True
             failed.append({"id": sample["id"], "error": str(outcome.error)[:500]})
             continue
-        if outcome.value:
-            rows.append({"id": sample["id"], "messages": sample["messages"], "candidates": outcome.value})
+        spans, counted = outcome.value
+        if counted is not None:
+            chunk_stats = chunk_stats or ExtractionStats()
+            chunk_stats.merge(counted)
+        if spans:
+            rows.append({"id": sample["id"], "messages": sample["messages"], "candidates": spans})
     commit()
     bar.close()
     # Every rank reads every row, so each rank's count is the whole source's.
     info: dict = {"samples_read": counts["samples_read"], "malformed_skipped": data_stats.get("malformed", 0)}
     extractor = holder.get("extractor")
+    build_counts = _build_extraction_stats(folder, rank)
+    if build_counts is not None:  # the whole build's, over every committed chunk, whichever run extracted it
+        info["llm_extraction"] = vars(build_counts)
     if isinstance(extractor, LLMConceptExtractor):  # the lexicon asks no model
-        info["llm_extraction"] = vars(extractor.stats).copy()
+        if failed:  # the failed rows' counts are in no committed chunk: this run's, so the failure is counted
+            info["llm_extraction"] = vars(extractor.stats).copy()
         info["llm_requests"] = {**extractor.chat_model.stats.as_dict(), "stage_wall_s": time.perf_counter() - t0}
     if failed:
         _stop_on_failed_requests(folder, rank, info, failed, "failed_rows", "extraction", failed[0]["id"],

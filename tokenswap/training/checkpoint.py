@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
 import threading
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from tokenswap.errors import PREEMPTED_EXIT, IncompleteRunError, InputError, PreemptedError
+from tokenswap.errors import PREEMPTED_EXIT, IncompleteRunError, InputError, PreemptedError, free_space
 from tokenswap.files import atomic_write
 from tokenswap.ranks import print0, rank_and_world
 from tokenswap.training.distributed import any_rank
@@ -305,14 +304,10 @@ def _save_failure(e: BaseException, folder: str, output_dir: str, recursive: boo
         else:
             files = [os.path.join(folder, n) for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n))]
         file = max(files, key=os.path.getmtime, default=None)
-    try:
-        free = f"{shutil.disk_usage(output_dir).free / 2**20:.1f} MiB free"
-    except OSError:
-        free = "free space unknown"
     cause = f"[Errno {code}] {os.strerror(code)}" if code else f"{type(e).__name__}: {' '.join(str(e).split())}"
     fix = ("free space on that disk (or point run.output_dir at a larger one, or lower train.save_total_limit)"
            if code in (errno.ENOSPC, errno.EDQUOT) else "fix the cause")
-    return file or "its files", cause, f"disk of {os.path.realpath(output_dir)}: {free}", fix
+    return file or "its files", cause, free_space(output_dir), fix
 
 
 def _file_in_traceback(e: BaseException, folder: str) -> str | None:

@@ -20,6 +20,10 @@ from tokenswap.training.distributed import end_script
 
 __all__ = ["run_recipe"]
 
+# A run's progress lives in its checkpoints (one being written at the Ctrl-C has no tokenswap record and is skipped).
+RECIPE_INTERRUPTED = ("interrupted (Ctrl-C): the run's complete checkpoints are kept; relaunch the same command with "
+                      "train.resume_from_checkpoint=latest to continue from the newest")
+
 
 def run_recipe(main: Callable[[Any], object], config_cls: type, argv: list[str] | None = None) -> NoReturn:
     """Run a recipe's ``main`` on the config of ``argv`` (``sys.argv[1:]``) and end the process as a script does.
@@ -39,7 +43,10 @@ def run_recipe(main: Callable[[Any], object], config_cls: type, argv: list[str] 
             return 0
         # config.parse_config looked up at the call, not imported by name: the docs harness replaces it to stop
         # a documented command right after its arguments parsed (tests/docs_harness.py).
-        main(config.parse_config(config_cls, argv))
+        try:
+            main(config.parse_config(config_cls, argv))
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(RECIPE_INTERRUPTED) from None
         end_script()
         return 0
 

@@ -319,6 +319,31 @@ def test_empty_and_huge_captions_skip_only_the_caption_form_of_their_items(bench
     assert not any(r["key"] in ("caption|test/1", "caption|test/2", "caption|test/6") for r in records)
 
 
+def test_captions_holding_tags_template_tokens_or_braces_are_data_and_the_rerun_finishes(bench, tmp_path):
+    # A caption "<image 1> next to <image 2>" used to end --forms caption/all with KeyError "tag <image 1> has no
+    # image", and since it is recorded, every rerun the same way.
+    root, views = bench
+    model = RuleModel(captions={"dog": "<image 1> next to <image 2>", "car": "a <|image_pad|> car",
+                                "tree": "a {} tree {0}"})
+    model.items = {v["marker"]: v for v in views}
+    out = tmp_path / "out"
+    with LoadLLMServer(reply=model.reply) as server:
+        assert tokenswap_main(_eval(server, root, out, "--forms", "all")) == 0
+        asked = len(server.requests)
+        assert tokenswap_main(_eval(server, root, out, "--forms", "all")) == 0
+        assert len(server.requests) == asked
+    summary = json.loads((out / "gap.json").read_text())
+    items = {r["id"]: r for r in summary["items"]}
+    dog_items = [v["id"] for v in views if "dog" in v["slots"]]
+    for item in dog_items:  # skipped in the caption form only, with its reason
+        assert "the caption holds an image tag (<image 1>)" in items[item]["skipped_caption"]
+    assert summary["form_counts"]["caption"]["skipped"] == len(dog_items)
+    assert all(summary["form_counts"][f]["n"] == len(views)
+               for f in ("text", "interleaved", "both", "rendered", "recognition"))
+    captions = {p["concept"]: p["caption"] for p in summary["pictures"]}
+    assert captions["car"] == "a car" and captions["tree"] == "a {} tree {0}"  # plain text in its items
+
+
 def test_a_form_resting_on_no_item_exits_1_naming_the_form_and_why(tmp_path, capsys):
     root = tmp_path / "bench"
     views = write_bench(root, items=[item for item in ITEMS if "{" in item[0]])  # every item shows a picture

@@ -326,6 +326,24 @@ def test_groups_report_mean_ci_se_and_welch_through_the_cli(tmp_path, capsys):
 # ----------------------------------------------------------------------------- outputs and the figure
 
 
+@pytest.mark.parametrize("resamples", ["1", "2", "0", "-3"])
+def test_any_resamples_is_a_board_or_one_line(tmp_path, capsys, resamples):
+    # --resamples 1 gives an interval that need not hold the point: the figure's whiskers were negative and
+    # matplotlib refused them ("'xerr' must not contain negative values").
+    spec = {"mid": (40, 0.8, 0.6), "small": (40, 0.8, 0.75), "large": (40, 0.9, 0.4)}
+    folders = [_gap_run(tmp_path / name, name, *_pattern(*v)) for name, v in spec.items()]
+    try:
+        code, out, err = _lb(capsys, *folders, "--out", tmp_path / "board", "--resamples", resamples)
+    except SystemExit as e:  # argparse's refusal: the usage, then one error line
+        code, err = e.code, capsys.readouterr().err
+    assert "Traceback" not in err
+    if int(resamples) >= 1:
+        assert code == 0, err
+        assert (tmp_path / "board" / "leaderboard.json").exists() and list((tmp_path / "board").glob("*.png"))
+    else:
+        assert code == 2 and "argument --resamples: must be >= 1" in err.strip().splitlines()[-1], err
+
+
 def test_table_figure_and_csv_are_sorted_by_gap(tmp_path, capsys):
     spec = {"mid": (100, 0.8, 0.6), "small": (100, 0.8, 0.75), "large": (100, 0.9, 0.4), "neg": (100, 0.5, 0.55)}
     folders = [f"{name.upper()}={_gap_run(tmp_path / name, 'same-name', *_pattern(*v))}" for name, v in spec.items()]
