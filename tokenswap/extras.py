@@ -76,10 +76,19 @@ def _line(command: str, extra: str) -> str:
 
 
 def missing_extra_line(error: ImportError, command: str, preferred: str | None = None) -> str | None:
-    """The one line for an ImportError of an optional package, or None when the missing module is no extra's."""
-    name = getattr(error, "name", None)
-    extra = extra_of(name, preferred) if name else None
-    return None if extra is None else _line(command, extra)
+    """The one line for an ImportError of an optional package, or None when the missing module is no extra's.
+
+    An ImportError raised over the one that named the package (``raise ImportError("...") from e``) is followed to
+    it.
+    """
+    seen: BaseException | None = error
+    while seen is not None:
+        name = getattr(seen, "name", None)
+        extra = extra_of(name, preferred) if name else None
+        if extra is not None:
+            return _line(command, extra)
+        seen = seen.__cause__  # an explicit `from`, not an optional import that failed before it
+    return None
 
 
 def exit_on_missing_extra(run: Callable[[], int], command: str, preferred: str | None = None) -> int:

@@ -89,6 +89,19 @@ def test_the_line_names_the_commands_own_extra():
         'tokenswap build-store needs the store extra: pip install "tokenswap[store]"')
 
 
+def test_an_import_error_raised_over_the_missing_package_names_its_extra():
+    from tokenswap.extras import missing_extra_line
+
+    try:
+        try:
+            raise ModuleNotFoundError("No module named 'wandb_workspaces'", name="wandb_workspaces")
+        except ImportError as e:  # as compare's --wandb-report words it
+            raise ImportError("--wandb-report needs `pip install wandb-workspaces`") from e
+    except ImportError as e:
+        line = missing_extra_line(e, "tokenswap compare")
+    assert line == 'tokenswap compare needs the report extra: pip install "tokenswap[report]"'
+
+
 def test_a_missing_core_package_is_still_a_bug():
     from tokenswap.extras import exit_on_missing_extra
 
