@@ -194,7 +194,8 @@ def _requirement_problems(site: Path | None, used: set[str], checked: set[str]) 
             if name in used - checked:
                 for raw in dist.requires or []:
                     check(name, f"carried {dist.metadata['Name']} {dist.version}", raw)
-    for raw in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    for raw in project["dependencies"] + project["optional-dependencies"]["train"]:  # the core, the recipes' extra
         name = canon(Requirement(raw).name)
         if name in RANGED and name in used - checked:
             check(name, "tokenswap", raw)

@@ -54,7 +54,8 @@ tested, image = pins("constraints.txt"), pins("benchmarks/gpu_image.txt")
 env = {"python_version": pyver, "python_full_version": pyver + ".0", "sys_platform": "linux",
        "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython", "extra": ""}
 import tomllib
-own = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+own = project["dependencies"] + project["optional-dependencies"]["train"]  # the core and the recipes' extra
 def requires(name):  # the tested version's requirements (installed in the test environment); tokenswap's own
     if name == "tokenswap":
         return [Requirement(r) for r in own]
