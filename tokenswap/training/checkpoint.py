@@ -238,6 +238,7 @@ def train(trainer, resume: str | None) -> None:
             state = TrainerState.load_from_json(os.path.join(resume, "trainer_state.json"))
             if state.global_step >= trainer.args.max_steps:
                 print0(f"[tokenswap] {resume} is at step {state.global_step} >= max_steps: nothing left to train")
+                _restore_rotation(trainer)
                 _load_final_weights(trainer, resume)
                 trainer.state = state
                 return
