@@ -96,7 +96,7 @@ class GRPORecipeConfig:
     """Every `GRPOConfig` field: optimizer, schedule, checkpoints and the rollouts (`num_generations`,
     `max_completion_length`, `temperature`, `top_p`, `beta`, `use_vllm`, ...); per-device batch counts completions."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
-    """Run naming: {pair}-{arm} in group {pair}."""
+    """Run naming: {pair}-{arm}-s{seed} in group {pair}."""
 
     def __post_init__(self) -> None:
         if self.run.arm != "text":

@@ -94,7 +94,7 @@ class ImageSFTConfig:
     eval: CrossMathEvalConfig | None = None
     """Held-out CrossMath metrics in image modality after training (rank 0); None skips it."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
-    """Run naming: {pair}-{arm} in group {pair}."""
+    """Run naming: {pair}-{arm}-s{seed} in group {pair}."""
     throughput: ThroughputConfig = field(default_factory=ThroughputConfig)
     """perf/* log keys: tokens/s, images/s, padding, TFLOP/s, MFU (peak_tflops overrides the GPU table)."""
 

@@ -40,7 +40,15 @@ from tokenswap.training.checkpoint import (
     saving_final,
     train,
 )
-from tokenswap.training.config import CollatorConfig, DataConfig, GapEvalConfig, ModelConfig, RunConfig, WandbConfig
+from tokenswap.training.config import (
+    CollatorConfig,
+    DataConfig,
+    GapEvalConfig,
+    ModelConfig,
+    RunConfig,
+    WandbConfig,
+    resolve_replicate,
+)
 from tokenswap.training.distributed import close_process_group
 from tokenswap.training.entry import run_recipe
 from tokenswap.training.model import check_inputs, load_model_and_processor
@@ -67,11 +75,12 @@ class PretrainConfig:
     gap_eval: GapEvalConfig = field(default_factory=GapEvalConfig)
     """In-loop modality-gap evaluation."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
-    """Run naming: {pair}-{arm} in group {pair}."""
+    """Run naming: {pair}-{arm}-s{seed} in group {pair}."""
     throughput: ThroughputConfig = field(default_factory=ThroughputConfig)
     """perf/* log keys: tokens/s, images/s, padding, TFLOP/s, MFU (peak_tflops overrides the GPU table)."""
 
     def __post_init__(self) -> None:
+        resolve_replicate(self.run, self.data, self.collator)
         if self.run.arm == "tokenswap" and self.image_store is None:
             raise ValueError("the tokenswap arm needs `image_store` (a folder built by `tokenswap build-store`)")
         if self.run.arm == "baseline":

@@ -553,7 +553,7 @@ def _post_train(args, out: Path, data: Path, pre: Path) -> list[Path]:
     def post_train(job: tuple[int, str, Path]) -> Path:
         seed, arm, post = job
         launch("post_train", f"demo/post_{arm}.yaml", [
-            f"run.output_dir={post}", f"run.seed={seed}", f"data.seed={seed}", f"collator.swap_seed={seed}",
+            f"run.output_dir={post}", f"run.seed={seed}",  # the replicate: data order, swaps and init together
             f"model.name_or_path={pre}", f"data.llava_json={data / 'llava.json'}",
             f"data.llava_image_root={data / 'images'}", f"data.swap_dataset={data / 'swap.jsonl'}",
             f"gap_eval.bench={data / 'bench'}", f"gap_eval.every_steps={args.eval_every}",

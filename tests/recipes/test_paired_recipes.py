@@ -182,7 +182,7 @@ def test_wandb_offline_run_is_read_back_and_compared(post, tiny_qwen2vl, tiny_st
     run_dirs = sorted((tmp_path / "tokenswap" / "wandb").glob("offline-run-*"))
     assert len(run_dirs) == 1
     (run,) = load_run(str(run_dirs[0]))
-    assert (run.name, run.group, run.arm) == ("tiny-post-tokenswap", "tiny-post", "tokenswap")
+    assert (run.name, run.group, run.arm) == ("tiny-post-tokenswap-s0", "tiny-post", "tokenswap")
     steps, values = run.series("loss")
     assert values == pytest.approx(losses(tmp_path / "tokenswap"), rel=1e-3) and len(steps) == 4
     assert run.last("swap/images_per_sample") > 0
