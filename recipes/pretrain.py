@@ -53,7 +53,7 @@ from tokenswap.training.distributed import close_process_group
 from tokenswap.training.entry import run_recipe
 from tokenswap.training.model import check_inputs, load_model_and_processor
 from tokenswap.training.run_folder import check_resume_settings, hold_output_dir, write_run_config
-from tokenswap.training.tracking import finish_wandb, init_wandb
+from tokenswap.training.tracking import finish_wandb, init_wandb, same_keys_in_wandb
 from tokenswap.training.trainer_args import PairedTrainConfig, build_training_arguments
 
 
@@ -133,6 +133,7 @@ def main(cfg: PretrainConfig) -> None:
         processing_class=processor,
         callbacks=[EpochCallback(collator), CheckpointCallback.resuming(resumable, resume)],
     )
+    same_keys_in_wandb(trainer)  # W&B keys = log_history keys (gap/abs, not train/gap/abs)
     install_first(trainer, SwapStatsCallback(resumable))
     trainer.add_callback(EmptyStepCallback(model, cfg.collator.max_empty_step_share, resumable))
     if cfg.throughput.enabled:

@@ -428,8 +428,8 @@ def make_wandb_report(entity: str, project: str, group: str, metrics: tuple[str,
 
     runset = wr.Runset(entity=entity, project=project, name=group, filters=f"Config('pair') == '{group}'",
                        groupby=["arm"])
-    # The Trainer's W&B callback logs under train/.
-    panels = [wr.LinePlot(title=m, x="Step", y=[f"train/{m}"], groupby="arm") for m in metrics]
+    # The recipes log to W&B under the log_history names (tokenswap.training.tracking.same_keys_in_wandb).
+    panels = [wr.LinePlot(title=m, x="Step", y=[m], groupby="arm") for m in metrics]
     return wr.Report(
         entity=entity,
         project=project,

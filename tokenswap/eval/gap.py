@@ -267,8 +267,9 @@ class GapResult:
             return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
 
         rows = [("all", self.overall)] + [(str(k), s) for k, s in sorted(self.by_images.items())]
-        if self.controlled is not None:
-            rows.append(("recognized", self.controlled))
+        if self.controlled is not None:  # one word per control: "named" (naming form), "recognised" (multiple choice)
+            rows.append(("named" if self.recognition_naming is not None else "recognised (multiple choice)",
+                         self.controlled))
         lines = [
             f"Modality gap ({self.scorer}, {self.prompt})",
             "",

@@ -44,6 +44,33 @@ def init_wandb(cfg: WandbConfig, run: RunConfig, stage: str, config: dict, repor
         )
 
 
+def same_keys_in_wandb(trainer) -> None:
+    """Log to W&B under the names ``log_history.json``, ``tokenswap compare`` and the docs use (``gap/abs``, ``loss``),
+    not the Trainer's ``train/gap/abs``: one name per metric wherever it is read. A no-op without W&B."""
+    from transformers.integrations import WandbCallback
+
+    summary = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos")
+
+    class SameKeysWandbCallback(WandbCallback):
+        def on_log(self, args, state, control, model=None, logs=None, **kwargs):
+            if self._wandb is None:
+                return
+            if not self._initialized:
+                self.setup(args, state, model)
+            if state.is_world_process_zero:
+                for k, v in logs.items():
+                    if k in summary:
+                        self._wandb.run.summary[k] = v
+                # train/global_step: the step axis the parent's setup declares for every key
+                self._wandb.log({**{k: v for k, v in logs.items() if k not in summary},
+                                 "train/global_step": state.global_step})
+
+    callbacks = trainer.callback_handler.callbacks
+    for i, cb in enumerate(callbacks):
+        if type(cb) is WandbCallback:  # replaced in place: callbacks that add keys before it still run first
+            callbacks[i] = SameKeysWandbCallback()
+
+
 def finish_wandb(timeout: float = 60.0) -> None:
     """Close the W&B run opened by :func:`init_wandb`; an offline run's file is complete when this returns.
 
