@@ -133,3 +133,17 @@ def test_build_bench_inputs(tmp_path, capsys, tiny_store, key, says, holds):
                      f"source={paths['source']}", f"out_dir={tmp_path / 'b'}"], capsys)
     assert_no_such(code, err, says.format(tmp=tmp_path), holds)
     assert not (tmp_path / "b").exists()
+
+
+def test_a_missing_tiny_kit_path_names_the_command_that_builds_it(tmp_path, capsys, monkeypatch):
+    """Before `python -m tokenswap.testing .cache` the README's tiny paths are missing: every message says how to
+    build them, and `tokenswap --help` shows that line."""
+    monkeypatch.chdir(tmp_path)
+    code, err = run(["eval", *OPENAI, "--model", "m", "--bench", ".cache/tiny-bench", "--out", tmp_path / "r"], capsys)
+    assert code == 2 and "python -m tokenswap.testing .cache" in err
+    from tokenswap.training.model import _check_model_path
+
+    with pytest.raises(FileNotFoundError, match=r"python -m tokenswap\.testing \.cache"):
+        _check_model_path(".cache/tiny-qwen2vl")
+    assert main(["--help"]) == 0
+    assert "python -m tokenswap.testing .cache" in capsys.readouterr().out
