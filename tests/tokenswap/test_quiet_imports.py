@@ -67,3 +67,11 @@ def test_deepspeeds_cpu_accelerator_notice_is_quiet_without_a_driver_and_kept_wi
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert "Setting accelerator to CPU" in done.stdout + done.stderr  # a driver and no GPU found: that is news
+
+
+def test_transformers_mtime_notice_of_checkpoints_saved_within_a_second_is_quiet(tmp_path):
+    code = ("import os, tokenswap; from transformers.trainer_utils import sort_checkpoints; "
+            f"[os.makedirs(os.path.join({str(tmp_path)!r}, f'checkpoint-{{i}}')) for i in (2, 4)]; "
+            f"print(sort_checkpoints({str(tmp_path)!r}, use_mtime=True))")
+    said = python(code, tmp_path)
+    assert "checkpoint-4" in said and "mtime may not be reliable" not in said
