@@ -27,6 +27,8 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 ifeq ($(CUDA),1)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) torch torchvision
 else
+	@$(BIN)/python -c "import urllib.request; urllib.request.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=15)" \
+	  2>/dev/null || echo "make: PyTorch's CPU index $(TORCH_CPU_INDEX) is unreachable: pip's errors below come from that"
 	$(BIN)/pip install -q -c $(CONSTRAINTS) --extra-index-url $(TORCH_CPU_INDEX) $(addsuffix +cpu,$(TORCH_PINS)) || \
 	  { echo "warning: no CPU build of $(TORCH_PINS) from $(TORCH_CPU_INDEX) (unreachable?); installing PyPI's" \
 	    "CUDA build with its nvidia-* wheels (a 6.7 GB .venv). Set TORCH_CPU_INDEX=<a mirror> to retry."; \

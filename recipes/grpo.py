@@ -50,7 +50,7 @@ from tokenswap.training.distributed import close_process_group
 from tokenswap.training.entry import run_recipe
 from tokenswap.training.model import check_inputs, load_model_and_processor, peft_lora_config
 from tokenswap.training.run_folder import check_resume_settings, hold_output_dir, write_run_config
-from tokenswap.training.tracking import finish_wandb, init_wandb
+from tokenswap.training.tracking import finish_wandb, init_wandb, same_keys_in_wandb
 from tokenswap.training.trainer_args import TRAIN_DEFAULTS, TRAINER_OWNED, build_training_arguments, trainer_section
 
 GRPOTrainConfig = trainer_section(
@@ -101,7 +101,7 @@ class GRPORecipeConfig:
     """Every `GRPOConfig` field: optimizer, schedule, checkpoints and the rollouts (`num_generations`,
     `max_completion_length`, `temperature`, `top_p`, `beta`, `use_vllm`, ...); per-device batch counts completions."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
-    """Run naming: {pair}-{arm} in group {pair}."""
+    """Run naming: {pair}-{arm}-s{seed} in group {pair}."""
 
     def __post_init__(self) -> None:
         if self.run.arm != "text":
@@ -154,6 +154,7 @@ def main(cfg: GRPORecipeConfig) -> None:
         processing_class=processor,
         peft_config=peft_config,
     )
+    same_keys_in_wandb(trainer)  # W&B keys = log_history keys (gap/abs, not train/gap/abs)
     trainer.add_callback(CheckpointCallback.resuming(None, resume))
     train(trainer, resume)
 

@@ -64,7 +64,7 @@ from tokenswap.training.distributed import close_process_group
 from tokenswap.training.entry import run_recipe
 from tokenswap.training.model import check_inputs, load_model_and_processor
 from tokenswap.training.run_folder import check_resume_settings, hold_output_dir, write_run_config
-from tokenswap.training.tracking import finish_wandb, init_wandb
+from tokenswap.training.tracking import finish_wandb, init_wandb, same_keys_in_wandb
 from tokenswap.training.trainer_args import TrainConfig, build_training_arguments
 
 
@@ -99,7 +99,7 @@ class ImageSFTConfig:
     eval: CrossMathEvalConfig | None = None
     """Held-out CrossMath metrics in image modality after training (rank 0); None skips it."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
-    """Run naming: {pair}-{arm} in group {pair}."""
+    """Run naming: {pair}-{arm}-s{seed} in group {pair}."""
     throughput: ThroughputConfig = field(default_factory=ThroughputConfig)
     """perf/* log keys: tokens/s, images/s, padding, TFLOP/s, MFU (peak_tflops overrides the GPU table)."""
 
@@ -177,6 +177,7 @@ def main(cfg: ImageSFTConfig) -> None:
         processing_class=processor,
         callbacks=[CheckpointCallback.resuming(resumable, resume)],
     )
+    same_keys_in_wandb(trainer)  # W&B keys = log_history keys (gap/abs, not train/gap/abs)
     trainer.add_callback(EmptyStepCallback(model, cfg.collator.max_empty_step_share, resumable))
     if cfg.throughput.enabled:
         install_first(trainer, ThroughputCallback(resumable, cfg.throughput.peak_tflops))

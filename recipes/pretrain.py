@@ -45,12 +45,20 @@ from tokenswap.training.checkpoint import (
     saving_final,
     train,
 )
-from tokenswap.training.config import CollatorConfig, DataConfig, GapEvalConfig, ModelConfig, RunConfig, WandbConfig
+from tokenswap.training.config import (
+    CollatorConfig,
+    DataConfig,
+    GapEvalConfig,
+    ModelConfig,
+    RunConfig,
+    WandbConfig,
+    resolve_replicate,
+)
 from tokenswap.training.distributed import close_process_group
 from tokenswap.training.entry import run_recipe
 from tokenswap.training.model import check_inputs, load_model_and_processor
 from tokenswap.training.run_folder import check_resume_settings, hold_output_dir, write_run_config
-from tokenswap.training.tracking import finish_wandb, init_wandb
+from tokenswap.training.tracking import finish_wandb, init_wandb, same_keys_in_wandb
 from tokenswap.training.trainer_args import PairedTrainConfig, build_training_arguments
 
 
@@ -72,11 +80,12 @@ class PretrainConfig:
     gap_eval: GapEvalConfig = field(default_factory=GapEvalConfig)
     """In-loop modality-gap evaluation."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
-    """Run naming: {pair}-{arm} in group {pair}."""
+    """Run naming: {pair}-{arm}-s{seed} in group {pair}."""
     throughput: ThroughputConfig = field(default_factory=ThroughputConfig)
     """perf/* log keys: tokens/s, images/s, padding, TFLOP/s, MFU (peak_tflops overrides the GPU table)."""
 
     def __post_init__(self) -> None:
+        resolve_replicate(self.run, self.data, self.collator)
         if self.run.arm == "tokenswap" and self.image_store is None:
             raise ValueError("the tokenswap arm needs `image_store` (a folder built by `tokenswap build-store`)")
         if self.run.arm == "baseline":
@@ -129,6 +138,7 @@ def main(cfg: PretrainConfig) -> None:
         processing_class=processor,
         callbacks=[EpochCallback(collator), CheckpointCallback.resuming(resumable, resume)],
     )
+    same_keys_in_wandb(trainer)  # W&B keys = log_history keys (gap/abs, not train/gap/abs)
     install_first(trainer, SwapStatsCallback(resumable))
     trainer.add_callback(EmptyStepCallback(model, cfg.collator.max_empty_step_share, resumable))
     if cfg.throughput.enabled:

@@ -101,7 +101,10 @@ def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch, capfd):
     # record holds on any x86-64 CI machine, whatever its cores and instruction set.
     assert main(argv) == 0
     # a progress bar through every long stage, each reaching its total (3 runs x 6 post-training steps)
-    err = capfd.readouterr().err
+    captured = capfd.readouterr()
+    err = captured.err
+    # the answer is the last line on screen (no verdict here: the toy fails its checks, and says so)
+    assert captured.out.rstrip("\n").splitlines()[-1].startswith("[demo] verdict: none stated")
     for bar in ("pre-training: 100%.*12/12", "evaluating the pre-trained model: 100%.*2/2",
                 "post-training: 100%.*18/18", "group A evaluation: 100%.*3/3"):
         assert re.search(r"\[demo\]\s+" + bar, err), (bar, err[-2000:])
@@ -141,6 +144,7 @@ def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch, capfd):
     assert md.index("## Analysis (stated before the results)") < md.index("## Paired result")
     assert "**Failed**" in md and "does TokenSwap shrink the gap" not in md
     assert "| tokenswap | 1 |" in md
+    assert "paired tokenswap-text" not in md  # one sign convention: only the positive = helped paired table
     check_figure(report, [r for arm in arms for r in load_run(str(out / f"post-{arm}-seed0"))], out, plot_demo)
 
     # the text and tokenswap arms saw the same samples in the same order
@@ -155,11 +159,23 @@ def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch, capfd):
     # one offline W&B run per recipe run, post-training runs grouped by pair and named {pair}-{arm}
     runs = [read_wandb_offline(p) for p in report["wandb_offline_runs"]]
     post = sorted((r.name, r.group) for r in runs if r.group == "demo-post")
-    assert post == [("demo-post-baseline", "demo-post"), ("demo-post-text", "demo-post"),
-                    ("demo-post-tokenswap", "demo-post")]
+    assert post == [("demo-post-baseline-s0", "demo-post"), ("demo-post-text-s0", "demo-post"),
+                    ("demo-post-tokenswap-s0", "demo-post")]
 
     # rerunning reuses every finished run (resumable) and reproduces the same report
     assert main(argv) == 0
     again = json.loads((out / "report.json").read_text())
     for key in ("comparison", "groups", "paired_difference", "recognition_naming"):
         assert again[key] == report[key]
+
+
+def test_the_verdicts_read_positive_when_tokenswap_helped():
+    from tokenswap.demo import verdict_lines
+
+    cell = lambda mean: {"mean": mean, "ci95": 0.05}  # noqa: E731
+    report = {"validity": {"passed": True},
+              "paired_difference": {"group_b": {"gap_text_minus_gap_tokenswap": cell(0.2)},
+                                    "group_a": {"gap_text_minus_gap_tokenswap": cell(-0.2)}}}
+    transfer, practised = verdict_lines(report)
+    assert transfer.startswith("[demo] verdict, transfer") and "yes, TokenSwap helped (+0.200" in transfer
+    assert practised.startswith("[demo] verdict, practised") and "no, TokenSwap hurt (-0.200" in practised

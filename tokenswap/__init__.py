@@ -34,6 +34,26 @@ def _quiet_missing_optional_kernel() -> None:
 
 _quiet_missing_optional_kernel()
 
+
+def _quiet_cpu_accelerator_notice() -> None:
+    """Drop DeepSpeed's "Setting accelerator to CPU" on a machine with no NVIDIA driver at all (no ``nvidia-smi``):
+    there it tells the user nothing in every CPU run. Where a driver is installed and the GPU was not found, it
+    still prints: there it is the news. Also transformers' mtime notice (below)."""
+    import logging
+    import shutil
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not (record.getMessage().startswith("Setting accelerator to CPU") and shutil.which("nvidia-smi") is None)
+
+    logging.getLogger("DeepSpeed").addFilter(keep)
+    # transformers sorts checkpoints by mtime and says "mtime may not be reliable" when two were saved within a
+    # second (every tiny CPU run), then sorts by step number, which is what the checkpoint-N folders need anyway.
+    logging.getLogger("transformers.trainer_utils").addFilter(
+        lambda record: not record.getMessage().startswith("mtime may not be reliable"))
+
+
+_quiet_cpu_accelerator_notice()
+
 _EXPORTS = {
     "TokenSwapCollator": "tokenswap.collator",
     "SwapPolicy": "tokenswap.swap",

@@ -40,6 +40,7 @@ def _usage() -> str:
     lines += [f"  {name:<12} {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "Run `tokenswap <command> --help` for the options of one command.",
               "Training runs from the recipes in the repository's recipes/ folder, not from this command:",
+              "  python -m tokenswap.testing .cache                          (once: the tiny kit the tiny configs use)",
               "  python recipes/post_train.py --config tiny/post_text.yaml   (also pretrain.py, image_sft.py, grpo.py;",
               "  `python recipes/post_train.py --help` lists every config field)"]
     return "\n".join(lines)

@@ -258,6 +258,10 @@ class TokenSwapCollator:
     max_chars_per_sample: int | None = 1_000_000
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     stats: Counter = field(default_factory=Counter, init=False, repr=False)
+    """Counts over every sample this collator collated: a batch the DataLoader prefetched but the Trainer never
+    trained (the one after ``max_steps``) is counted too. For the trained batches only, wrap the collator in
+    :class:`tokenswap.training.checkpoint.ResumableCollator` as the recipes do (recipes/post_train.py) and read its
+    ``stats``."""
     last_ids: list[str] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:

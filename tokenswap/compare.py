@@ -251,6 +251,35 @@ def paired_difference(runs: list[RunRecord], metric: str, base: str = "text", ot
     return {"n": len(values), "mean": mean, "ci95": ci, "values": values, "seeds": [k[1] for k in keys]}
 
 
+# Keys naming where a run wrote or what it was called, not what it trained: runs differing only here (and in run.seed,
+# when the seed reached neither the order nor the swaps) are one replicate written twice.
+_NOT_SETTINGS = {"output_dir", "logging_dir", "run_name", "seed", "_wandb", "wandb"}
+_OUTCOMES = ("loss", "grad_norm", "gap/", "swap/", "eval")
+
+
+def _settings(config: dict) -> str:
+    def strip(d):
+        if not isinstance(d, dict):
+            return d
+        return {k: strip(v) for k, v in d.items() if k not in _NOT_SETTINGS}
+
+    return json.dumps(strip(config), sort_keys=True, default=str)
+
+
+def same_replicates(runs: list[RunRecord]) -> list[list[RunRecord]]:
+    """Runs of one arm grouped by replicate: same pair, same settings (its config less output folders and the seed)
+    and the same logged losses, gap and swap counts, i.e. the same data order, swap decisions and init. A group of more than one run
+    is one replicate counted several times (a seed that reached nothing random: data.seed and
+    collator.swap_seed fixed on a full fine-tune)."""
+    groups: dict[tuple, list[RunRecord]] = {}
+    for r in runs:
+        # What training and evaluation produced (timings left out: they differ between two copies of one run).
+        logged = [{k: v for k, v in row.items() if k.startswith(_OUTCOMES)} for row in r.history]
+        key = (r.arm, r.group, _settings(r.config), json.dumps(logged, sort_keys=True, default=str))
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
+
+
 def compare_runs(
     runs: list[RunRecord],
     metrics: tuple[str, ...] = DEFAULT_METRICS,
@@ -266,7 +295,10 @@ def compare_runs(
 
     Returns:
         ``{"arms": {arm: {"n": int, metric: {"mean", "ci95", "values"}}}, "metrics": [...],
-        "paired": {"other-base": {metric: paired_difference(...)}}, "skipped": [names]}``.
+        "paired": {"other-base": {metric: paired_difference(...)}}, "skipped": [names],
+        "same_replicate": [[names]]}``: ``n`` counts distinct replicates; runs of one arm that are one replicate
+        (:func:`same_replicates`) count once, and each such set is listed. A statistic with nothing to rest on (an
+        interval over one replicate) is ``None``.
     """
     by_arm: dict[str, list[RunRecord]] = defaultdict(list)
     skipped = []
@@ -275,6 +307,11 @@ def compare_runs(
             skipped.append(r.name)
             continue
         by_arm[r.arm].append(r)
+    duplicates = []
+    for arm in by_arm:
+        sets = same_replicates(by_arm[arm])
+        duplicates += [[r.source or r.name for r in same] for same in sets if len(same) > 1]
+        by_arm[arm] = [same[0] for same in sets]
     arms = sorted(by_arm, key=lambda a: (ARM_ORDER.index(a) if a in ARM_ORDER else len(ARM_ORDER), a))
     table: dict = {"arms": {}, "metrics": list(metrics)}
     for arm in arms:
@@ -291,7 +328,23 @@ def compare_runs(
             kept = by_arm[base] + by_arm[other]
             table["paired"][f"{other}-{base}"] = {m: paired_difference(kept, m, base, other) for m in metrics}
     table["skipped"] = skipped
-    return table
+    table["same_replicate"] = duplicates
+    return _no_nan(table)
+
+
+def _no_nan(value):
+    """NaN (no interval over one run, no paired seed) as None: comparison.json stays JSON (``null``)."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_nan(v) for v in value]
+    return value
+
+
+def _missing(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
 
 
 def to_markdown(table: dict) -> str:
@@ -302,7 +355,7 @@ def to_markdown(table: dict) -> str:
         for m in metrics:
             if m not in row:
                 cells.append("—")
-            elif math.isnan(row[m]["ci95"]):
+            elif _missing(row[m]["ci95"]):
                 cells.append(f"{row[m]['mean']:.4f}")
             else:
                 cells.append(f"{row[m]['mean']:.4f} ± {row[m]['ci95']:.4f}")
@@ -313,12 +366,18 @@ def to_markdown(table: dict) -> str:
             d = diffs.get(m)
             if not d or not d["n"]:
                 cells.append("—")
-            elif math.isnan(d["ci95"]):
+            elif _missing(d["ci95"]):
                 cells.append(f"{d['mean']:+.4f}")
             else:
                 cells.append(f"{d['mean']:+.4f} ± {d['ci95']:.4f}")
         n = max((d["n"] for d in diffs.values()), default=0)
         lines.append(f"| paired {name} (per seed) | {n} | " + " | ".join(cells) + " |")
+    lines.append("\nruns: distinct replicates per arm; ± is the 95% CI over them (none with one replicate); paired: "
+                 "per seed present in both arms.")
+    for names in table.get("same_replicate", []):
+        lines.append(f"Counted once: {len(names)} runs are one replicate (same order, swaps, settings and logged "
+                     f"results; run.seed reached nothing random): {', '.join(names)}. Vary run.seed with data.seed "
+                     "and collator.swap_seed unset for another replicate (docs/training.md, Replicates).")
     if table.get("skipped"):
         lines.append(f"\nSkipped (empty log): {', '.join(table['skipped'])}")
     return "\n".join(lines) + "\n"
@@ -369,8 +428,8 @@ def make_wandb_report(entity: str, project: str, group: str, metrics: tuple[str,
 
     runset = wr.Runset(entity=entity, project=project, name=group, filters=f"Config('pair') == '{group}'",
                        groupby=["arm"])
-    # The Trainer's W&B callback logs under train/.
-    panels = [wr.LinePlot(title=m, x="Step", y=[f"train/{m}"], groupby="arm") for m in metrics]
+    # The recipes log to W&B under the log_history names (tokenswap.training.tracking.same_keys_in_wandb).
+    panels = [wr.LinePlot(title=m, x="Step", y=[m], groupby="arm") for m in metrics]
     return wr.Report(
         entity=entity,
         project=project,
@@ -410,7 +469,7 @@ def cli_main(argv: list[str]) -> int:
     runs = [r for spec in args.runs for r in load_run(spec)]
     table = compare_runs(runs, tuple(args.metrics))
     out = require_output_dir(args.out)
-    (out / "comparison.json").write_text(json.dumps(table, indent=2))
+    (out / "comparison.json").write_text(json.dumps(table, indent=2, allow_nan=False))
     (out / "comparison.md").write_text(to_markdown(table))
     plot_runs(runs, tuple(args.metrics), out / "comparison.png")
     print(to_markdown(table))

@@ -56,9 +56,13 @@ def resolve_config_path(name: str | os.PathLike) -> Path:
     for candidate in (Path.cwd() / "configs" / path, CONFIG_DIR / path):
         if candidate.exists():
             return candidate
+    available = sorted(str(p.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.glob("**/*.yaml"))
+    import difflib
+
+    close = difflib.get_close_matches(str(name), available, n=1, cutoff=0.6)
+    guess = f"did you mean {close[0]!r}? " if close else ""
     raise FileNotFoundError(
-        f"config {str(name)!r} not found as a path, in ./configs/ or in {CONFIG_DIR}; "
-        f"available: {sorted(str(p.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.glob('**/*.yaml'))}"
+        f"config {str(name)!r} not found as a path, in ./configs/ or in {CONFIG_DIR}; {guess}available: {available}"
     )
 
 

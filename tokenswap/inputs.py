@@ -75,7 +75,8 @@ def local_or_hub(name: str | os.PathLike, what: str, holds: str, hub: bool = Tru
         return local
     if hub and not looks_like_path(str(name)):
         return None
-    raise InputError(f"{what} {str(name)!r} does not exist{' locally' if hub else ''}: no such {kind}; {holds}")
+    raise InputError(f"{what} {str(name)!r} does not exist{' locally' if hub else ''}: no such {kind}; {holds}"
+                     f"{tiny_kit_hint(name)}")
 
 
 # What the hub libraries raise for an id they cannot serve (by name: this floor imports neither library), and the
@@ -177,10 +178,19 @@ MODEL_HOLDS = ("a checkpoint folder holds config.json and the weights (a trainin
                "checkpoint-N folders); or pass a hub id such as Qwen/Qwen2-VL-2B-Instruct")
 
 
+def tiny_kit_hint(path) -> str:
+    """``; build it with `python -m tokenswap.testing .cache` ...`` for a missing path of the tiny kit
+    (``.cache/tiny-*``: the README's and the tiny configs' model, store and bench), else ``""``."""
+    parts = Path(str(path)).parts
+    if any(a == ".cache" and b.startswith("tiny-") for a, b in zip(parts, parts[1:])):
+        return "; the tiny kit is not built here: run `python -m tokenswap.testing .cache` from the repository root"
+    return ""
+
+
 def require_path(path: str, what: str, kind: str = "any") -> None:
     """Raise FileNotFoundError naming ``what`` when ``path`` is missing (or not a ``kind``: file/dir)."""
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{what} {path!r} does not exist")
+        raise FileNotFoundError(f"{what} {path!r} does not exist{tiny_kit_hint(path)}")
     if kind == "file" and not os.path.isfile(path):
         raise FileNotFoundError(f"{what} {path!r} is not a file")
     if kind == "dir" and not os.path.isdir(path):

@@ -505,8 +505,10 @@ def assert_matches_processor(collator, examples: list[dict], arm: str = "tokensw
 TINY_STORE_CONCEPTS = ("circle", "square", "triangle", "apple", "banana", "tomato", "cat", "café")
 
 
-def build_tiny_store(root: str | os.PathLike):
-    """A small ImageStore of drawn pictures for tests and tiny configs; two images for ``apple``.
+def build_tiny_store(root: str | os.PathLike, every_concept: bool = False):
+    """A small ImageStore of drawn pictures for tests and tiny configs; two images for ``apple``. ``every_concept``
+    also draws ``dog``, so the store covers every concept of tests/assets/swap_tiny.jsonl (the tiny kit's store,
+    which the README's tiny TokenSwap arm reads: no "has no image" warning there).
 
     Returns:
         The opened ``ImageStore`` (reused if ``root`` already holds one).
@@ -531,6 +533,8 @@ def build_tiny_store(root: str | os.PathLike):
         for key, color in {"apple": "red", "banana": "yellow", "tomato": "tomato", "cat": "gray", "café": "brown"}.items():
             w.add(key, Image.new("RGB", (40, 90), color), source="solid", score=0.9)
         w.add("apple", Image.new("RGB", (120, 60), "darkred"), source="solid", score=0.5)
+        if every_concept:
+            w.add("dog", Image.new("RGB", (80, 50), "sienna"), source="solid", score=0.9)
     return ImageStore(root)
 
 
@@ -642,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
                                    corpus=corpus, hidden_size=hidden))
         except (ValueError, FileNotFoundError) as e:  # e.g. --tokenizer qwen for Qwen3.5, or no dashscope
             parser.error(str(e))
-    store = build_tiny_store(out / "tiny-store")
+    store = build_tiny_store(out / "tiny-store", every_concept=True)
     print(store.root)
     print(build_tiny_bench(out / "tiny-bench", store))
     return 0

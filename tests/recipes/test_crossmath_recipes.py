@@ -166,7 +166,7 @@ def test_image_sft_refuses_swap_only_collator_keys(image_sft, override):
 
 
 def test_image_sft_collator_keys_that_apply_still_load(image_sft, capsys):
-    applied = ["collator.swap_prob=1.0", "collator.swap_seed=0", "collator.packing=true", "collator.pack_budget=4096",
+    applied = ["collator.swap_prob=1.0", "collator.swap_seed=null", "collator.packing=true", "collator.pack_budget=4096",
                "collator.pixel_dtype=bfloat16", "collator.on_bad_image=error", "collator.on_bad_sample=error",
                "collator.max_images_per_sample=2", "collator.max_chars_per_sample=100000",
                "collator.max_image_pixels=1000000", "collator.cache_gb=1.0", "collator.group_by_length=true",

@@ -184,10 +184,16 @@ def test_wandb_offline_run_is_read_back_and_compared(post, tiny_qwen2vl, tiny_st
     run_dirs = sorted((tmp_path / "tokenswap" / "wandb").glob("offline-run-*"))
     assert len(run_dirs) == 1
     (run,) = load_run(str(run_dirs[0]))
-    assert (run.name, run.group, run.arm) == ("tiny-post-tokenswap", "tiny-post", "tokenswap")
+    assert (run.name, run.group, run.arm) == ("tiny-post-tokenswap-s0", "tiny-post", "tokenswap")
     steps, values = run.series("loss")
     assert values == pytest.approx(losses(tmp_path / "tokenswap"), rel=1e-3) and len(steps) == 4
     assert run.last("swap/images_per_sample") > 0
+    # One name per metric: W&B holds log_history.json's keys (loss, swap/...), not the Trainer's train/loss.
+    from tokenswap.compare import wandb_records
+
+    logged = {item.key or "/".join(item.nested_key) for rec in wandb_records(next(run_dirs[0].glob("run-*.wandb")))
+              if rec.WhichOneof("record_type") == "history" for item in rec.history.item}
+    assert {"loss", "swap/images_per_sample"} <= logged and not {"train/loss", "train/swap/images_per_sample"} & logged
 
     out = tmp_path / "cmp"
     assert cli_main(["--runs", str(tmp_path / "text"), str(run_dirs[0]), "--out", str(out)]) == 0

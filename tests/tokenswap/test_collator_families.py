@@ -118,6 +118,16 @@ def test_testing_cli_writes_a_loadable_family_checkpoint_and_store(tmp_path, cap
     model = AutoModelForImageTextToText.from_pretrained(tmp_path / "tiny-qwen2_5_vl")
     assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
     assert (tmp_path / "tiny-store" / "store.json").is_file()
+    # The kit's store covers its own swap data: the README's tiny TokenSwap arm warns of no missing image.
+    import json
+    from pathlib import Path
+
+    from tokenswap.store.image_store import ImageStore
+
+    keys = {c["key"] for line in (Path(__file__).parents[1] / "assets" / "swap_tiny.jsonl").read_text().splitlines()
+            for c in json.loads(line)["concepts"]}
+    store = ImageStore(tmp_path / "tiny-store")
+    assert [k for k in sorted(keys) if not store.get(k)] == []
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--family", "qwen3_5", "--tokenizer", "qwen"])
     assert "qwen3_5 uses another (Qwen3_5Tokenizer)" in capsys.readouterr().err

@@ -42,8 +42,8 @@ def test_paired_difference_is_per_seed_with_a_t_interval(tmp_path):
 
 
 def test_compare_does_not_count_a_run_with_an_empty_log(tmp_path, capsys):
-    dirs = [_run_dir(tmp_path, "text", s, 0.5, 0.3) for s in (0, 1)]
-    dirs += [_run_dir(tmp_path, "tokenswap", s, 0.4, 0.3) for s in (0, 1)]
+    dirs = [_run_dir(tmp_path, "text", s, 0.5 + s / 10, 0.3) for s in (0, 1)]
+    dirs += [_run_dir(tmp_path, "tokenswap", s, 0.4 + s / 10, 0.3) for s in (0, 1)]
     crashed = _run_dir(tmp_path, "tokenswap", 2, 0.0, 0.0)
     (crashed / "log_history.json").write_text("[]")
     truncated = _run_dir(tmp_path, "tokenswap", 3, 0.0, 0.0)
@@ -52,8 +52,28 @@ def test_compare_does_not_count_a_run_with_an_empty_log(tmp_path, capsys):
     assert cli_main(["--runs", *map(str, dirs + [crashed, truncated]), "--out", str(out),
                      "--metrics", "gap/abs"]) == 0
     table = json.loads((out / "comparison.json").read_text())
-    assert table["arms"]["tokenswap"]["n"] == 2 and table["arms"]["tokenswap"]["gap/abs"]["values"] == [0.4, 0.4]
+    assert table["arms"]["tokenswap"]["n"] == 2
+    assert table["arms"]["tokenswap"]["gap/abs"]["values"] == pytest.approx([0.4, 0.5])
     assert table["skipped"] == ["p-tokenswap", "p-tokenswap"]
     assert table["paired"]["tokenswap-text"]["gap/abs"]["seeds"] == [0, 1]
     md = (out / "comparison.md").read_text()
     assert "| paired tokenswap-text (per seed) | 2 | -0.1000 ± 0.0000 |" in md and "Skipped (empty log)" in md
+    assert "Counted once" not in md
+
+
+def test_runs_of_one_arm_that_are_one_replicate_count_once(tmp_path):
+    """Seeds 0 and 1 of an arm with the same settings and the same logged results (run.seed reached nothing random):
+    one replicate, counted once and named in one line; the JSON holds null, not NaN, where one run gives no CI."""
+    dirs = [_run_dir(tmp_path, "text", s, 0.5, 0.3) for s in (0, 1)]
+    dirs += [_run_dir(tmp_path, "tokenswap", s, 0.4, 0.3) for s in (0, 1)]
+    out = tmp_path / "cmp"
+    assert cli_main(["--runs", *map(str, dirs), "--out", str(out), "--metrics", "loss", "gap/abs"]) == 0
+    text = (out / "comparison.json").read_text()
+    table = json.loads(text, parse_constant=lambda c: pytest.fail(f"comparison.json holds {c}"))
+    assert table["arms"]["text"]["n"] == 1 and table["arms"]["tokenswap"]["n"] == 1
+    assert table["arms"]["text"]["gap/abs"]["ci95"] is None
+    assert [len(s) for s in table["same_replicate"]] == [2, 2]
+    md = (out / "comparison.md").read_text()
+    assert "| text | 1 | 2.0000 | 0.5000 |" in md
+    (line,) = [x for x in md.splitlines() if x.startswith("Counted once") and "text-0" in x]
+    assert "text-1" in line and "2 runs are one replicate" in line

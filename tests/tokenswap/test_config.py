@@ -167,6 +167,8 @@ def test_repo_configs_resolve_from_any_directory(tmp_path, monkeypatch):
     assert resolve_config_path("tiny/post_text.yaml") == CONFIG_DIR / "tiny" / "post_text.yaml"
     with pytest.raises(FileNotFoundError, match="not found as a path.*available: "):
         resolve_config_path("no_such_config.yaml")
+    with pytest.raises(FileNotFoundError, match=r"did you mean 'tiny/post_text\.yaml'\?"):  # a typo gets a guess
+        resolve_config_path("tiny/post_txet.yaml")
 
 
 def test_help_lists_field_docstrings(capsys):

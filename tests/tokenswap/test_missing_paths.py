@@ -169,3 +169,15 @@ def test_a_hub_id_without_network_is_one_line_saying_how_to_fetch_it_elsewhere(t
     assert "such as" not in err and "pass a hub id" not in err and len(err.strip().splitlines()) == 1, err
     if how == "hf-hub-offline":
         assert "HF_HUB_OFFLINE is set" in err
+def test_a_missing_tiny_kit_path_names_the_command_that_builds_it(tmp_path, capsys, monkeypatch):
+    """Before `python -m tokenswap.testing .cache` the README's tiny paths are missing: every message says how to
+    build them, and `tokenswap --help` shows that line."""
+    monkeypatch.chdir(tmp_path)
+    code, err = run(["eval", *OPENAI, "--model", "m", "--bench", ".cache/tiny-bench", "--out", tmp_path / "r"], capsys)
+    assert code == 2 and "python -m tokenswap.testing .cache" in err
+    from tokenswap.training.model import _check_model_path
+
+    with pytest.raises(FileNotFoundError, match=r"python -m tokenswap\.testing \.cache"):
+        _check_model_path(".cache/tiny-qwen2vl")
+    assert main(["--help"]) == 0
+    assert "python -m tokenswap.testing .cache" in capsys.readouterr().out

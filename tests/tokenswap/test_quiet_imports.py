@@ -54,3 +54,24 @@ def test_a_kernels_package_that_fails_is_still_reported(tmp_path, bnb_says_it):
     (tmp_path / "kernels.py").write_text("def get_kernel(*a, **k):\n    raise RuntimeError('hub kernel broke')\n")
     said = python("import tokenswap, bitsandbytes", tmp_path, extra_path=[tmp_path])
     assert NOTICE in said and "hub kernel broke" in said
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvidia-smi") is not None, reason="a machine with an NVIDIA driver")
+def test_deepspeeds_cpu_accelerator_notice_is_quiet_without_a_driver_and_kept_with_one(tmp_path):
+    code = "import tokenswap, deepspeed.accelerator as a; a.get_accelerator()"
+    assert "Setting accelerator to CPU" not in python(code, tmp_path)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert "Setting accelerator to CPU" in done.stdout + done.stderr  # a driver and no GPU found: that is news
+
+
+def test_transformers_mtime_notice_of_checkpoints_saved_within_a_second_is_quiet(tmp_path):
+    code = ("import os, tokenswap; from transformers.trainer_utils import sort_checkpoints; "
+            f"[os.makedirs(os.path.join({str(tmp_path)!r}, f'checkpoint-{{i}}')) for i in (2, 4)]; "
+            f"print(sort_checkpoints({str(tmp_path)!r}, use_mtime=True))")
+    said = python(code, tmp_path)
+    assert "checkpoint-4" in said and "mtime may not be reliable" not in said

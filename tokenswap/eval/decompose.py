@@ -50,47 +50,64 @@ def _estimate(value: float, draws: np.ndarray, level: float) -> dict:
 
 @dataclass(frozen=True)
 class _Items:
-    """The checked per-item inputs: each form's 0/1 scores, the recognition flags, the items per images sent."""
+    """The checked per-item inputs: each form's 0/1 scores and where it was scored (``mask``), the recognition flags
+    and where they are known (``known``), the items per images sent, and the forms run on no item."""
 
     n: int
     forms: list[str]
     score: dict[str, np.ndarray]
+    mask: dict[str, np.ndarray]
     flags: np.ndarray | None
+    known: np.ndarray | None
     by_sent: dict[int, np.ndarray]
+    empty: list[str]
 
 
-def _true_false(records: Sequence[dict], key: str, what: str, id_key: str, fix: str) -> np.ndarray:
-    """``records[*][key]`` as 0/1, each a bool or a ``ValueError`` naming the record (``what`` and its ``id_key``)."""
-    values = []
+def _true_false(records: Sequence[dict], key: str, what: str, id_key: str, fix: str,
+                allow_none: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``records[*][key]`` as 0/1 and where it is given: each a bool (or None with ``allow_none``: not scored), or a
+    ``ValueError`` naming the record (``what`` and its ``id_key``)."""
+    values, given = [], []
     for i, record in enumerate(records):
         v = record.get(key)
+        if v is None and allow_none:
+            values.append(False)
+            given.append(False)
+            continue
         if not isinstance(v, bool):
             raise ValueError(f"{what} {record.get(id_key, i)!r}: {key} is {v!r}, not true/false; {fix}")
         values.append(v)
-    return np.array(values, dtype=np.float64)
+        given.append(True)
+    return np.array(values, dtype=np.float64), np.array(given, dtype=np.float64)
 
 
-def _scores(items: Sequence[dict], form: str) -> np.ndarray:
-    return _true_false(items, f"correct_{form}", "item", "id", "leave failed and skipped items out before decomposing")
+def _scores(items: Sequence[dict], form: str) -> tuple[np.ndarray, np.ndarray]:
+    ends = form in ("text", "interleaved")  # the gap's ends: every item has both
+    return _true_false(items, f"correct_{form}", "item", "id", "leave failed and skipped items out before decomposing"
+                       if ends else "null marks an item not scored in that form", allow_none=not ends)
 
 
-def _read_forms(items: Sequence[dict]) -> tuple[list[str], dict[str, np.ndarray], np.ndarray | None]:
+def _read_forms(items: Sequence[dict]):
     if len(items) == 0:
-        raise ValueError("decompose needs at least one item answered in every form")
+        raise ValueError("decompose needs at least one item answered in text and interleaved")
     forms = [f for f in ITEM_FORMS if all(f"correct_{f}" in r for r in items)]
     for required in ("text", "interleaved"):
         if required not in forms:
             raise ValueError(f"every item needs correct_{required} (the gap's two ends); some item lacks it")
     partial = [f for f in ITEM_FORMS if f not in forms and any(f"correct_{f}" in r for r in items)]
     if partial:
-        raise ValueError(f"forms {partial} are scored on some items only; leave out the items without them first")
-    score = {f: _scores(items, f) for f in forms}
-    flags = None
+        raise ValueError(f"forms {partial} are scored on some items only (no correct_<form> field on others); give "
+                         "null where an item was not scored in a form")
+    read = {f: _scores(items, f) for f in forms}
+    empty = [f for f in forms if not read[f][1].any()]
+    forms = [f for f in forms if f not in empty]
+    flags = known = None
     if any("recognized" in r for r in items):
-        if not all(isinstance(r.get("recognized"), bool) for r in items):
-            raise ValueError("with the recognition control every item needs recognized = true/false")
-        flags = np.array([r["recognized"] for r in items], dtype=np.float64)
-    return forms, score, flags
+        if not all(r.get("recognized") is None or isinstance(r.get("recognized"), bool) for r in items):
+            raise ValueError("with the recognition control every item needs recognized = true/false (null: unknown)")
+        known = np.array([r.get("recognized") is not None for r in items], dtype=np.float64)
+        flags = np.array([bool(r.get("recognized")) for r in items], dtype=np.float64)
+    return forms, {f: read[f][0] for f in forms}, {f: read[f][1] for f in forms}, flags, known, empty
 
 
 def _read_images_sent(items: Sequence[dict]) -> dict[int, np.ndarray]:
@@ -105,13 +122,13 @@ def _read_images_sent(items: Sequence[dict]) -> dict[int, np.ndarray]:
 
 def _read_pictures(pictures: Sequence[dict]) -> np.ndarray:
     return _true_false(pictures, "correct_recognition", "picture", "picture",
-                       "leave pictures whose request failed out first")
+                       "leave pictures whose request failed out first")[0]
 
 
 def _read(items: Sequence[dict], pictures: Sequence[dict] | None) -> tuple[_Items, np.ndarray | None]:
-    forms, score, flags = _read_forms(items)
+    forms, score, mask, flags, known, empty = _read_forms(items)
     picture_scores = None if pictures is None else _read_pictures(pictures)
-    return _Items(len(items), forms, score, flags, _read_images_sent(items)), picture_scores
+    return _Items(len(items), forms, score, mask, flags, known, _read_images_sent(items), empty), picture_scores
 
 
 def check_decomposable(items: Sequence[dict], pictures: Sequence[dict] | None = None) -> None:
@@ -119,42 +136,63 @@ def check_decomposable(items: Sequence[dict], pictures: Sequence[dict] | None = 
     _read(items, pictures)
 
 
-def _columns(table: _Items) -> dict[str, np.ndarray]:
-    """Per-item contributions: every statistic is a mean of a column (``r_``: a sum over the recognised items)."""
-    score, flags = table.score, table.flags
+def split_mask(table: _Items) -> np.ndarray:
+    """The items the split rests on: scored in ``both`` (when it ran) with their recognition known (when it ran)."""
+    m = np.ones(table.n)
+    if "both" in table.score:
+        m = m * table.mask["both"]
+    if table.flags is not None:
+        m = m * table.known
+    return m
+
+
+def _columns(table: _Items) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per-item contributions and the items each rests on: every statistic is ``sum(column) / sum(mask)`` (a mean
+    over its own items), so a form scored on fewer items narrows only the statistics that use it."""
+    score, mask, flags = table.score, table.mask, table.flags
     t, x = score["text"], score["interleaved"]
-    columns: dict[str, np.ndarray] = {f"acc_{f}": s for f, s in score.items()}
-    columns["gap"] = t - x
+    every = np.ones(table.n)
+    columns: dict[str, tuple[np.ndarray, np.ndarray]] = {f"acc_{f}": (s * mask[f], mask[f]) for f, s in score.items()}
+    columns["gap"] = (t - x, every)
     if "both" in score:
-        columns["load"] = t - score["both"]
-        columns["content"] = score["both"] - x
+        b, m = score["both"], mask["both"]
+        columns["load"] = (m * (t - b), m)
+        columns["content"] = (m * (b - x), m)
     if "caption" in score:
-        columns["caption_recovery"] = score["caption"] - x
+        columns["caption_recovery"] = (mask["caption"] * (score["caption"] - x), mask["caption"])
     if "rendered" in score:
-        columns["reading_recovery"] = score["rendered"] - x
+        columns["reading_recovery"] = (mask["rendered"] * (score["rendered"] - x), mask["rendered"])
     if flags is not None:
-        columns |= {"r_gap": flags * (t - x), "r_text": flags * t, "r_interleaved": flags * x}
+        columns |= {"r_gap": (flags * (t - x), flags), "r_text": (flags * t, flags),
+                    "r_interleaved": (flags * x, flags)}
+    if flags is not None or "both" in score:
+        s = split_mask(table)
+        columns["s_gap"] = (s * (t - x), s)
         if "both" in score:
-            columns["r_content"] = flags * (score["both"] - x)
+            b = score["both"]
+            columns["s_load"] = (s * (t - b), s)
+            columns["s_content"] = (s * (b - x), s)
+            if flags is not None:
+                columns["s_r_content"] = (s * flags * (b - x), s * flags)
+        if flags is not None:
+            columns["s_r_gap"] = (s * flags * (t - x), s * flags)
     return columns
 
 
-def _statistics(table: _Items, sums: dict[str, np.ndarray], r_count: np.ndarray | float) -> dict:
+def _statistics(table: _Items, sums: dict[str, np.ndarray], counts: dict[str, np.ndarray]) -> dict:
     """Every statistic from the column sums of one sample or of a chunk of resamples (the split included)."""
-    out = {k: v / table.n for k, v in sums.items() if not k.startswith("r_")}
-    if table.flags is not None:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            for k in sums:
-                if k.startswith("r_"):
-                    out[k] = np.where(r_count > 0, sums[k] / np.maximum(r_count, 1), np.nan)
-        if "both" in table.score:
-            out["split_rest"] = out["r_content"]
-            out["split_recognition"] = out["content"] - out["r_content"]
-        else:
-            out["split_rest"] = out["r_gap"]
-            out["split_recognition"] = out["gap"] - out["r_gap"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = {k: np.where(counts[k] > 0, sums[k] / np.maximum(counts[k], 1), np.nan) for k in sums}
+    if table.flags is not None and "both" in table.score:
+        out["split_load"] = out["s_load"]
+        out["split_rest"] = out["s_r_content"]
+        out["split_recognition"] = out["s_content"] - out["s_r_content"]
+    elif table.flags is not None:
+        out["split_rest"] = out["s_r_gap"]
+        out["split_recognition"] = out["s_gap"] - out["s_r_gap"]
     elif "both" in table.score:
-        out["split_rest"] = out["content"]
+        out["split_load"] = out["s_load"]
+        out["split_rest"] = out["s_content"]
     return out
 
 
@@ -162,16 +200,18 @@ def _paired_bootstrap(table: _Items, resamples: int, seed: int, level: float) ->
     """``{statistic: est}`` of the whole item set, every interval from one paired resampling of the items."""
     columns = _columns(table)
     names = list(columns)
-    matrix = np.stack(list(columns.values()))  # (k, n)
-    flags = table.flags
-    point = _statistics(table, dict(zip(names, matrix.sum(axis=1))), flags.sum() if flags is not None else 0.0)
+    values = np.stack([columns[k][0] for k in names])  # (k, n)
+    masks = np.stack([columns[k][1] for k in names])
+    point = _statistics(table, dict(zip(names, values.sum(axis=1))), dict(zip(names, masks.sum(axis=1))))
     draws: dict[str, list[np.ndarray]] = {k: [] for k in point}
     for idx in bootstrap_indices(table.n, resamples, seed):
-        sums = {name: matrix[j][idx].sum(axis=1) for j, name in enumerate(names)}
-        r_count = flags[idx].sum(axis=1) if flags is not None else 0.0
-        for k, v in _statistics(table, sums, r_count).items():
+        sums = {name: values[j][idx].sum(axis=1) for j, name in enumerate(names)}
+        counts = {name: masks[j][idx].sum(axis=1) for j, name in enumerate(names)}
+        for k, v in _statistics(table, sums, counts).items():
             draws[k].append(v)
-    return {k: _estimate(point[k], np.concatenate(draws[k]), level) for k in point}
+    n_of = dict(zip(names, (int(c) for c in masks.sum(axis=1))))
+    n_of |= {"split_load": n_of.get("s_gap"), "split_recognition": n_of.get("s_gap"), "split_rest": n_of.get("s_gap")}
+    return {k: {**_estimate(float(point[k]), np.concatenate(draws[k]), level), "n": n_of.get(k)} for k in point}
 
 
 def _by_images_sent(table: _Items, resamples: int, seed: int, level: float) -> dict[str, dict]:
@@ -215,14 +255,20 @@ def _result(table: _Items, est: dict[str, dict], with_pictures: bool, resamples:
         "recognition_rate": None,
         "recognised_only": None,
         "components": None,
+        "split": None,
+        "missing": [{"form": f, "n": 0} for f in table.empty],
         "by_images_sent": {},
     }
     if table.flags is not None:
         result["recognised_only"] = {"n": int(table.flags.sum()), "gap": est["r_gap"], "acc_text": est["r_text"],
                                      "acc_interleaved": est["r_interleaved"]}
-    components = {name: est[key] for name, key in (("load", "load"), ("recognition", "split_recognition"),
+    components = {name: est[key] for name, key in (("load", "split_load"), ("recognition", "split_recognition"),
                                                    ("rest", "split_rest")) if key in est}
     result["components"] = components or None
+    if components:
+        uses = [f for f in ("both",) if f in table.score] + (["recognition"] if table.flags is not None else [])
+        result["split"] = {"n": est["s_gap"]["n"], "gap": est["s_gap"],
+                           "rests_on": f"the items scored in text, interleaved and {' and '.join(uses)}"}
     return result
 
 
@@ -282,21 +328,25 @@ def _fmt(e: dict | None, sign: bool = True) -> str:
 
 
 def decomposition_markdown(d: dict) -> str:
-    """The decomposition as markdown: accuracies, differences, the split, and the gap by images sent (points)."""
+    """The decomposition as markdown: accuracies, differences, the split, and the gap by images sent (points); each
+    statistic with the items it rests on, each form run on no item named."""
     b = d["bootstrap"]
     lines = [
-        f"Why the gap: {d['n']} items in every form ({', '.join(d['forms'])}); 95% intervals from a paired bootstrap "
-        f"over items ({b['resamples']:,} resamples, seed {b['seed']}); points in accuracy percent.",
+        f"Why the gap: {d['n']} items in text and interleaved, each other form on the items scored in it (n beside "
+        f"it); 95% intervals from a paired bootstrap over items ({b['resamples']:,} resamples, seed {b['seed']}); "
+        "points in accuracy percent.",
         "",
-        "| form | accuracy (%) |",
-        "|---|---|",
+        "| form | n | accuracy (%) |",
+        "|---|---:|---|",
     ]
     for form, e in d["acc"].items():
-        lines.append(f"| {form} | {_fmt(e, sign=False)} |")
+        lines.append(f"| {form} | {e.get('n', d['n'])} | {_fmt(e, sign=False)} |")
     rate = d["recognition_rate"]
     if rate is not None:
-        lines.append(f"| recognition ({rate['n_pictures']} pictures) | {_fmt(rate, sign=False)} |")
-    lines += ["", "| difference | points | reads as |", "|---|---|---|"]
+        lines.append(f"| recognised (multiple choice) | {rate['n_pictures']} pictures | {_fmt(rate, sign=False)} |")
+    for m in d.get("missing", []):
+        lines.append(f"| {m['form']} | 0 | – |")
+    lines += ["", "| difference | n | points | reads as |", "|---|---:|---|---|"]
     rows = [
         ("gap = text − interleaved", d["gap"], "the modality gap"),
         ("load = text − both", d["load"], "cost of showing the pictures with every word kept"),
@@ -305,16 +355,30 @@ def decomposition_markdown(d: dict) -> str:
         ("reading recovery = rendered − interleaved", d["reading_recovery"], "what a picture of the word gives back"),
     ]
     if d["recognised_only"] is not None:
-        r = d["recognised_only"]
-        rows.append((f"gap on recognised-only items (n {r['n']})", r["gap"], "the gap where every picture was named"))
+        rows.append(("gap on recognised-only items", d["recognised_only"]["gap"],
+                     "the gap where every picture was recognised (multiple choice)"))
     for name, e, meaning in rows:
         if e is not None:
-            lines.append(f"| {name} | {_fmt(e)} | {meaning} |")
+            lines.append(f"| {name} | {e.get('n', d['n'])} | {_fmt(e)} | {meaning} |")
+    for m in d.get("missing", []):
+        uses = [name for name, form in _USES.items() if form == m["form"]]
+        why = m.get("why") or f"the {m['form']} form rests on 0 items"
+        lines.append(f"Not shown: {why} (of {d['n']})" + (f"; so no {', '.join(uses)}" if uses else "")
+                     + "; every other row stands.")
     if d["components"]:
         parts = ", ".join(f"{k} {_fmt(v)}" for k, v in d["components"].items())
-        lines += ["", f"Split of the gap {_fmt(d['gap'])}: {parts}."]
+        split = d.get("split") or {"n": d["n"], "gap": d["gap"], "rests_on": "every item"}
+        if split["n"] == d["n"]:
+            lines += ["", f"Split of the gap {_fmt(d['gap'])}: {parts}."]
+        else:
+            lines += ["", f"Split on {split['n']} of the {d['n']} items ({split['rests_on']}), not of the gap above: "
+                      f"the gap on those items {_fmt(split['gap'])} = {parts}."]
     if d["by_images_sent"]:
         lines += ["", "| images sent | n | gap (points) |", "|---:|---:|---|"]
         for k, g in d["by_images_sent"].items():
             lines.append(f"| {k} | {g['n']} | {_fmt(g['gap'])} |")
     return "\n".join(lines) + "\n"
+
+
+# The difference each form adds, for the line naming a form that rests on no item.
+_USES = {"load": "both", "content": "both", "caption recovery": "caption", "reading recovery": "rendered"}

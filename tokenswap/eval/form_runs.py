@@ -606,7 +606,7 @@ def plot_forms(payload: dict, path) -> None:
     d = payload["decomposition"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
     names, values, lows, highs = [], [], [], []
-    entries = list(d["acc"].items())
+    entries = [(f"{form}\n(n {e.get('n', d['n'])})", e) for form, e in d["acc"].items()]
     if d.get("recognition_rate") is not None:
         entries.append((f"recognition\n({d['recognition_rate']['n_pictures']} pictures)", d["recognition_rate"]))
     for name, e in entries:
@@ -622,7 +622,8 @@ def plot_forms(payload: dict, path) -> None:
     left.set_ylabel("accuracy (%)")
     left.set_ylim(0, 105)
     name = str(payload.get("model", "")).rstrip("/").rsplit("/", 1)[-1]  # a served path: its last part
-    left.set_title(f"{name}: {d['n']} items in every form (bars: 95% intervals)", fontsize=9)
+    missing = "".join(f"; {m['form']}: 0 items" for m in d.get("missing", []))
+    left.set_title(f"{name}: {d['n']} items, each form on its n (bars: 95% intervals){missing}", fontsize=9)
     for x, v in enumerate(values):
         left.text(x + 0.08, min(v, 95) + 1.5, f"{v:.1f}", ha="left", fontsize=8)
     groups = d["by_images_sent"]

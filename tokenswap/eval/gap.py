@@ -271,8 +271,9 @@ class GapResult:
             return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
 
         rows = [("all", self.overall)] + [(str(k), s) for k, s in sorted(self.by_images.items())]
-        if self.controlled is not None:
-            rows.append(("recognized", self.controlled))
+        if self.controlled is not None:  # one word per control: "named" (naming form), "recognised" (multiple choice)
+            rows.append(("named" if self.recognition_naming is not None else "recognised (multiple choice)",
+                         self.controlled))
         lines = [
             f"Modality gap ({self.scorer}, {self.prompt})",
             "",
@@ -413,8 +414,9 @@ def plan_result(plan, records: Mapping[str, dict], scorer: str, prompt: str, res
     what ``tokenswap eval`` and :class:`GapEvaluator` both report, read one way.
 
     The gap rests on the items answered in text and interleaved; each other form on the items scored in it; the
-    decomposition on the items scored in every form (its differences are paired). A form resting on no item is
-    reported with ``n`` 0 (see :meth:`GapResult.empty_forms`), never raised here.
+    decomposition's components each on the items scored in the forms they use (paired there). A form resting on no
+    item is reported with ``n`` 0 (see :meth:`GapResult.empty_forms`) and in the decomposition's ``missing``, never
+    raised here.
     """
     from tokenswap.eval.decompose import DEFAULT_RESAMPLES, decompose
     from tokenswap.eval.form_runs import collect
@@ -431,10 +433,18 @@ def plan_result(plan, records: Mapping[str, dict], scorer: str, prompt: str, res
     result = summarize(scorer, prompt, items, recognition, naming)
     result.forms, result.pictures = tuple(plan.forms), pictures
     result.excluded, result.form_counts = got.excluded, got.form_counts
-    complete, shown = got.complete()
-    if complete:
-        result.decomposition = decompose(complete, shown if plan.recognition else None,
+    # Each component on the items scored in the forms it uses (null where a form was not scored): one thin form
+    # narrows only its own components, and a form on no item is named in the decomposition, not the end of it.
+    scored = [r for r in items if r.get("correct_text") is not None and r.get("correct_interleaved") is not None]
+    if scored:
+        by_id = {p["picture"]: p for p in pictures}
+        shown = [by_id[pid] for pid in dict.fromkeys(pid for r in scored for pid in r.get("pictures", ()))
+                 if pid in by_id and by_id[pid].get("correct_recognition") is not None]
+        result.decomposition = decompose(scored, shown if plan.recognition else None,
                                          resamples=DEFAULT_RESAMPLES if resamples is None else resamples)
+        why = {line.split()[1]: line for line in got.empty_forms()}
+        for m in result.decomposition["missing"]:
+            m["why"] = why.get(m["form"], f"the {m['form']} form rests on 0 items")
     return result
 
 

@@ -291,6 +291,12 @@ def _across(rows: list[dict], resamples: int, seed: int) -> dict:
     return out
 
 
+def _results_key(run: Run) -> tuple:
+    """What a run answered: its items and every form's per-item scores (and the controls' records)."""
+    return (tuple(run.item_ids), run.text.tobytes(), run.interleaved.tobytes(),
+            json.dumps(run.records, sort_keys=True, default=str), json.dumps(run.pictures, sort_keys=True, default=str))
+
+
 def build_leaderboard(
     runs: list[Run], groups: list[str] | None = None, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
 ) -> dict:
@@ -335,9 +341,16 @@ def build_leaderboard(
         if run.records is not None:
             _check_decomposable(run)
     ranked = sorted(runs, key=lambda r: (-points[r.name]["gap"], r.name))
+    # Two runs with the same answer on every item of every form are one replicate written twice (a second seed
+    # that reached nothing random): the means over models and the groups' tests count it once.
+    copies: dict[tuple, list[Run]] = {}
+    for run in ranked:
+        copies.setdefault(_results_key(run), []).append(run)
+    counted = {id(same[0]) for same in copies.values()}
+    same_replicate = [[r.name for r in same] for same in copies.values() if len(same) > 1]
     by_tag: dict[str, list[float]] = {}
     for run in ranked:
-        if run.name in tag_of:
+        if run.name in tag_of and id(run) in counted:
             by_tag.setdefault(tag_of[run.name], []).append(points[run.name]["gap"])
     tags = [t for t in dict.fromkeys(tag_of.values())]
     tests = []
@@ -366,7 +379,8 @@ def build_leaderboard(
                       "interval": "percentile"},
         "same_items": len(item_sets) == 1,
         "rows": rows,
-        "all_models": stats.summary([r["gap"] for r in rows], LEVEL),
+        "all_models": stats.summary([points[r.name]["gap"] for r in ranked if id(r) in counted], LEVEL),
+        "same_replicate": same_replicate,
         "groups": {t: stats.summary(by_tag[t], LEVEL) for t in tags},
         "tests": tests,
         "across_models": _across(rows, resamples, seed) if controls else None,
@@ -503,6 +517,9 @@ def to_markdown(board: dict) -> str:
     s = board["all_models"]
     lines += ["", f"Mean gap over {s['n']} models: {_f(s['mean'], True)}% ± {_f(s['ci_half'], True)}% "
               "(95% t interval over models)."]
+    for names in board.get("same_replicate", []):
+        lines.append(f"Counted once in the means and tests: {', '.join(md_cell(n) for n in names)} answered every "
+                     "item alike (one replicate: same order, swaps and settings).")
     if board["controls"]:
         lines += _controls_markdown(board)
     if any(len(r.get("by_images_sent") or {}) > 1 for r in board["rows"]):

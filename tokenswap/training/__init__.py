@@ -10,7 +10,7 @@
       run_folder.py    one run per output folder (a lock), resume settings checked, the run's config written
       callbacks.py     swap epochs, swap statistics, the stop for steps with no target
       builders.py      config section in, library object out: image store, collator, gap callback
-      tracking.py      W&B runs named {pair}-{arm} in group {pair}
+      tracking.py      W&B runs named {pair}-{arm}-s{seed} in group {pair}
       distributed.py   agree across the ranks (any_rank); end a multi-process run cleanly (print0 lives in
                        tokenswap/ranks.py and is re-exported here)
       workers.py       data-loader workers that outlive a job's SIGTERM and end with the run

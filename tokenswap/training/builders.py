@@ -29,7 +29,7 @@ def build_collator(
         policy=SwapPolicy(
             swap_prob=cfg.swap_prob,
             max_images=cfg.max_images,
-            seed=cfg.swap_seed,
+            seed=0 if cfg.swap_seed is None else cfg.swap_seed,  # None: a recipe that swaps nothing
             resample_each_epoch=cfg.resample_each_epoch,
         ),
         arm="tokenswap" if arm == "tokenswap" else "text",

@@ -33,7 +33,20 @@ _SEED_MAX = 2**32 - 1  # numpy's seeds (the Trainer's set_seed, the mixture orde
 def _seeds(obj, *names: str) -> list[str]:
     """Problems of ``obj``'s seed fields: a seed numpy refuses would fail mid-launch, after the model loaded."""
     return [f"`{name}` must be a whole number in [0, {_SEED_MAX}], got {getattr(obj, name)}" for name in names
-            if not 0 <= getattr(obj, name) <= _SEED_MAX]
+            if getattr(obj, name) is not None and not 0 <= getattr(obj, name) <= _SEED_MAX]
+
+
+def resolve_replicate(run: RunConfig, data: DataConfig | None = None, collator: CollatorConfig | None = None) -> None:
+    """Give the unset ``data.seed`` and ``collator.swap_seed`` the replicate's ``run.seed``.
+
+    A second seed of a full fine-tune changed nothing while the order and the swaps had their own fixed seeds: the
+    one switch makes another ``run.seed`` another sample (order, swaps, init), and the arms of one ``run.seed`` keep
+    one order and one set of swap decisions.
+    """
+    if data is not None and data.seed is None:
+        data.seed = run.seed
+    if collator is not None and collator.swap_seed is None:
+        collator.swap_seed = run.seed
 
 
 def _raise(problems: list[str]) -> None:
@@ -52,7 +65,9 @@ class RunConfig:
     image_source: str = "none"
     """Where the swap images came from (generate, retrieve, embedded); logged as W&B config."""
     seed: int = 42
-    """Model init / trainer seed. The data order comes from data.seed so arms stay paired."""
+    """The replicate: seeds the init and the trainer, and also the data order (`data.seed`) and the swap decisions
+    (`collator.swap_seed`) unless those are set. Run every arm of a pair with one `run.seed`: they stay paired (same
+    order, same swaps); another `run.seed` is another replicate (see docs/training.md, "Replicates")."""
 
     def __post_init__(self) -> None:
         problems = _seeds(self, "seed")
@@ -135,8 +150,9 @@ class CollatorConfig:
     """Processed-pixel cache bound per process."""
     resample_each_epoch: bool = False
     """Re-draw swap decisions every epoch (the paper's augmentation is static)."""
-    swap_seed: int = 0
-    """Seed of the swap decisions; the arms of a pair share it."""
+    swap_seed: int | None = None
+    """Seed of the swap decisions; null: `run.seed` (the replicate). Set it only to hold the swaps fixed across
+    replicates."""
     prepared: str | None = None
     """Prepared copy of the image store for this processor (tokenswap.store.prepare.prepare_store): cache misses
     read images at the target size instead of decoding and resizing them. Pixels are identical."""
@@ -212,8 +228,9 @@ class DataConfig:
     """The Magpie swap dataset written by `tokenswap build-store` (JSONL file/folder or a datasets folder)."""
     swap_limit: int | None = None
     """Use the first N swap samples."""
-    seed: int = 0
-    """Mixture order; the arms of a pair must share it."""
+    seed: int | None = None
+    """Mixture order; null: `run.seed` (the replicate), so the arms of one replicate share it. Set it only to hold
+    the order fixed across replicates."""
 
     def __post_init__(self) -> None:
         _raise(_ranges(self, positive=("llava_limit", "swap_limit")) + _seeds(self, "seed"))

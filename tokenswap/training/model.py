@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from tokenswap.inputs import tiny_kit_hint
 from tokenswap.ranks import print0
 from tokenswap.store.image_store import ImageStore
 from tokenswap.training.config import CollatorConfig, GapEvalConfig, LoraConfig, ModelConfig
@@ -43,7 +44,7 @@ def _check_model_path(name_or_path: str) -> None:
     if _looks_local(name_or_path):
         raise FileNotFoundError(
             f"model.name_or_path: local folder {name_or_path!r} does not exist (cwd {os.getcwd()}); "
-            "give an existing checkpoint folder or a hub id like Qwen/Qwen2-VL-7B-Instruct"
+            "give an existing checkpoint folder or a hub id like Qwen/Qwen2-VL-7B-Instruct" + tiny_kit_hint(name_or_path)
         )
 
 
@@ -148,7 +149,7 @@ def check_inputs(
     from tokenswap.config import ConfigError
     from tokenswap.packing import RopeIndex
 
-    problems = [f"`{key}` {path!r} does not exist (cwd {os.getcwd()})"
+    problems = [f"`{key}` {path!r} does not exist (cwd {os.getcwd()}){tiny_kit_hint(path)}"
                 for key, path in (paths or {}).items() if path is not None and not os.path.exists(path)]
     if (collator is not None and collator.resample_each_epoch and args is not None
             and args.dataloader_num_workers > 0 and args.dataloader_persistent_workers):
@@ -162,7 +163,7 @@ def check_inputs(
         try:
             ImageStore(image_store)
         except (FileNotFoundError, ValueError) as e:  # StoreFormatError is a ValueError
-            problems.append(f"`image_store`: {e}")
+            problems.append(f"`image_store`: {e}{tiny_kit_hint(image_store)}")
     if gap_eval is not None:
         problems += _bench_problems(gap_eval)
     try:

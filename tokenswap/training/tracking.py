@@ -1,4 +1,5 @@
-"""W&B run set-up: one run per arm, named ``{pair}-{arm}`` in group ``{pair}``, so paired runs compare."""
+"""W&B run set-up: one run per arm and replicate, named ``{pair}-{arm}-s{seed}`` in group ``{pair}``, so paired runs
+compare and the replicates of one arm stay apart."""
 
 from __future__ import annotations
 
@@ -9,8 +10,13 @@ from tokenswap.ranks import rank_and_world
 from tokenswap.training.config import RunConfig, WandbConfig
 
 
+def run_name(run: RunConfig) -> str:
+    """``{pair}-{arm}-s{seed}``: the replicates of one arm are runs of their own in W&B and in the Trainer."""
+    return f"{run.pair}-{run.arm}-s{run.seed}"
+
+
 def init_wandb(cfg: WandbConfig, run: RunConfig, stage: str, config: dict, report_to: list[str]) -> None:
-    """Start the W&B run of one arm on rank 0: name ``{pair}-{arm}``, group ``{pair}``.
+    """Start the W&B run of one arm on rank 0: name ``{pair}-{arm}-s{seed}``, group ``{pair}``, tag ``seed:{seed}``.
 
     The Trainer's W&B callback then logs into this run instead of opening its own. ``config`` comes masked
     (:func:`tokenswap.config.config_to_dict`); W&B also records the command line (``sys.argv[1:]``, the run's
@@ -27,15 +33,42 @@ def init_wandb(cfg: WandbConfig, run: RunConfig, stage: str, config: dict, repor
         wandb.init(
             project=cfg.project,
             entity=cfg.entity,
-            name=f"{run.pair}-{run.arm}",
+            name=run_name(run),
             group=run.pair,
             job_type=stage,
-            tags=[stage, run.arm, run.image_source, *cfg.tags],
+            tags=[stage, run.arm, run.image_source, f"seed:{run.seed}", *cfg.tags],
             config=mask_secrets({"arm": run.arm, "image_source": run.image_source, "stage": stage, "pair": run.pair,
                                  **config}),
             mode=cfg.mode,
             dir=run.output_dir,
         )
+
+
+def same_keys_in_wandb(trainer) -> None:
+    """Log to W&B under the names ``log_history.json``, ``tokenswap compare`` and the docs use (``gap/abs``, ``loss``),
+    not the Trainer's ``train/gap/abs``: one name per metric wherever it is read. A no-op without W&B."""
+    from transformers.integrations import WandbCallback
+
+    summary = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos")
+
+    class SameKeysWandbCallback(WandbCallback):
+        def on_log(self, args, state, control, model=None, logs=None, **kwargs):
+            if self._wandb is None:
+                return
+            if not self._initialized:
+                self.setup(args, state, model)
+            if state.is_world_process_zero:
+                for k, v in logs.items():
+                    if k in summary:
+                        self._wandb.run.summary[k] = v
+                # train/global_step: the step axis the parent's setup declares for every key
+                self._wandb.log({**{k: v for k, v in logs.items() if k not in summary},
+                                 "train/global_step": state.global_step})
+
+    callbacks = trainer.callback_handler.callbacks
+    for i, cb in enumerate(callbacks):
+        if type(cb) is WandbCallback:  # replaced in place: callbacks that add keys before it still run first
+            callbacks[i] = SameKeysWandbCallback()
 
 
 def finish_wandb(timeout: float = 60.0) -> None:

@@ -24,10 +24,11 @@ from transformers import TrainingArguments
 from tokenswap.errors import InputError
 from tokenswap.ranks import rank_and_world
 from tokenswap.training.config import RunConfig
+from tokenswap.training.tracking import run_name
 
 TRAINER_OWNED: dict[str, str] = {
     "output_dir": "set `run.output_dir`",
-    "run_name": "the recipes name runs `{run.pair}-{run.arm}`",
+    "run_name": "the recipes name runs `{run.pair}-{run.arm}-s{run.seed}`",
     "seed": "set `run.seed`",
     "remove_unused_columns": "the collator reads the raw columns, so the recipes always pass false",
     "local_rank": "the launcher sets it",
@@ -295,7 +296,7 @@ def build_training_arguments(train, run: RunConfig, **recipe: Any):
     try:
         return redacting(train.ARGS_CLASS)(
             output_dir=run.output_dir,
-            run_name=f"{run.pair}-{run.arm}",
+            run_name=run_name(run),
             seed=run.seed,
             remove_unused_columns=False,
             **kwargs,

@@ -91,7 +91,7 @@ def test_the_leaderboard_stream_is_the_same():
         ([{"correct_text": True, "correct_interleaved": None, "images_sent": 1}], "not true/false"),
         ([{"correct_text": True, "correct_interleaved": True, "correct_both": True, "images_sent": 1},
           {"correct_text": True, "correct_interleaved": True, "images_sent": 1}], "some items only"),
-        ([{"correct_text": True, "correct_interleaved": True, "images_sent": 1, "recognized": None}], "recognized"),
+        ([{"correct_text": True, "correct_interleaved": True, "images_sent": 1, "recognized": "yes"}], "recognized"),
         ([{"correct_text": True, "correct_interleaved": True, "images_sent": "2"}], "images_sent"),
     ],
 )
@@ -103,6 +103,6 @@ def test_refuses_records_it_cannot_score(items, message):
 def test_markdown_names_every_part():
     items = _items([(1, 0, 1), (1, 1, 1), (1, 0, 1), (1, 0, 1)], recognized=[True, True, False, False])
     text = decomposition_markdown(decompose(items, [{"correct_recognition": True}], resamples=100))
-    for needle in ("| text | 100.0", "load = text − both | +0.0", "recognised-only items (n 2) | +50.0",
+    for needle in ("| text | 4 | 100.0", "load = text − both | 4 | +0.0", "recognised-only items | 2 | +50.0",
                    "recognition +25.0", "rest +50.0", "| 1 | 4 | +75.0"):
         assert needle in text, needle

@@ -284,7 +284,10 @@ def test_items_without_concept_names_are_skipped_only_in_the_forms_that_need_the
     scored = [w for i, w in want.items() if i not in ("test/1", "test/3")]
     assert summary["acc_both"] == pytest.approx(sum(w["both"] for w in scored) / len(scored))
     assert summary["acc_text"] == pytest.approx(sum(w["text"] for w in want.values()) / len(want))
-    assert summary["decomposition"]["n"] == 6  # the split is paired: over the items scored in every form
+    d = summary["decomposition"]  # each component on the items scored in the forms it uses
+    assert (d["n"], d["acc"]["both"]["n"], d["load"]["n"], d["split"]["n"]) == (8, 6, 6, 6)
+    md = (tmp_path / "out" / "gap.md").read_text()
+    assert "Split on 6 of the 8 items (the items scored in text, interleaved and both), not of the gap above" in md
     assert "both: n 6, 0 failed, 2 skipped (first: test/1: skipped: not asked" in (tmp_path / "out" / "gap.md").read_text()
 
 
@@ -314,7 +317,9 @@ def test_empty_and_huge_captions_skip_only_the_caption_form_of_their_items(bench
         assert summary[f"acc_{form}"] == pytest.approx(sum(w[form] for w in want.values()) / len(want))
     kept = [i for i in items if i not in ("test/1", "test/2", "test/6")]
     assert summary["acc_caption"] == pytest.approx(sum(want[i]["caption"] for i in kept) / len(kept))
-    assert summary["decomposition"]["n"] == len(kept)
+    d = summary["decomposition"]  # the thin caption form narrows only caption recovery
+    assert (d["n"], d["acc"]["caption"]["n"], d["caption_recovery"]["n"]) == (len(views), len(kept), len(kept))
+    assert d["load"]["n"] == d["split"]["n"] == len(views)
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert not any(r["key"] in ("caption|test/1", "caption|test/2", "caption|test/6") for r in records)
 
@@ -358,6 +363,37 @@ def test_a_form_resting_on_no_item_exits_1_naming_the_form_and_why(tmp_path, cap
     summary = json.loads((out / "gap.json").read_text())  # written, so the counts can be read
     assert summary["n"] == len(views) and summary["form_counts"]["caption"]["n"] == 0
     assert summary["form_counts"]["both"]["n"] == len(views) and summary["acc_caption"] is None
+
+
+@pytest.mark.parametrize("pictureless", [False, True], ids=["every-item-shows-a-picture", "with-pictureless-items"])
+def test_all_empty_captions_leave_every_other_component_on_its_own_items(tmp_path, capsys, pictureless):
+    """Captions all empty, --forms all: the caption form rests on the picture-less items only (or on none: exit 1),
+    and every other component still rests on every item, its n beside it; a form on no item is named in one line."""
+    root = tmp_path / "bench"
+    items = ITEMS if pictureless else [item for item in ITEMS if "{" in item[0]]
+    views = write_bench(root, items=items)
+    model = RuleModel(captions=dict.fromkeys(PICTURES, ""))
+    model.items = {v["marker"]: v for v in views}
+    out = tmp_path / "out"
+    with LoadLLMServer(reply=model.reply) as server:
+        status = tokenswap_main(_eval(server, root, out, "--forms", "all"))
+    n, plain = len(views), sum(not v["slots"] for v in views)
+    assert status == (0 if pictureless else 1)
+    d = json.loads((out / "gap.json").read_text())["decomposition"]
+    assert d["n"] == n and d["load"]["n"] == n and d["split"]["n"] == n and d["acc"]["rendered"]["n"] == n
+    assert set(d["components"]) == {"load", "recognition", "rest"} and d["recognition_rate"]["value"] is not None
+    md = (out / "gap.md").read_text()
+    assert f"Split of the gap {100 * d['gap']['value']:+.1f}" in md  # the split is the headline gap's
+    assert "| both |" in md and "load = text − both" in md
+    if pictureless:
+        assert d["acc"]["caption"]["n"] == d["caption_recovery"]["n"] == plain and d["missing"] == []
+    else:
+        assert "caption" not in d["acc"] and d["caption_recovery"] is None
+        assert [m["form"] for m in d["missing"]] == ["caption"]
+        (line,) = [x for x in md.splitlines() if x.startswith("Not shown")]
+        assert f"the caption form rests on 0 items: 0 items failed and {n} were skipped" in line
+        assert "so no caption recovery" in line
+    assert (out / "gap_forms.png").stat().st_size > 5000
 
 
 def test_a_picture_that_does_not_decode_is_a_clear_error_before_any_request(tmp_path, capsys):
@@ -632,12 +668,12 @@ def test_the_cli_and_the_in_loop_evaluator_share_one_plan(always_b, tmp_path):
         p["correct_recognition"] is not None for p in cli["pictures"])
     assert [{k: p[k] for k in ("picture", "concept", "items", "correct_recognition")} for p in cli["pictures"]] == [
         {k: p[k] for k in ("picture", "concept", "items", "correct_recognition")} for p in loop.pictures]
-    # The same decomposition, over the same items (those scored in every form), but for the caption form's parts.
+    # The same decomposition (each component on the items scored in its forms), but for the caption form's parts.
     d = dict(cli["decomposition"])
     assert d.pop("caption_recovery") is not None and d["acc"].pop("caption") is not None
     d["forms"].remove("caption")
     want = dict(loop.decomposition)
     assert want.pop("caption_recovery") is None
-    assert d == want and d["n"] == len(pairs) - 2
+    assert d == want and d["n"] == len(pairs) and d["split"]["n"] == d["load"]["n"] == len(pairs) - 2
     metrics = loop.metrics()
     assert metrics["gap/n"] == len(pairs) and metrics["gap/n_both"] == len(pairs) - 2

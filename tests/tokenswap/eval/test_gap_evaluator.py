@@ -329,6 +329,7 @@ def test_in_loop_items_without_concept_names_keep_the_gap_and_an_empty_form_is_l
     capsys.readouterr()
     pictured = [(t, replace(i, concepts={})) for t, i in pairs if i.num_images]
     result = GapEvaluator(processor, pictured, forms=("both",), batch_size=4, progress=False).evaluate(model)
-    assert result.form_counts["both"]["n"] == 0 and result.decomposition is None and result.overall.n == len(pictured)
+    assert result.form_counts["both"]["n"] == 0 and result.overall.n == len(pictured)
+    assert [m["form"] for m in result.decomposition["missing"]] == ["both"] and result.decomposition["load"] is None
     assert "gap eval: the both form rests on 0 items: 0 items failed and 4 were skipped in it" in capsys.readouterr().err
     assert result.metrics()["gap/n_both"] == 0.0 and "gap/acc_both" not in result.metrics()

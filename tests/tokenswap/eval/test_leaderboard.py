@@ -323,6 +323,23 @@ def test_groups_report_mean_ci_se_and_welch_through_the_cli(tmp_path, capsys):
     assert {r["model"]: r["group"] for r in board["rows"]}["think-2"] == "reasoning"
 
 
+def test_two_runs_that_answered_alike_count_once_in_the_means_and_tests(tmp_path, capsys):
+    """A second seed that reached nothing random gives the same answer on every item: one replicate, counted once in
+    the group's n, the mean over models and Welch's test, and named in one line."""
+    spec = {"think-1": (200, 0.9, 0.85), "think-1-seed1": (200, 0.9, 0.85), "think-2": (200, 0.9, 0.8),
+            "plain-1": (200, 0.8, 0.5), "plain-2": (200, 0.7, 0.45)}  # fmt: skip
+    folders = [_gap_run(tmp_path / name, name, *_pattern(*v)) for name, v in spec.items()]
+    code, out, err = _lb(capsys, *folders, "--out", tmp_path / "board", "--resamples", 100,
+                         "--group", "reasoning=think-1,think-1-seed1,think-2", "--group", "other=plain-1,plain-2")
+    assert code == 0, err
+    board = json.loads((tmp_path / "board" / "leaderboard.json").read_text())
+    assert board["groups"]["reasoning"]["n"] == 2 and board["all_models"]["n"] == 4
+    assert len(board["rows"]) == 5  # every run keeps its row
+    assert sorted(board["same_replicate"][0]) == ["think-1", "think-1-seed1"]
+    (line,) = [x for x in out.splitlines() if x.startswith("Counted once")]
+    assert "think-1" in line and "think-1-seed1" in line
+
+
 # ----------------------------------------------------------------------------- outputs and the figure
 
 
@@ -881,8 +898,8 @@ def test_refusals_come_before_the_first_resample(tmp_path, case):
 
     n = 2000
 
-    def run(name, wrong, records=None):
-        inter = np.r_[np.zeros(wrong), np.ones(n - wrong)]
+    def run(name, wrong, records=None, shift=0):
+        inter = np.roll(np.r_[np.zeros(wrong), np.ones(n - wrong)], shift)  # shift: same gap, other items
         return Run(name, "tokenswap", tmp_path / name, ("text", "interleaved"), [f"q{i}" for i in range(n)],
                    np.ones(n), inter, records=records)
 
@@ -891,7 +908,7 @@ def test_refusals_come_before_the_first_resample(tmp_path, case):
     runs, groups, message = {
         "one-model group": ([run("m1", 100), run("m2", 300), run("m3", 500)], ["a=m1", "b=m2,m3"],
                             "at least 2 values per group"),
-        "no variance": ([run("m1", 100), run("m2", 100), run("m3", 300), run("m4", 300)], ["a=m1,m2", "b=m3,m4"],
+        "no variance": ([run("m1", 100), run("m2", 100, shift=1), run("m3", 300), run("m4", 300, shift=1)], ["a=m1,m2", "b=m3,m4"],
                         "zero variance"),
         "undecomposable run": ([run("m1", 100), run("m2", 300), run("m3", 0, bad_records)], None, "images_sent"),
     }[case]
