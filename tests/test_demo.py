@@ -170,7 +170,7 @@ def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch, capfd):
 
 
 def test_the_verdicts_read_positive_when_tokenswap_helped():
-    from tokenswap.demo import verdict_lines
+    from examples.demo import verdict_lines
 
     cell = lambda mean: {"mean": mean, "ci95": 0.05}  # noqa: E731
     report = {"validity": {"passed": True},
