@@ -30,10 +30,11 @@ LIBRARIES = textwrap.dedent('''
                accelerate.logging.get_logger("accelerate.x", log_level="WARNING")]
     logging.basicConfig()
     accelerate.PartialState()
+    secret = sys.argv[1]
 
     def log_all():
         for logger in loggers:
-            logger.warning("the key is %s (from %s)", sys.argv[1], logger.name)
+            logger.warning("the key is %s (from %s)", secret, logger.name)
 ''')
 RECIPE = LIBRARIES + textwrap.dedent('''
     from dataclasses import dataclass
