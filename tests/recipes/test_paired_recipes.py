@@ -16,6 +16,9 @@ from safetensors.torch import load_file
 from tokenswap.config import load_config
 from tokenswap.training import COMPLETE_MARKER
 
+# Every test here starts a process, a server or a training run (make check skips them).
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = ROOT / "tests" / "assets"
 

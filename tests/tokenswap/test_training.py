@@ -379,6 +379,7 @@ def test_secret_fields_are_masked_by_name_in_every_written_config():
     assert "hub_token" in {f.name for f in dataclasses.fields(TrainConfig)}
 
 
+@pytest.mark.integration
 def test_a_dead_holder_never_locks_the_output_dir(tmp_path, capsys):
     import subprocess
     import sys

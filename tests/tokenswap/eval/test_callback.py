@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -36,6 +37,7 @@ class _ModeProbe(TrainerCallback):
         self.modes.append(model.training)
 
 
+@pytest.mark.integration
 def test_callback_logs_gap_metrics_and_restores_train_mode(tiny_qwen2vl, tmp_path, make_pairs):
     model, processor = load_checkpoint(tiny_qwen2vl)
     rows = [{"q": f"What is {i} plus {i}?", "a": str(2 * i)} for i in range(8)]
