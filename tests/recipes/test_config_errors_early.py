@@ -117,7 +117,7 @@ def _empty_bench(root):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (lambda t: [f"gap_eval.bench={t / 'no-bench'}"], "`gap_eval.bench` '{t}/no-bench' is not a folder"),
+        (lambda t: [f"gap_eval.bench={t / 'no-bench'}"], "`gap_eval.bench` '{t}/no-bench' does not exist locally"),
         (lambda t: [f"gap_eval.bench={_empty_bench(t / 'bench')}"], "`gap_eval.bench` {t}/bench: text/test has no rows"),
         (lambda t: ["collator.packing=true", "collator.pack_budget=40", "model.attn_implementation=sdpa"],
          "`collator.pack_budget` 40 is smaller than one image block: model.max_pixels=50176 makes blocks of up to "
