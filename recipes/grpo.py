@@ -27,7 +27,6 @@ import tokenswap  # noqa: F401 -- first: it quiets a bitsandbytes notice (tokens
 
 # isort: split
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Literal
@@ -38,6 +37,7 @@ from trl import GRPOConfig, GRPOTrainer
 from tokenswap.config import config_to_dict
 from tokenswap.crossmath import REWARDS, get_hop_weighted_reward
 from tokenswap.crossmath.training_data import CrossMathDataConfig, grpo_dataset, load_training_records
+from tokenswap.files import atomic_write_json
 from tokenswap.ranks import print0
 from tokenswap.training.checkpoint import CheckpointCallback, resolve_checkpoint, saving_final, train
 from tokenswap.training.config import ModelConfig, RunConfig, WandbConfig
@@ -158,8 +158,7 @@ def main(cfg: GRPORecipeConfig) -> None:
         trainer.save_model(cfg.run.output_dir)
         if trainer.is_world_process_zero():
             processor.save_pretrained(cfg.run.output_dir)
-            with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
-                json.dump(trainer.state.log_history, f, indent=2)
+            atomic_write_json(os.path.join(cfg.run.output_dir, "log_history.json"), trainer.state.log_history)
     finish_wandb()
     print0(f"[grpo] done: {cfg.run.output_dir}")
     close_process_group()

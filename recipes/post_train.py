@@ -21,7 +21,6 @@ from __future__ import annotations
 import tokenswap  # noqa: F401 -- first: it quiets a bitsandbytes notice (tokenswap/__init__.py)
 
 # isort: split
-import json
 import os
 from dataclasses import dataclass, field
 
@@ -32,6 +31,7 @@ from tokenswap.config import config_to_dict
 from tokenswap.data.llava import load_llava
 from tokenswap.data.mixture import paired_mixture
 from tokenswap.data.schema import load_samples
+from tokenswap.files import atomic_write_json
 from tokenswap.packing import group_by_length
 from tokenswap.ranks import print0, rank_and_world
 from tokenswap.throughput import ThroughputCallback, ThroughputConfig
@@ -143,10 +143,8 @@ def main(cfg: PostTrainConfig) -> None:
         trainer.save_model(cfg.run.output_dir)
         if trainer.is_world_process_zero():
             processor.save_pretrained(cfg.run.output_dir)
-            with open(os.path.join(cfg.run.output_dir, "swap_stats.json"), "w") as f:
-                json.dump(dict(resumable.stats), f, indent=2)
-            with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
-                json.dump(trainer.state.log_history, f, indent=2)
+            atomic_write_json(os.path.join(cfg.run.output_dir, "swap_stats.json"), dict(resumable.stats))
+            atomic_write_json(os.path.join(cfg.run.output_dir, "log_history.json"), trainer.state.log_history)
     finish_wandb()
     print0(f"[post_train] done: {cfg.run.output_dir}")
     close_process_group()

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+# Every test here starts a process, a server or a training run (make check skips them).
+pytestmark = pytest.mark.integration
+
 RECORD = Path(__file__).parent / "assets" / "demo_reduced_record.json"
 REGENERATE = "TOKENSWAP_UPDATE_DEMO_RECORD=1 python -m pytest tests/test_demo.py"
 

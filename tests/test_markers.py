@@ -13,7 +13,8 @@ TESTS = Path(__file__).resolve().parent
 # What starting a process, a server or a training run looks like in this suite.
 STARTS = re.compile(
     r"\bsubprocess\.|\bPopen\(|\bos\.fork\(|\w*Server\(|serve_forever|\bmultiprocessing\b|Trainer\("
-    r"|\b(?:post|pre|image_sft|grpo|recipe)\.main\(|\b(?:trainer|sft|hf)\.train\("
+    r"|\b(?:post|pre|image_sft|grpo|recipe)\.main\(|\b(?:trainer|sft|hf)\.train\(|\brun_recipe\((?:post|pre|image_sft|grpo)\.main"
+    r"|from tokenswap\.demo import [^\n]*\bmain\b"
 )
 # Fixtures that start a server for the test that asks for them.
 SERVER_FIXTURES = {"fake_openai", "server"}

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tokenswap.errors import InputError
 from tokenswap.eval.stats import mean_ci
-from tokenswap.files import read_json
+from tokenswap.files import atomic_write_figure, atomic_write_json, atomic_write_text, read_json
 from tokenswap.inputs import local_or_hub, require_output_dir
 
 __all__ = ["RunRecord", "compare_runs", "load_run", "make_wandb_report", "mean_ci", "paired_difference",
@@ -326,15 +326,13 @@ def to_markdown(table: dict) -> str:
 
 def plot_runs(runs: list[RunRecord], metrics: tuple[str, ...], path: str | os.PathLike) -> None:
     """One panel per metric over steps; one colour per arm, one line per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     present = [m for m in metrics if any(r.series(m)[1] for r in runs)]
     cols = min(3, max(1, len(present)))
     rows = math.ceil(max(1, len(present)) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.3 * rows), squeeze=False)
+    fig = Figure(figsize=(4.4 * cols, 3.3 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     colors = {"baseline": "tab:gray", "text": "tab:blue", "tokenswap": "tab:orange"}
     for ax in axes.flat[len(present):]:
         ax.axis("off")
@@ -353,8 +351,7 @@ def plot_runs(runs: list[RunRecord], metrics: tuple[str, ...], path: str | os.Pa
     if present:
         axes.flat[0].legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    atomic_write_figure(path, fig, dpi=120)
 
 
 def make_wandb_report(entity: str, project: str, group: str, metrics: tuple[str, ...] = DEFAULT_METRICS, title: str | None = None):
@@ -410,8 +407,8 @@ def cli_main(argv: list[str]) -> int:
     runs = [r for spec in args.runs for r in load_run(spec)]
     table = compare_runs(runs, tuple(args.metrics))
     out = require_output_dir(args.out)
-    (out / "comparison.json").write_text(json.dumps(table, indent=2))
-    (out / "comparison.md").write_text(to_markdown(table))
+    atomic_write_json(out / "comparison.json", table)
+    atomic_write_text(out / "comparison.md", to_markdown(table))
     plot_runs(runs, tuple(args.metrics), out / "comparison.png")
     print(to_markdown(table))
     print(f"wrote {out / 'comparison.md'}, {out / 'comparison.png'}, {out / 'comparison.json'}")

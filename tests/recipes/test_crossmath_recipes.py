@@ -168,6 +168,7 @@ def test_image_sft_refuses_swap_only_collator_keys(image_sft, override):
         load_config(image_sft.ImageSFTConfig, "tiny/image_sft_crossmath.yaml", [override])
 
 
+@pytest.mark.integration
 def test_image_sft_collator_keys_that_apply_still_load(image_sft, capsys):
     applied = ["collator.swap_prob=1.0", "collator.swap_seed=0", "collator.packing=true", "collator.pack_budget=4096",
                "collator.pixel_dtype=bfloat16", "collator.on_bad_image=error", "collator.on_bad_sample=error",

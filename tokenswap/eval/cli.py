@@ -44,12 +44,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 from pathlib import Path
 
 from tokenswap.errors import InputError
-from tokenswap.files import FolderLock, FolderLockedError
+from tokenswap.files import FolderLock, FolderLockedError, atomic_write, atomic_write_json, atomic_write_text
 from tokenswap.inputs import (
     HubMissError,
     from_hub,
@@ -196,10 +195,8 @@ def _shots(args):
 
 def _write(out: Path, payload: dict, markdown: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "gap.json.tmp"
-    tmp.write_text(json.dumps(payload, indent=2, ensure_ascii=False))
-    os.replace(tmp, out / "gap.json")
-    (out / "gap.md").write_text(markdown)
+    atomic_write_json(out / "gap.json", payload, ensure_ascii=False)
+    atomic_write_text(out / "gap.md", markdown)
     print(markdown)
 
 
@@ -291,7 +288,7 @@ _LATER_KEYS = ("image_format", "max_pixels")
 
 def check_run_identity(out: Path, identity: dict, command: str) -> None:
     """Refuse to mix two runs' records in one folder (exit 2); write ``run.json`` for the first."""
-    from tokenswap.files import atomic_write, read_json
+    from tokenswap.files import read_json
     from tokenswap.inference.backends import BackendConfigError
 
     path = out / "run.json"

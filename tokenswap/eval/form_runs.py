@@ -47,6 +47,7 @@ from tokenswap.eval.forms import (
 )
 from tokenswap.eval.mc import MCItem, build_conversation, extract_answer, format_prompt, image_tags
 from tokenswap.eval.recognition import picture_digest, recognition_items
+from tokenswap.files import atomic_write_figure
 
 __all__ = ["Collected", "FormPlan", "Unit", "collect", "empty_forms", "plot_forms", "run_plan"]
 
@@ -592,13 +593,11 @@ def collect(plan: FormPlan, records: dict[str, dict], scorer: str) -> Collected:
 def plot_forms(payload: dict, path) -> None:
     """``gap_forms.png``: every form's accuracy with its 95% interval (and the recognition rate), and the gap by
     images sent with its intervals."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     d = payload["decomposition"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    fig = Figure(figsize=(11, 4.2))
+    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     names, values, lows, highs = [], [], [], []
     entries = list(d["acc"].items())
     if d.get("recognition_rate") is not None:
@@ -634,5 +633,4 @@ def plot_forms(payload: dict, path) -> None:
     right.set_ylabel("gap = text − interleaved (points)")
     right.set_title("gap by images sent (95% intervals)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    atomic_write_figure(path, fig, dpi=110)
