@@ -60,12 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tokenswap: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     from tokenswap.redaction import redacting_std_streams
-    from tokenswap.script import install_redacting_excepthook
+    from tokenswap.script import redacting_excepthook
 
     # Every line a command prints (its messages, progress, warnings) goes out with known secrets masked, and so
-    # does the traceback of a bug, which the interpreter prints after the streams are restored.
-    install_redacting_excepthook()
-    with redacting_std_streams():
+    # does the traceback of a bug, which the interpreter prints after the streams are restored; the caller's
+    # excepthook comes back when the command ends.
+    with redacting_excepthook(), redacting_std_streams():
         return _run(name, rest)
 
 
