@@ -2,7 +2,6 @@
 
 Every case goes through the real entry point (``tokenswap.cli.main``) on real files: the ones a command wrote
 (``crossmath generate``, ``rest build``), the CrossMath release fixture, a tiny checkpoint where a model is named.
-docs/notes/i32e.md has the table of what each case did before.
 """
 
 from __future__ import annotations
