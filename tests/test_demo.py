@@ -92,8 +92,8 @@ def check_figure(report: dict, records: list, out: Path, plot_demo) -> None:
     assert not [a for a in fig.findobj() if (a.get_gid() or "").startswith("band/")]  # no band from one seed
 
 
-def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch, capfd):
-    from tokenswap.compare import load_run, read_wandb_offline
+def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch, capfd, read_wandb_offline):
+    from tokenswap.compare import load_run
     from tokenswap.demo import main, plot_demo
 
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -174,8 +174,10 @@ def test_pretrain_learns_all_text_tokens(load_recipe, tiny_qwen2vl, tiny_store, 
         load_config(pre.PretrainConfig, "tiny/pretrain_text.yaml", overrides(out, tiny_qwen2vl, None, "run.arm=baseline"))
 
 
-def test_wandb_offline_run_is_read_back_and_compared(post, tiny_qwen2vl, tiny_store, tmp_path, monkeypatch):
-    from tokenswap.compare import cli_main, load_run
+def test_wandb_offline_run_is_read_back_and_compared(post, tiny_qwen2vl, tiny_store, tmp_path, monkeypatch,
+                                                     read_wandb_offline):
+    from tokenswap.compare import cli_main
+    from tokenswap.errors import InputError
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     for arm in ("text", "tokenswap"):
@@ -184,14 +186,17 @@ def test_wandb_offline_run_is_read_back_and_compared(post, tiny_qwen2vl, tiny_st
             tmp_path / arm, tiny_qwen2vl, store, "train.report_to=[wandb]", "wandb.mode=offline")))
     run_dirs = sorted((tmp_path / "tokenswap" / "wandb").glob("offline-run-*"))
     assert len(run_dirs) == 1
-    (run,) = load_run(str(run_dirs[0]))
+    run = read_wandb_offline(run_dirs[0])  # what W&B got: the run log_history.json holds, named and grouped
     assert (run.name, run.group, run.arm) == ("tiny-post-tokenswap", "tiny-post", "tokenswap")
     steps, values = run.series("loss")
     assert values == pytest.approx(losses(tmp_path / "tokenswap"), rel=1e-3) and len(steps) == 4
     assert run.last("swap/images_per_sample") > 0
 
     out = tmp_path / "cmp"
-    assert cli_main(["--runs", str(tmp_path / "text"), str(run_dirs[0]), "--out", str(out)]) == 0
+    # compare reads the run folders; a W&B offline run is pointed back to its folder (or to W&B)
+    with pytest.raises(InputError, match="a W&B offline run, which compare does not read"):
+        cli_main(["--runs", str(tmp_path / "text"), str(run_dirs[0]), "--out", str(out)])
+    assert cli_main(["--runs", str(tmp_path / "text"), str(tmp_path / "tokenswap"), "--out", str(out)]) == 0
     table = json.loads((out / "comparison.json").read_text())
     assert list(table["arms"]) == ["text", "tokenswap"]
     assert table["arms"]["text"]["loss"]["values"] == [losses(tmp_path / "text")[-1]]
