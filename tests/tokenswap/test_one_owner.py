@@ -44,3 +44,16 @@ def test_files_other_commands_read_are_written_through_files_atomic_write():
 def test_no_library_call_switches_the_matplotlib_backend_or_uses_pyplot():
     # matplotlib.use("Agg") in a plotting function took a notebook's inline figures away for the rest of its session
     assert _grep(r"matplotlib\.use\(|import matplotlib\.pyplot|from matplotlib import pyplot", {"tokenswap/demo.py"}) == []
+
+
+def test_no_private_name_is_imported_across_modules():
+    # a name with a leading underscore is its module's own; another module needing it makes it public
+    import ast
+
+    found = []
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tokenswap"):
+                found += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert found == []

@@ -249,13 +249,13 @@ def _evaluate_in_one_pass(args) -> int:
 
 def _form_lines(result) -> str:
     """gap.md's lines for the forms that lost items (each form's n, and its first reason)."""
-    from tokenswap.eval.form_runs import _reasons
+    from tokenswap.eval.form_runs import skip_reasons
 
     lines = []
     for form, c in result.form_counts.items():
         if c["failed"] or c["skipped"]:
             first = next((f"{e['id']}: {r}" for e in (*result.excluded, *result.items)
-                          for f, r in _reasons(e).items() if f == form), None)
+                          for f, r in skip_reasons(e).items() if f == form), None)
             lines.append(f"{form}: n {c['n']}, {c['failed']} failed, {c['skipped']} skipped (first: {first})")
     return "\nPer form:\n" + "\n".join(f"- {line}" for line in lines) + "\n" if lines else ""
 

@@ -445,7 +445,7 @@ def empty_forms(form_counts: dict, excluded: Sequence[dict], items: Sequence[dic
     for form, c in form_counts.items():
         if c["pictures"] if form == "recognition" else c["n"]:
             continue
-        first = next((f"{e['id']}: {r}" for e in (*excluded, *items) for f, r in _reasons(e).items() if f == form),
+        first = next((f"{e['id']}: {r}" for e in (*excluded, *items) for f, r in skip_reasons(e).items() if f == form),
                      None)
         what = "identified pictures" if form == "recognition" else "items"
         why = f"{c['failed']} items failed and {c['skipped']} were skipped in it" + (f" (first: {first})" if first else "")
@@ -453,7 +453,7 @@ def empty_forms(form_counts: dict, excluded: Sequence[dict], items: Sequence[dic
     return out
 
 
-def _reasons(entry: dict) -> dict[str, str]:
+def skip_reasons(entry: dict) -> dict[str, str]:
     """Form -> "error: ..." / "skipped: ..." of an excluded entry or of an item record's per-form fields."""
     if "forms" in entry and isinstance(entry["forms"], dict):
         return entry["forms"]
@@ -575,7 +575,7 @@ def collect(plan: FormPlan, records: dict[str, dict], scorer: str) -> Collected:
         correct = {p["picture"]: p["correct_recognition"] for p in pictures}
         for rec in items:
             flags = [correct[pid] for pid in rec["pictures"]]
-            rec["recognized"] = None if "recognition" in _reasons(rec) or None in flags else all(flags)
+            rec["recognized"] = None if "recognition" in skip_reasons(rec) or None in flags else all(flags)
 
     form_counts = {}
     for form in plan.forms:

@@ -195,10 +195,10 @@ def form_item(form: str, text: MCItem, inter: MCItem, captions: Mapping[int, str
 
 def caption_conversation(image) -> list[dict]:
     """The captioning request for one picture: the picture, then :data:`CAPTION_PROMPT`'s text (one user turn)."""
-    from tokenswap.eval.mc import _as_rgb
+    from tokenswap.eval.mc import as_rgb
 
     text = CAPTION_PROMPT.split("<image 1>", 1)[1]
-    return [{"role": "user", "content": [{"type": "image", "image": _as_rgb(image)}, {"type": "text", "text": text}]}]
+    return [{"role": "user", "content": [{"type": "image", "image": as_rgb(image)}, {"type": "text", "text": text}]}]
 
 
 def images_sent(prompt: str) -> int:
