@@ -221,7 +221,7 @@ def _launch(config_file: str, port: int, out: Path, model, store, *extra) -> sub
 )
 def test_two_rank_cpu_runs(launcher, extra, tiny_qwen2vl, tiny_store, tiny_bench, free_port, tmp_path):
     out = tmp_path / "run"
-    gap = (f"gap_eval.bench={tiny_bench}", "gap_eval.every_steps=2", "gap_eval.recognition=true")
+    gap = (f"gap_eval.bench={tiny_bench}", "gap_eval.every_steps=2", "gap_eval.forms=[text,interleaved,recognition]")
     proc = _launch(launcher, free_port, out, tiny_qwen2vl, tiny_store.root, *extra, *gap)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ids0, ids1 = sample_ids(out, 0), sample_ids(out, 1)

@@ -25,8 +25,8 @@ Examples::
 ``--forms`` adds the controls that say what the gap is made of (:mod:`tokenswap.eval.forms`): ``both`` (every
 concept word kept, its picture after it), ``caption`` (the model's own caption of each picture in its place),
 ``rendered`` (the word rendered as a picture) and ``recognition`` (per distinct picture, which of 4 concepts it
-shows), or ``all``; the default ``text,interleaved`` is the gap alone. ``--recognition`` adds ``recognition``
-(and, on ``hf``, the log-likelihood naming control). Each form is one more request per item (captions and
+shows), or ``all``; the default ``text,interleaved`` is the gap alone. The ``recognition`` form brings, on ``hf``,
+the log-likelihood naming control too (it is the one recognition switch; ``--recognition`` is refused). Each form is one more request per item (captions and
 recognition: per distinct picture), all in flight together (:mod:`tokenswap.eval.form_runs`).
 
 Writes ``records.jsonl`` (one line per request, appended as each finishes: the same command after a
@@ -64,6 +64,14 @@ __all__ = ["cli_main"]
 DEFAULT_MAX_NEW_TOKENS = 2048  # the release's generation_kwargs
 
 
+class _Retired(argparse.Action):
+    """A flag that was removed: one line naming what replaced it (exit 2), not argparse's usage dump."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise InputError(f"{option_string} is gone: add recognition to --forms (e.g. --forms text,interleaved,"
+                         "recognition); the form is the one recognition switch")
+
+
 def _parser() -> argparse.ArgumentParser:
     from tokenswap.inference.backends import add_backend_arguments
 
@@ -86,9 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--forms", type=_forms, default=("text", "interleaved"),
                    help="forms to ask, a comma list of text, interleaved, both, caption, rendered, recognition, or "
                         "all (default text,interleaved: the gap alone)")
-    p.add_argument("--recognition", action="store_true",
-                   help="add the recognition form (which of 4 concepts each picture shows; and on hf the "
-                        "log-likelihood naming control)")
+    p.add_argument("--recognition", nargs=0, action=_Retired, help=argparse.SUPPRESS,
+                   default=None)  # gone: one line pointing to --forms
     p.add_argument("--out", default="gap_eval", help="output folder for records.jsonl, gap.json and gap.md")
     add_backend_arguments(p)
     return p
@@ -111,7 +118,7 @@ def _check(args) -> None:
     from tokenswap.inference.backends import BackendConfigError, check_backend_arguments
 
     check_backend_arguments(args)
-    args.forms = order_forms([*args.forms, *(["recognition"] if args.recognition else [])])
+    args.forms = order_forms(args.forms)
     extra = [f for f in args.forms if f in ("both", "caption", "rendered")]
     if args.prompt == "k_shot" and extra:
         raise BackendConfigError(f"--prompt k_shot has shots for the text and interleaved forms only, not for "

@@ -249,7 +249,7 @@ def test_a_rerun_with_more_forms_asks_only_the_new_ones_and_recognition_runs_on_
         assert len(server.requests) == 2 * len(views)
         default = json.loads((out / "gap.json").read_text())
         assert default["forms"] == ["text", "interleaved"] and "Why the gap" not in (out / "gap.md").read_text()
-        assert tokenswap_main(_eval(server, root, out, "--recognition", "--forms", "both")) == 0
+        assert tokenswap_main(_eval(server, root, out, "--forms", "both,recognition")) == 0
         slots = {s for v in views for s in v["slots"]}
         assert len(server.requests) == 3 * len(views) + len(slots)
     summary = json.loads((out / "gap.json").read_text())
