@@ -1,7 +1,8 @@
 """Read a W&B offline run back, for the tests that check what a recipe logged to W&B.
 
-``tokenswap compare`` reads recipe output folders (``log_history.json``), not W&B's private record log; this reader
-of the ``.wandb`` framing (LevelDB log blocks of protobuf records) lives with the tests that need it.
+``tokenswap compare`` reads recipe output folders (``log_history.json``), not W&B's private record log; turning a
+``.wandb`` file into a run lives with the tests that need it (the record framing is
+``tokenswap.training.tracking.wandb_records``, which the recipes use only to wait for a run's closing record).
 """
 
 from __future__ import annotations
@@ -9,44 +10,9 @@ from __future__ import annotations
 import glob
 import json
 import os
-import struct
-from pathlib import Path
 
 from tokenswap.compare import RunRecord
-
-
-def wandb_records(path: str):
-    """Yield the protobuf records of a ``.wandb`` file (LevelDB log framing, 32 KiB blocks)."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = Path(path).read_bytes()
-    if data[:4] != b":W&B":
-        raise ValueError(f"{path} is not a W&B run file (bad magic {data[:4]!r}); point --runs at a "
-                         "wandb/offline-run-* folder W&B wrote, or leave it out")
-    block, pos, pending = 32768, 7, b""
-    while pos + 7 <= len(data):
-        room = block - pos % block
-        if room < 7:  # the writer pads the tail of a block that cannot hold a header
-            pos += room
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if kind == 0 and length == 0:
-            break
-        payload = data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind == 1:  # FULL
-            chunk = payload
-        elif kind == 2:  # FIRST
-            pending = payload
-            continue
-        elif kind == 3:  # MIDDLE
-            pending += payload
-            continue
-        else:  # LAST
-            chunk, pending = pending + payload, b""
-        record = pb.Record()
-        record.ParseFromString(chunk)
-        yield record
+from tokenswap.training.tracking import wandb_records
 
 
 def read_wandb_offline(path: str | os.PathLike) -> RunRecord:
