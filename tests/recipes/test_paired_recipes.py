@@ -239,10 +239,9 @@ def test_two_rank_cpu_runs(launcher, extra, tiny_qwen2vl, tiny_store, tiny_bench
 
 
 def test_in_loop_gap_forms_are_logged_and_reach_wandb(post, tiny_qwen2vl, tiny_store, tiny_bench, tmp_path,
-                                                      monkeypatch):
+                                                      monkeypatch, read_wandb_offline):
     """`gap_eval.forms` adds the both and recognition forms to the in-loop evaluator: the load, the recognition rate
     and the split of the gap go through trainer.log into log_history.json and the offline W&B run."""
-    from tokenswap.compare import load_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     out = tmp_path / "run"
@@ -260,7 +259,7 @@ def test_in_loop_gap_forms_are_logged_and_reach_wandb(post, tiny_qwen2vl, tiny_s
             pytest.approx(h["gap/abs"])
         assert 0.0 <= h["gap/recognition_rate"] <= 1.0
     (run_dir,) = (out / "wandb").glob("offline-run-*")
-    (run,) = load_run(str(run_dir))
+    run = read_wandb_offline(run_dir)
     for key in ("gap/load", "gap/recognition_rate", "gap/components/rest", "gap/acc_both"):
         steps, values = run.series(key)
         assert values == pytest.approx([h[key] for h in logged]), key
