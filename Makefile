@@ -14,7 +14,10 @@ CUDA ?= $(if $(shell command -v nvidia-smi 2>/dev/null),1,0)
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_PINS := $(shell grep -E '^(torch|torchvision)==' $(CONSTRAINTS))
 
-.PHONY: setup demo test slow_test quality bench clean
+# PYTEST_ARGS: more pytest options, e.g. `make test PYTEST_ARGS=--durations=25` (.ci/run prints the 25 slowest).
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test check slow_test quality bench clean
 .PHONY: compat compat_test
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
@@ -42,8 +45,13 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py --out demo_out
 
+# The whole suite: what CI and the README run (docs/contributing.md gives its duration).
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow and not gpu" -q
+	$(BIN)/python -m pytest -m "not slow and not gpu" -q $(PYTEST_ARGS)
+
+# The fast loop: no test that starts a process, a server or a training run (tests/test_markers.py keeps them marked).
+check: $(STAMP)
+	$(BIN)/python -m pytest -m "not integration and not slow and not gpu" -q $(PYTEST_ARGS)
 
 slow_test: $(STAMP)
 	$(BIN)/python -m pytest -m "slow" -q

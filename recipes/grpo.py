@@ -32,7 +32,6 @@ require_extra("train", "recipes/grpo.py")  # a package missing: one line naming 
 
 # isort: split
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Literal
@@ -43,6 +42,7 @@ from trl import GRPOConfig, GRPOTrainer
 from tokenswap.config import config_to_dict
 from tokenswap.crossmath import REWARDS, get_hop_weighted_reward
 from tokenswap.crossmath.training_data import CrossMathDataConfig, grpo_dataset, load_training_records
+from tokenswap.files import atomic_write_json
 from tokenswap.ranks import print0
 from tokenswap.training.checkpoint import CheckpointCallback, resolve_checkpoint, saving_final, train
 from tokenswap.training.config import ModelConfig, RunConfig, WandbConfig
@@ -164,8 +164,7 @@ def main(cfg: GRPORecipeConfig) -> None:
         trainer.save_model(cfg.run.output_dir)
         if trainer.is_world_process_zero():
             processor.save_pretrained(cfg.run.output_dir)
-            with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
-                json.dump(trainer.state.log_history, f, indent=2)
+            atomic_write_json(os.path.join(cfg.run.output_dir, "log_history.json"), trainer.state.log_history)
     finish_wandb()
     print0(f"[grpo] done: {cfg.run.output_dir}")
     close_process_group()

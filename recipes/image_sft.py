@@ -30,7 +30,6 @@ from tokenswap.extras import require_extra
 require_extra("train", "recipes/image_sft.py")  # a package missing: one line naming the extra, exit status 2
 
 # isort: split
-import json
 import os
 from dataclasses import dataclass, field
 
@@ -47,6 +46,7 @@ from tokenswap.crossmath.training_data import (
     sft_example,
 )
 from tokenswap.errors import InputError
+from tokenswap.files import atomic_write_json
 from tokenswap.packing import group_by_length
 from tokenswap.ranks import print0, rank_and_world
 from tokenswap.throughput import ThroughputCallback, ThroughputConfig
@@ -194,10 +194,8 @@ def main(cfg: ImageSFTConfig) -> None:
                 trainer.model.merge_and_unload().save_pretrained(cfg.run.output_dir)
         if trainer.is_world_process_zero():
             processor.save_pretrained(cfg.run.output_dir)
-            with open(os.path.join(cfg.run.output_dir, "collator_stats.json"), "w") as f:
-                json.dump(dict(resumable.stats), f, indent=2)
-            with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
-                json.dump(trainer.state.log_history, f, indent=2)
+            atomic_write_json(os.path.join(cfg.run.output_dir, "collator_stats.json"), dict(resumable.stats))
+            atomic_write_json(os.path.join(cfg.run.output_dir, "log_history.json"), trainer.state.log_history)
     finish_wandb()
     print0(f"[image_sft] saved: {cfg.run.output_dir}")
 

@@ -23,7 +23,6 @@ from tokenswap.extras import require_extra
 require_extra("train", "recipes/pretrain.py")  # a package missing: one line naming the extra, exit status 2
 
 # isort: split
-import json
 import os
 from dataclasses import dataclass, field
 
@@ -33,6 +32,7 @@ from tokenswap.attention import use_packed_attention
 from tokenswap.config import config_to_dict
 from tokenswap.data.mixture import paired_mixture
 from tokenswap.data.schema import load_samples
+from tokenswap.files import atomic_write_json
 from tokenswap.packing import group_by_length
 from tokenswap.ranks import print0, rank_and_world
 from tokenswap.throughput import ThroughputCallback, ThroughputConfig
@@ -153,10 +153,8 @@ def main(cfg: PretrainConfig) -> None:
         trainer.save_model(cfg.run.output_dir)
         if trainer.is_world_process_zero():
             processor.save_pretrained(cfg.run.output_dir)
-            with open(os.path.join(cfg.run.output_dir, "swap_stats.json"), "w") as f:
-                json.dump(dict(resumable.stats), f, indent=2)
-            with open(os.path.join(cfg.run.output_dir, "log_history.json"), "w") as f:
-                json.dump(trainer.state.log_history, f, indent=2)
+            atomic_write_json(os.path.join(cfg.run.output_dir, "swap_stats.json"), dict(resumable.stats))
+            atomic_write_json(os.path.join(cfg.run.output_dir, "log_history.json"), trainer.state.log_history)
     finish_wandb()
     print0(f"[pretrain] done: {cfg.run.output_dir}")
     close_process_group()

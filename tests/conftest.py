@@ -160,3 +160,16 @@ def trainer_warnings():
     yield seen
     log.removeHandler(handler)
     log.setLevel(level)
+
+
+@pytest.fixture(scope="session")
+def read_wandb_offline():
+    """``read_wandb_offline(path) -> RunRecord``: a W&B offline run read back (tests/wandb_offline.py; the library's
+    ``compare`` reads run folders only)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("wandb_offline", Path(__file__).with_name("wandb_offline.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.read_wandb_offline

@@ -35,7 +35,7 @@ MARK = re.compile(r"^\s*<!--\s*(?P<body>(?:run|check)\b.*?)\s*-->\s*$")
 
 
 def doc_pages() -> list[Path]:
-    """README.md, CHANGELOG.md and docs/*.md (docs/notes/ are drafts the lead folds into pages; not checked)."""
+    """README.md, CHANGELOG.md and docs/*.md."""
     return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 

@@ -5,6 +5,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+# Every test here starts a process, a server or a training run (make check skips them).
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
 LINT = Path(sys.executable).with_name("lint-imports")
 

@@ -50,6 +50,7 @@ CASES = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("script, args, closing, writes_json", CASES, ids=[c[0] for c in CASES])
 def test_benchmark_runs_and_prints_its_closing_line(script, args, closing, writes_json, tmp_path):
     out = tmp_path / "result.json"
@@ -76,6 +77,7 @@ def test_every_benchmark_script_is_covered():
 TWIN_ENV = {"VENV_PY": sys.executable}
 
 
+@pytest.mark.integration
 def test_gpu_check_runs_every_step_on_the_cpu_twin_of_the_gpu_image(tmp_path):
     """What a GPU rental would run, run first on the CPU twin (benchmarks/gpu_twin.sh: the image's packages at its
     versions, cached in ~/.cache/tokenswap) with the carried wheels over it, through the same launcher, parsing and
@@ -123,6 +125,7 @@ def test_gpu_check_runs_every_step_on_the_cpu_twin_of_the_gpu_image(tmp_path):
     assert sum(f.stat().st_size for f in report.rglob("*") if f.is_file()) < 5 * 2**20
 
 
+@pytest.mark.integration
 def test_gpu_check_part_1_fails_when_its_steps_do_not_fit_its_budget(tmp_path):
     """Part 1 (exactness, packed-vs-padded benches) never overruns its share of the lease: a step that might is
     skipped, said, and fails the part (its figures are what the lease is for)."""
@@ -136,6 +139,7 @@ def test_gpu_check_part_1_fails_when_its_steps_do_not_fit_its_budget(tmp_path):
     assert summary.splitlines()[-1].endswith("2 skipped for time (exactness, gpu_packing_tiny)")
 
 
+@pytest.mark.integration
 def test_gpu_check_part_2_runs_what_the_lease_has_left_and_says_what_it_skipped(tmp_path):
     """--lease-left S: part 2 keeps 60 s for the way back and 100 s to rerun one run, and starts only the runs whose
     timeout fits the rest; the others read "skipped (lease: ...)" and the part passes."""
@@ -154,6 +158,7 @@ def test_gpu_check_part_2_runs_what_the_lease_has_left_and_says_what_it_skipped(
         assert tar.extractfile("report/summary.txt").read().decode() == summary
 
 
+@pytest.mark.integration
 def test_faults_checks_the_checkout_it_is_run_from(tmp_path):
     """An installed (or any other) tokenswap first on the path must not answer for the checkout under test."""
     decoy = tmp_path / "decoy" / "tokenswap"
@@ -167,12 +172,14 @@ def test_faults_checks_the_checkout_it_is_run_from(tmp_path):
     assert re.fullmatch(r"faults: [1-9]\d* tried, \d+ handled, 0 lost", done.stdout.splitlines()[-1])
 
 
+@pytest.mark.integration
 def test_faults_fails_when_no_fault_was_tried(tmp_path):
     done = subprocess.run([sys.executable, str(BENCHMARKS / "faults.py"), "--sections", ","], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and done.stdout.splitlines()[-1] == "faults: 0 tried, 0 handled, 0 lost"
 
 
+@pytest.mark.integration
 def test_gpu_check_leaves_a_folder_that_is_not_its_report_alone(tmp_path):
     """--report DIR is emptied of an earlier report's files: a folder holding anything else is refused, untouched."""
     (tmp_path / "figures.json").write_text("{}")
@@ -190,7 +197,8 @@ def _plan(env=None):
                           capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})})
 
 
-def test_the_gpu_plan_gives_every_step_half_again_its_estimate_and_part_1_fits_twice_in_a_lease():
+@pytest.mark.integration
+def test_the_gpu_plan_gives_every_step_half_again_its_estimate_and_the_timeouts_fit_its_budget():
     done = _plan()
     assert done.returncode == 0, done.stdout + done.stderr
     line = re.search(r"part 1 on the GPU \(estimate/timeout s\): (.*); timeouts (\d+) s of (\d+)", done.stdout)
@@ -198,13 +206,14 @@ def test_the_gpu_plan_gives_every_step_half_again_its_estimate_and_part_1_fits_t
     assert {"install", "preflight", "exactness", "gpu_packing_2b", "gpu_packing_7b"} <= set(steps)
     for name, (est, timeout) in steps.items():
         assert timeout >= 1.5 * est, name
-    assert sum(t for _, t in steps.values()) == int(line[2]) <= int(line[3]) == 330
-    # Two tries of part 1 and the machine's start (~120 s) fit the 900 s lease with their transfers (~15 s each).
-    assert 120 + 2 * (330 + 15) <= 900
+    # The budget (330 s) is sized so two tries of part 1 and the machine's start (~120 s) fit the 900 s lease with
+    # their transfers (~15 s each); the test holds the plan to whatever budget it prints.
+    assert sum(t for _, t in steps.values()) == int(line[2]) <= int(line[3])
     timeouts = dict(re.findall(r"^T_(\w+)=(\d+)$", done.stdout, re.M))
     assert int(timeouts["exactness"]) == steps["exactness"][1]
 
 
+@pytest.mark.integration
 def test_gpu_check_refuses_a_timeout_under_half_again_its_estimate(tmp_path):
     # The issue-38 reading: the exactness step's 90 s timeout sat at the bottom of its own estimate.
     assert _plan({"TEST_TIMEOUT": "90"}).returncode == 2
@@ -216,6 +225,7 @@ def test_gpu_check_refuses_a_timeout_under_half_again_its_estimate(tmp_path):
     assert "plan broken: exactness: timeout 90 s is under 1.5x its estimate of 150 s" in done.stderr
 
 
+@pytest.mark.integration
 def test_built_wheels_are_ignored_by_git(tmp_path):
     for path in ("tokenswap-1.0-py3-none-any.whl", ".whl/deepspeed-0.19.8-py3-none-any.whl"):
         done = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT)
@@ -314,6 +324,7 @@ def test_gpu_check_install_plan_says_in_one_line_what_pip_cannot_find(tmp_path):
         "tokenswap-no-such-package" in lines[0], lines
 
 
+@pytest.mark.integration
 def test_part_1_does_not_need_part_2s_packages_and_part_2_reuses_part_1s_install(tmp_path):
     """The carried wheels without trl, datasets and deepspeed (part 2's alone): part 1 passes and never names them;
     part 2 on the same machine reinstalls nothing, checks only what part 1 did not, and skips (not fails) each run
@@ -321,10 +332,13 @@ def test_part_1_does_not_need_part_2s_packages_and_part_2_reuses_part_1s_install
     cached = subprocess.run(["bash", "-c", 'KEY=$(cat constraints.txt benchmarks/gpu_image.txt benchmarks/gpu_wheels.sh '
                              'pyproject.toml | sha256sum | cut -c1-12); PY=$(bash benchmarks/gpu_twin.sh | tail -n 1); '
                              'V=$("$PY" -c "import sys; print(f\'{sys.version_info[0]}.{sys.version_info[1]}\')"); '
-                             'echo "$HOME/.cache/tokenswap/gpu_twin_wheels-$V-$KEY"'], cwd=ROOT, capture_output=True,
-                            text=True, timeout=1800).stdout.split()[-1]
-    if not (Path(cached) / ".complete").exists():  # the full twin run builds them once; this one reuses them
-        pytest.skip(f"no built twin wheels in {cached}: run test_gpu_check_runs_every_step_on_the_cpu_twin first")
+                             'W="$HOME/.cache/tokenswap/gpu_twin_wheels-$V-$KEY"; '
+                             # built here when absent, as gpu_check.sh builds them (this test needs no other test)
+                             '[ -f "$W/.complete" ] || { PYVER=$V bash benchmarks/gpu_wheels.sh "$W" >&2 && '
+                             'touch "$W/.complete"; }; echo "$W"'], cwd=ROOT, env={**os.environ, **TWIN_ENV},
+                            capture_output=True, text=True, timeout=1800)
+    assert cached.returncode == 0, cached.stderr[-3000:]
+    cached = cached.stdout.split()[-1]
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     for whl in Path(cached).glob("*.whl"):

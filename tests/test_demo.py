@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+# Every test here starts a process, a server or a training run (make check skips them).
+pytestmark = pytest.mark.integration
+
 RECORD = Path(__file__).parent / "assets" / "demo_reduced_record.json"
 REGENERATE = "TOKENSWAP_UPDATE_DEMO_RECORD=1 python -m pytest tests/test_demo.py"
 
@@ -89,9 +92,9 @@ def check_figure(report: dict, records: list, out: Path, plot_demo) -> None:
     assert not [a for a in fig.findobj() if (a.get_gid() or "").startswith("band/")]  # no band from one seed
 
 
-def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch, capfd):
+def test_reduced_demo_report_comes_from_the_runs(tmp_path, monkeypatch, capfd, read_wandb_offline):
     from examples.demo import main, plot_demo
-    from tokenswap.compare import load_run, read_wandb_offline
+    from tokenswap.compare import load_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     out = tmp_path / "demo"

@@ -156,6 +156,7 @@ def run_block(block, folder: Path, server: DocsServer) -> tuple[int, str, float]
         return 124, out + f"\n[timed out after {BLOCK_TIMEOUT_S} s]", time.perf_counter() - start
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("page", RUN_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_runnable_blocks_run(page, docs_server, tmp_path):
     folder = _scratch(tmp_path / "page")
@@ -238,6 +239,7 @@ def test_a_broken_link_is_found(tmp_path):
     assert len(problems) == 2 and "moved.md does not exist" in problems[0] and "#nope" in problems[1]
 
 
+@pytest.mark.integration
 def test_a_failing_runnable_block_fails(docs_server, tmp_path):
     block = harness.Block(ROOT / "README.md", 1, "bash", "tokenswap --help\n"
                           "tokenswap eval --model m --bench b --limit 0\n"
@@ -246,6 +248,7 @@ def test_a_failing_runnable_block_fails(docs_server, tmp_path):
     assert rc == 2 and "usage: tokenswap <command>" in out and "--limit" in out and "not reached" not in out
 
 
+@pytest.mark.integration
 def test_a_block_gets_only_what_its_page_made(docs_server, tmp_path):
     """The tiny kit is not there unless the page makes it: the README's eval block alone fails, after its set-up
     line it runs, and that line writes the whole tiny kit."""

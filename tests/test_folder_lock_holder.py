@@ -23,6 +23,9 @@ import pytest
 
 from tokenswap.errors import BusyError
 
+# Every test here starts a process, a server or a training run (make check skips them).
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
        "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def test_main_classes_import_from_the_top_level():
     from tokenswap import GapEvalCallback, GapEvaluator, ImageStore, SwapPolicy, TokenSwapCollator
@@ -15,6 +17,7 @@ def test_main_classes_import_from_the_top_level():
         "GapEvalCallback", "GapEvaluator", "ImageStore", "SwapPolicy"}
 
 
+@pytest.mark.integration
 def test_import_tokenswap_loads_neither_torch_nor_transformers():
     code = "import sys, tokenswap; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

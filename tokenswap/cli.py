@@ -49,13 +49,13 @@ def _usage() -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from tokenswap.redaction import redacting_std_streams
-    from tokenswap.script import install_redacting_excepthook
+    from tokenswap.script import redacting_excepthook
 
     # Every line a command prints (its messages, progress, warnings, --help) goes out with known secrets masked,
-    # and so does the traceback of a bug, which the interpreter prints after the streams are restored; a reader gone
-    # before the usage is printed (`tokenswap --help | true`) is a quiet 141, as for any command.
-    install_redacting_excepthook()
-    with redacting_std_streams():
+    # and so does the traceback of a bug, which the interpreter prints after the streams are restored; the caller's
+    # excepthook comes back when the command ends. A reader gone before the usage is printed
+    # (`tokenswap --help | true`) is a quiet 141, as for any command.
+    with redacting_excepthook(), redacting_std_streams():
         return exit_status(lambda: _route(argv))
 
 

@@ -3,9 +3,11 @@
 Runs are read from wherever they were logged:
 
 - a recipe output folder (``log_history.json`` + ``tokenswap_config.json`` written by every recipe);
-- a W&B offline run folder (``wandb/offline-run-*``) or its ``.wandb`` file, read directly
-  (W&B writes no summary file offline, so this module parses the record log);
 - ``wandb:ENTITY/PROJECT/GROUP`` through the W&B API (online runs of one pair).
+
+A W&B offline run (``wandb/offline-run-*``) is not read: its ``.wandb`` file is W&B's private record log. The
+recipe's output folder beside it holds the same history in ``log_history.json``; W&B runs are compared in W&B
+(``wandb sync``, then ``wandb:ENTITY/PROJECT/GROUP`` or ``--wandb-report``).
 
 Runs with the same arm are treated as seeds: the table gives mean ± 95% CI across them (exact
 Student-t, :mod:`tokenswap.eval.stats`). Paired arms share seeds, so their difference is estimated
@@ -21,18 +23,17 @@ import glob
 import json
 import math
 import os
-import struct
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenswap.errors import InputError
 from tokenswap.eval.stats import mean_ci
-from tokenswap.files import read_json
+from tokenswap.files import atomic_write_figure, atomic_write_json, atomic_write_text, read_json
 from tokenswap.inputs import local_or_hub, require_output_dir
 
 __all__ = ["RunRecord", "compare_runs", "load_run", "make_wandb_report", "mean_ci", "paired_difference",
-           "read_trainer_run", "read_wandb_offline", "seed_of"]
+           "read_trainer_run", "seed_of"]
 
 DEFAULT_METRICS = ("loss", "gap/acc_text", "gap/acc_interleaved", "gap/abs", "gap/rel", "gap/retention",
                    "perf/tokens_per_s", "perf/padding", "perf/mfu")
@@ -75,70 +76,6 @@ class RunRecord:
 
 
 # ---------------------------------------------------------------------------- readers
-def wandb_records(path: str):
-    """Yield the protobuf records of a ``.wandb`` file (LevelDB log framing, 32 KiB blocks)."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = Path(path).read_bytes()
-    if data[:4] != b":W&B":
-        raise InputError(f"{path} is not a W&B run file (bad magic {data[:4]!r}); point --runs at a "
-                         "wandb/offline-run-* folder W&B wrote, or leave it out")
-    block, pos, pending = 32768, 7, b""
-    while pos + 7 <= len(data):
-        room = block - pos % block
-        if room < 7:  # the writer pads the tail of a block that cannot hold a header
-            pos += room
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if kind == 0 and length == 0:
-            break
-        payload = data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind == 1:  # FULL
-            chunk = payload
-        elif kind == 2:  # FIRST
-            pending = payload
-            continue
-        elif kind == 3:  # MIDDLE
-            pending += payload
-            continue
-        else:  # LAST
-            chunk, pending = pending + payload, b""
-        record = pb.Record()
-        record.ParseFromString(chunk)
-        yield record
-
-
-def read_wandb_offline(path: str | os.PathLike) -> RunRecord:
-    """Read an offline W&B run (folder ``offline-run-*`` or its ``run-*.wandb`` file)."""
-    path = str(path)
-    if os.path.isdir(path):
-        files = glob.glob(os.path.join(path, "run-*.wandb"))
-        if not files:
-            raise FileNotFoundError(f"{path}: no run-*.wandb file; point at a wandb/offline-run-* folder")
-        path = files[0]
-    name = group = ""
-    config: dict = {}
-    history = []
-    for rec in wandb_records(path):
-        kind = rec.WhichOneof("record_type")
-        if kind == "run":
-            name, group = rec.run.display_name, rec.run.run_group
-            config.update({u.key: json.loads(u.value_json) for u in rec.run.config.update})
-        elif kind == "config":
-            config.update({u.key: json.loads(u.value_json) for u in rec.config.update})
-        elif kind == "history":
-            row = {}
-            for item in rec.history.item:
-                key = item.key or "/".join(item.nested_key)
-                row[key] = json.loads(item.value_json)
-            row["step"] = row.get("train/global_step", row.get("_step"))
-            history.append(row)
-    history = [{(k[len("train/"):] if k.startswith("train/") else k): v for k, v in r.items()} for r in history]
-    return RunRecord(name=name, group=group, arm=str(config.get("arm", "?")), config=config, history=history,
-                     source=f"W&B run {path!r}")
-
-
 def read_trainer_run(output_dir: str | os.PathLike) -> RunRecord:
     """Read a recipe output folder (``log_history.json`` + ``tokenswap_config.json``)."""
     out = Path(output_dir)
@@ -198,19 +135,17 @@ def load_run(spec: str) -> list[RunRecord]:
     """Dispatch on what ``spec`` points at (see module docstring)."""
     if spec.startswith("wandb:"):
         return read_wandb_api(spec[len("wandb:"):])
-    local_or_hub(spec, "--runs", "a run folder holds log_history.json (a recipe's output_dir) or a W&B offline run "
-                 "(wandb/offline-run-*); or pass wandb:ENTITY/PROJECT/GROUP", hub=False)
+    local_or_hub(spec, "--runs", "a run folder holds log_history.json (a recipe's output_dir); or pass "
+                 "wandb:ENTITY/PROJECT/GROUP", hub=False)
     p = Path(spec)
     if (p / "log_history.json").exists():
         return [read_trainer_run(p)]
-    if p.suffix == ".wandb" or glob.glob(str(p / "run-*.wandb")):
-        return [read_wandb_offline(p)]
-    offline = sorted(glob.glob(str(p / "wandb" / "offline-run-*")))
-    if offline:
-        return [read_wandb_offline(offline[-1])]
-    raise FileNotFoundError(
-        f"{spec}: not a recipe output folder (log_history.json), a W&B offline run, or wandb:ENTITY/PROJECT/GROUP"
-    )
+    if p.suffix == ".wandb" or glob.glob(str(p / "run-*.wandb")) or glob.glob(str(p / "wandb" / "offline-run-*")):
+        raise InputError(
+            f"{spec}: a W&B offline run, which compare does not read (W&B's own record format); pass the recipe's "
+            "output folder (it holds the same history in log_history.json), or compare W&B runs in W&B "
+            "(`wandb sync` the run, then --runs wandb:ENTITY/PROJECT/GROUP)")
+    raise FileNotFoundError(f"{spec}: not a recipe output folder (log_history.json), or wandb:ENTITY/PROJECT/GROUP")
 
 
 # ---------------------------------------------------------------------------- comparison
@@ -385,15 +320,13 @@ def to_markdown(table: dict) -> str:
 
 def plot_runs(runs: list[RunRecord], metrics: tuple[str, ...], path: str | os.PathLike) -> None:
     """One panel per metric over steps; one colour per arm, one line per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     present = [m for m in metrics if any(r.series(m)[1] for r in runs)]
     cols = min(3, max(1, len(present)))
     rows = math.ceil(max(1, len(present)) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.3 * rows), squeeze=False)
+    fig = Figure(figsize=(4.4 * cols, 3.3 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     colors = {"baseline": "tab:gray", "text": "tab:blue", "tokenswap": "tab:orange"}
     for ax in axes.flat[len(present):]:
         ax.axis("off")
@@ -412,8 +345,7 @@ def plot_runs(runs: list[RunRecord], metrics: tuple[str, ...], path: str | os.Pa
     if present:
         axes.flat[0].legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    atomic_write_figure(path, fig, dpi=120)
 
 
 def make_wandb_report(entity: str, project: str, group: str, metrics: tuple[str, ...] = DEFAULT_METRICS, title: str | None = None):
@@ -469,8 +401,8 @@ def cli_main(argv: list[str]) -> int:
     runs = [r for spec in args.runs for r in load_run(spec)]
     table = compare_runs(runs, tuple(args.metrics))
     out = require_output_dir(args.out)
-    (out / "comparison.json").write_text(json.dumps(table, indent=2, allow_nan=False))
-    (out / "comparison.md").write_text(to_markdown(table))
+    atomic_write_json(out / "comparison.json", table, allow_nan=False)
+    atomic_write_text(out / "comparison.md", to_markdown(table))
     plot_runs(runs, tuple(args.metrics), out / "comparison.png")
     print(to_markdown(table))
     print(f"wrote {out / 'comparison.md'}, {out / 'comparison.png'}, {out / 'comparison.json'}")

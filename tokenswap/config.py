@@ -302,6 +302,10 @@ def _build(cls: type[T], data: dict, prefix: str, problems: list[str]) -> T:
             if key in owned:
                 problems.append(f"`{prefix}{key}` is set by the recipe: {owned[key]}")
                 continue
+            retired = getattr(cls, "RETIRED", {})
+            if key in retired:  # a key that was removed: one line pointing to what replaced it
+                problems.append(f"`{prefix}{key}` is gone: {retired[key]}")
+                continue
             close = difflib.get_close_matches(key, fields, n=1)
             hint = f"; did you mean `{prefix}{close[0]}`?" if close else ""
             valid = ", ".join(fields) if len(fields) <= 30 else "see --help for all of them"

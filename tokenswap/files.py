@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import io
 import json
 import os
 import re
@@ -40,6 +41,10 @@ __all__ = [
     "FolderLock",
     "FolderLockedError",
     "atomic_write",
+    "atomic_write_figure",
+    "atomic_write_image",
+    "atomic_write_json",
+    "atomic_write_text",
     "cut_torn_tail",
     "json_loads",
     "glob_escape",
@@ -123,6 +128,40 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, errors: str = "strict") -> None:
+    """:func:`atomic_write` of ``text`` as UTF-8 (``errors`` as :meth:`str.encode` takes it)."""
+    atomic_write(path, text.encode("utf-8", errors))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2, ensure_ascii: bool = True,
+                      newline: bool = False, **dumps_kw) -> None:
+    """:func:`atomic_write` of ``json.dumps(obj, indent=..., ...)`` (a final newline when ``newline``)."""
+    text = json.dumps(obj, indent=indent, ensure_ascii=ensure_ascii, **dumps_kw)
+    atomic_write_text(path, text + "\n" if newline else text)
+
+
+def atomic_write_figure(path: str | os.PathLike, figure, **savefig_kw) -> None:
+    """:func:`atomic_write` of a matplotlib ``Figure``, in the format ``path``'s suffix names (``savefig``'s rule).
+
+    The figure is drawn on an Agg canvas of its own: no backend is chosen for the process (a notebook keeps its
+    inline figures) and pyplot never holds the figure.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(figure)
+    buf = io.BytesIO()
+    figure.savefig(buf, format=Path(path).suffix.lstrip(".").lower() or "png", **savefig_kw)
+    atomic_write(path, buf.getvalue())
+
+
+def atomic_write_image(path: str | os.PathLike, image, format: str | None = None, **save_kw) -> None:
+    """:func:`atomic_write` of a PIL image, in ``format`` or the one ``path``'s suffix names (PIL's rule)."""
+    buf = io.BytesIO()
+    suffix = Path(path).suffix.lstrip(".").upper()
+    image.save(buf, format=format or {"JPG": "JPEG"}.get(suffix, suffix or "PNG"), **save_kw)
+    atomic_write(path, buf.getvalue())
 
 
 def glob_escape(name: str) -> str:

@@ -9,15 +9,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 from tokenswap.errors import OutputClosedError, exit_status
 from tokenswap.redaction import RedactingStream, command_line_secret, redacting_std_streams, script_streams
 
-__all__ = ["install_redacting_excepthook", "run_script", "start_script"]
+__all__ = ["install_redacting_excepthook", "redacting_excepthook", "run_script", "start_script"]
 
 
 def _print_masked(kind, value, tb) -> None:
@@ -28,8 +29,36 @@ def _print_masked(kind, value, tb) -> None:
 
 def install_redacting_excepthook() -> None:
     """Print an uncaught exception's traceback with known secrets masked (it is printed after every ``with``
-    around ``main`` has ended, so the redacting streams no longer stand in front of stderr)."""
+    around ``main`` has ended, so the redacting streams no longer stand in front of stderr). For a process's whole
+    life (a script); a call that returns uses :func:`redacting_excepthook`."""
     sys.excepthook = _print_masked
+
+
+@contextlib.contextmanager
+def redacting_excepthook() -> Iterator[None]:
+    """The redacting excepthook for one command, the caller's hook back when it ends.
+
+    A command that returns (any exit status) restores the hook at once. A bug escaping the command is printed by the
+    interpreter only later, after this block: the masking hook stays for that one traceback and then gives the
+    caller's hook back itself, so an interpreter, a notebook or a test calling ``tokenswap.cli.main`` keeps its own.
+    """
+    previous = sys.excepthook
+
+    def once(kind, value, tb) -> None:
+        if sys.excepthook is once:
+            sys.excepthook = previous
+        _print_masked(kind, value, tb)
+
+    sys.excepthook = once
+    try:
+        yield
+    except BaseException as e:
+        if isinstance(e, SystemExit) and sys.excepthook is once:
+            sys.excepthook = previous  # an exit status, not a traceback
+        raise
+    else:
+        if sys.excepthook is once:
+            sys.excepthook = previous
 
 
 def run_script(main: Callable[[], int | None], prefix: str = "") -> NoReturn:

@@ -28,6 +28,7 @@ def argv(tmp_path, model, *extra):
             "gap_eval.bench=null", *extra]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -46,6 +47,7 @@ def test_trainer_settings_the_run_cannot_use_are_config_errors(post, tiny_qwen2v
     assert "Repo id must" not in err and "Traceback" not in err
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -69,6 +71,7 @@ def test_a_mistyped_alias_is_a_config_error_of_build_store(tmp_path, capsys):
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.integration
 def test_missing_data_and_a_missing_or_damaged_store_are_named_together_before_any_load(post, tiny_qwen2vl, tmp_path,
                                                                                       capsys):
     (tmp_path / "store").mkdir()
@@ -83,6 +86,7 @@ def test_missing_data_and_a_missing_or_damaged_store_are_named_together_before_a
     assert "`image_store`: " in err and "expected a JSON object" in err
 
 
+@pytest.mark.integration
 def test_a_packed_attention_kernel_that_cannot_run_here_is_a_config_error(post, tiny_qwen2vl, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         run_recipe(post.main, post.PostTrainConfig, [*argv(tmp_path, tiny_qwen2vl), "collator.packing=true",
@@ -92,6 +96,7 @@ def test_a_packed_attention_kernel_that_cannot_run_here_is_a_config_error(post, 
     assert "model.attn_implementation=auto" in err
 
 
+@pytest.mark.integration
 def test_resampling_swaps_each_epoch_with_persistent_workers_is_a_config_error(post, tiny_qwen2vl, tmp_path, capsys):
     # The workers would keep the first epoch's collator: every epoch would silently reuse the first draw.
     with pytest.raises(SystemExit) as e:
@@ -114,10 +119,11 @@ def _empty_bench(root):
     return root
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (lambda t: [f"gap_eval.bench={t / 'no-bench'}"], "`gap_eval.bench` '{t}/no-bench' is not a folder"),
+        (lambda t: [f"gap_eval.bench={t / 'no-bench'}"], "`gap_eval.bench` '{t}/no-bench' does not exist locally"),
         (lambda t: [f"gap_eval.bench={_empty_bench(t / 'bench')}"], "`gap_eval.bench` {t}/bench: text/test has no rows"),
         (lambda t: ["collator.packing=true", "collator.pack_budget=40", "model.attn_implementation=sdpa"],
          "`collator.pack_budget` 40 is smaller than one image block: model.max_pixels=50176 makes blocks of up to "
@@ -135,6 +141,7 @@ def test_late_failures_are_config_errors_before_data_and_model(post, tiny_qwen2v
     assert "Traceback" not in err
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "extra, message",
     [

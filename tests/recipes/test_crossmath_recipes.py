@@ -69,6 +69,7 @@ def test_real_crossmath_configs_validate(image_sft, grpo):
         load_config(grpo.GRPORecipeConfig, "grpo_crossmath.yaml", ["reward.weighting=cubic"])
 
 
+@pytest.mark.integration
 def test_image_sft_trains_merges_saves_and_evaluates(sft_out, tiny_qwen2vl):
     losses = [h["loss"] for h in log_history(sft_out) if "loss" in h]
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
@@ -106,6 +107,7 @@ def one_epoch_config(image_sft, out: Path, model: Path, *overrides: str):
     )
 
 
+@pytest.mark.integration
 def test_image_sft_group_by_length_trains_on_puzzles_grouped_by_length(image_sft, tiny_qwen2vl, tmp_path):
     out = tmp_path / "grouped"
     cfg = one_epoch_config(image_sft, out, tiny_qwen2vl, "collator.group_by_length=true")
@@ -137,6 +139,7 @@ def test_image_sft_group_by_length_trains_on_puzzles_grouped_by_length(image_sft
     assert spread(logged) <= spread(ungrouped)
 
 
+@pytest.mark.integration
 def test_image_sft_packed_trains_on_every_puzzle_in_packed_rows(image_sft, tiny_qwen2vl, tmp_path):
     out = tmp_path / "packed"
     cfg = one_epoch_config(image_sft, out, tiny_qwen2vl, "collator.packing=true", "collator.pack_budget=8192",
@@ -165,6 +168,7 @@ def test_image_sft_refuses_swap_only_collator_keys(image_sft, override):
         load_config(image_sft.ImageSFTConfig, "tiny/image_sft_crossmath.yaml", [override])
 
 
+@pytest.mark.integration
 def test_image_sft_collator_keys_that_apply_still_load(image_sft, capsys):
     applied = ["collator.swap_prob=1.0", "collator.swap_seed=null", "collator.packing=true", "collator.pack_budget=4096",
                "collator.pixel_dtype=bfloat16", "collator.on_bad_image=error", "collator.on_bad_sample=error",
@@ -194,6 +198,7 @@ def test_image_sft_refuses_the_trainers_length_samplers(image_sft, strategy):
 
 
 @pytest.mark.compat
+@pytest.mark.integration
 def test_grpo_from_sft_checkpoint(grpo, sft_out, tmp_path, monkeypatch):
     calls: list[dict] = []
     real_factory = grpo.get_hop_weighted_reward
@@ -264,6 +269,7 @@ def test_grpo_refuses_trainer_keys_it_would_ignore(grpo, override, match):
         load_config(grpo.GRPORecipeConfig, "tiny/grpo_crossmath.yaml", [override])
 
 
+@pytest.mark.integration
 def test_image_sft_refuses_held_out_puzzles_seen_in_training_before_it_trains(image_sft, tiny_qwen2vl, tmp_path):
     """The overlap is known once both puzzle sets are: it stops the run before the model loads (issue 37), with the
     message it gave after training."""

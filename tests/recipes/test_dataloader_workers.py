@@ -15,6 +15,9 @@ import torch
 
 from tokenswap.config import load_config
 
+# Every test here starts a process, a server or a training run (make check skips them).
+pytestmark = pytest.mark.integration
+
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 WORKERS = "train.dataloader_num_workers=2"
 

@@ -24,6 +24,7 @@ def overrides(out, model, *extra):
             "collator.max_chars_per_sample=1", "gap_eval.bench=null", *extra]  # every sample is longer: all refused
 
 
+@pytest.mark.integration
 def test_a_run_where_every_sample_is_refused_stops_at_its_first_step(post, tiny_qwen2vl, tmp_path, capsys):
     out = tmp_path / "out"
     with pytest.warns(UserWarning, match="skipped"), pytest.raises(SystemExit) as e:
@@ -35,6 +36,7 @@ def test_a_run_where_every_sample_is_refused_stops_at_its_first_step(post, tiny_
     assert not (out / "log_history.json").exists()  # the run did not finish as if it had trained
 
 
+@pytest.mark.integration
 def test_the_share_is_a_budget_a_run_may_spend(post, tiny_qwen2vl, tmp_path, capsys):
     out = tmp_path / "out"
     with pytest.warns(UserWarning, match="skipped"):

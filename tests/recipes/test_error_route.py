@@ -168,6 +168,7 @@ def test_a_value_the_trainer_rejects(planted, tiny_qwen2vl, capfd):
 
 
 # ---------------------------------------------------------------------------- the run folder
+@pytest.mark.integration
 def test_a_run_folder_held_by_another_run(planted, tiny_qwen2vl, capfd):
     out = planted / "run"
     code = (f"from tokenswap.training import hold_output_dir; hold_output_dir({str(out)!r}); "
@@ -191,6 +192,7 @@ def test_a_run_folder_whose_lock_file_cannot_be_made(planted, tiny_qwen2vl, capf
 
 
 # ---------------------------------------------------------------------------- the checkpoint resumed from
+@pytest.mark.integration
 def test_an_explicit_checkpoint_that_is_not_complete(planted, tiny_qwen2vl, trained, capfd):
     ckpt = copy_checkpoint(trained, planted / "old")
     (ckpt / "tokenswap_complete.json").unlink()
@@ -199,6 +201,7 @@ def test_an_explicit_checkpoint_that_is_not_complete(planted, tiny_qwen2vl, trai
                            "missing tokenswap_complete.json")
 
 
+@pytest.mark.integration
 def test_a_checkpoint_without_its_weights(planted, tiny_qwen2vl, trained, capfd):
     ckpt = copy_checkpoint(trained, planted / "old")
     (ckpt / "model.safetensors").unlink()
@@ -214,6 +217,7 @@ class _Payload:
         return (os.makedirs, (str(self.flag),))
 
 
+@pytest.mark.integration
 def test_a_tampered_checkpoint_file(planted, tiny_qwen2vl, trained, capfd, tmp_path):
     import torch
 
@@ -225,6 +229,7 @@ def test_a_tampered_checkpoint_file(planted, tiny_qwen2vl, trained, capfd, tmp_p
     assert not (tmp_path / "payload-ran").exists()
 
 
+@pytest.mark.integration
 def test_a_damaged_checkpoint_file(planted, tiny_qwen2vl, trained, capfd):
     ckpt = copy_checkpoint(trained, planted / "old")
     (ckpt / "trainer_state.json").write_text('{"cut')
@@ -232,6 +237,7 @@ def test_a_damaged_checkpoint_file(planted, tiny_qwen2vl, trained, capfd):
     assert_ends(result, 2, f"error: {masked(ckpt / 'trainer_state.json')} is damaged (JSONDecodeError: ")
 
 
+@pytest.mark.integration
 def test_a_run_config_that_is_not_json(planted, tiny_qwen2vl, trained, capfd):
     ckpt = copy_checkpoint(trained, planted / "old")
     (ckpt / "tokenswap_config.json").unlink()  # then the run folder's copy is the record
@@ -240,6 +246,7 @@ def test_a_run_config_that_is_not_json(planted, tiny_qwen2vl, trained, capfd):
     assert_ends(result, 2, f"error: {masked(ckpt.parent / 'tokenswap_config.json')} is not valid JSON")
 
 
+@pytest.mark.integration
 def test_a_resume_with_other_settings(planted, tiny_qwen2vl, trained, capfd):
     ckpt = copy_checkpoint(trained, planted / "old")
     result = run_script(capfd, overrides(planted / "run", tiny_qwen2vl, f"train.resume_from_checkpoint={ckpt}",
@@ -248,6 +255,7 @@ def test_a_resume_with_other_settings(planted, tiny_qwen2vl, trained, capfd):
                            f"'pair-{MASK}')")
 
 
+@pytest.mark.integration
 def test_a_checkpoint_whose_sample_log_is_gone(planted, tiny_qwen2vl, trained, capfd):
     ckpt = copy_checkpoint(trained, planted / "old")  # of another folder, without that folder's log
     result = run_script(capfd, overrides(planted / "run", tiny_qwen2vl, f"train.resume_from_checkpoint={ckpt}",
@@ -272,6 +280,7 @@ def test_a_checkpoint_save_that_fails(planted, tiny_qwen2vl, capfd):
     assert_ends(result, 1, f"error: saving {masked(out / 'checkpoint-1')} failed while writing ")
 
 
+@pytest.mark.integration
 def test_the_final_save_that_fails(planted, tiny_qwen2vl, capfd):
     out = planted / "run"
     (out / "model.safetensors").mkdir(parents=True)  # a folder where the trained weights go
@@ -307,6 +316,7 @@ def test_a_sigterm_stop(planted, tiny_qwen2vl, capfd, monkeypatch):
 
 
 # ---------------------------------------------------------------------------- a launch of two processes
+@pytest.mark.integration
 def test_a_two_rank_launch_on_a_held_folder_ends_on_both_ranks_with_exit_1(planted, tiny_qwen2vl, free_port):
     out = planted / "run"
     code = (f"from tokenswap.training import hold_output_dir; hold_output_dir({str(out)!r}); "

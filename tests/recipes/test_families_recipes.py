@@ -12,6 +12,9 @@ from safetensors.torch import load_file
 from tokenswap.config import load_config
 from tokenswap.testing import TINY_FAMILIES
 
+# Every test here starts a process, a server or a training run (make check skips them).
+pytestmark = pytest.mark.integration
+
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 

@@ -10,6 +10,9 @@ import torch
 
 from tokenswap.config import load_config
 
+# Every test here starts a process, a server or a training run (make check skips them).
+pytestmark = pytest.mark.integration
+
 ASSETS = Path(__file__).resolve().parents[2] / "tests" / "assets"
 
 

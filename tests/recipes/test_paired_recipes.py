@@ -16,6 +16,9 @@ from safetensors.torch import load_file
 from tokenswap.config import load_config
 from tokenswap.training import COMPLETE_MARKER
 
+# Every test here starts a process, a server or a training run (make check skips them).
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = ROOT / "tests" / "assets"
 
@@ -173,8 +176,10 @@ def test_pretrain_learns_all_text_tokens(load_recipe, tiny_qwen2vl, tiny_store, 
         load_config(pre.PretrainConfig, "tiny/pretrain_text.yaml", overrides(out, tiny_qwen2vl, None, "run.arm=baseline"))
 
 
-def test_wandb_offline_run_is_read_back_and_compared(post, tiny_qwen2vl, tiny_store, tmp_path, monkeypatch):
-    from tokenswap.compare import cli_main, load_run
+def test_wandb_offline_run_is_read_back_and_compared(post, tiny_qwen2vl, tiny_store, tmp_path, monkeypatch,
+                                                     read_wandb_offline):
+    from tokenswap.compare import cli_main
+    from tokenswap.errors import InputError
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     for arm in ("text", "tokenswap"):
@@ -183,7 +188,7 @@ def test_wandb_offline_run_is_read_back_and_compared(post, tiny_qwen2vl, tiny_st
             tmp_path / arm, tiny_qwen2vl, store, "train.report_to=[wandb]", "wandb.mode=offline")))
     run_dirs = sorted((tmp_path / "tokenswap" / "wandb").glob("offline-run-*"))
     assert len(run_dirs) == 1
-    (run,) = load_run(str(run_dirs[0]))
+    run = read_wandb_offline(run_dirs[0])  # what W&B got: the run log_history.json holds, named and grouped
     assert (run.name, run.group, run.arm) == ("tiny-post-tokenswap-s0", "tiny-post", "tokenswap")
     steps, values = run.series("loss")
     assert values == pytest.approx(losses(tmp_path / "tokenswap"), rel=1e-3) and len(steps) == 4
@@ -196,7 +201,10 @@ def test_wandb_offline_run_is_read_back_and_compared(post, tiny_qwen2vl, tiny_st
     assert {"loss", "swap/images_per_sample"} <= logged and not {"train/loss", "train/swap/images_per_sample"} & logged
 
     out = tmp_path / "cmp"
-    assert cli_main(["--runs", str(tmp_path / "text"), str(run_dirs[0]), "--out", str(out)]) == 0
+    # compare reads the run folders; a W&B offline run is pointed back to its folder (or to W&B)
+    with pytest.raises(InputError, match="a W&B offline run, which compare does not read"):
+        cli_main(["--runs", str(tmp_path / "text"), str(run_dirs[0]), "--out", str(out)])
+    assert cli_main(["--runs", str(tmp_path / "text"), str(tmp_path / "tokenswap"), "--out", str(out)]) == 0
     table = json.loads((out / "comparison.json").read_text())
     assert list(table["arms"]) == ["text", "tokenswap"]
     assert table["arms"]["text"]["loss"]["values"] == [losses(tmp_path / "text")[-1]]
@@ -221,7 +229,7 @@ def _launch(config_file: str, port: int, out: Path, model, store, *extra) -> sub
 )
 def test_two_rank_cpu_runs(launcher, extra, tiny_qwen2vl, tiny_store, tiny_bench, free_port, tmp_path):
     out = tmp_path / "run"
-    gap = (f"gap_eval.bench={tiny_bench}", "gap_eval.every_steps=2", "gap_eval.recognition=true")
+    gap = (f"gap_eval.bench={tiny_bench}", "gap_eval.every_steps=2", "gap_eval.forms=[text,interleaved,recognition]")
     proc = _launch(launcher, free_port, out, tiny_qwen2vl, tiny_store.root, *extra, *gap)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ids0, ids1 = sample_ids(out, 0), sample_ids(out, 1)
@@ -239,10 +247,9 @@ def test_two_rank_cpu_runs(launcher, extra, tiny_qwen2vl, tiny_store, tiny_bench
 
 
 def test_in_loop_gap_forms_are_logged_and_reach_wandb(post, tiny_qwen2vl, tiny_store, tiny_bench, tmp_path,
-                                                      monkeypatch):
+                                                      monkeypatch, read_wandb_offline):
     """`gap_eval.forms` adds the both and recognition forms to the in-loop evaluator: the load, the recognition rate
     and the split of the gap go through trainer.log into log_history.json and the offline W&B run."""
-    from tokenswap.compare import load_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     out = tmp_path / "run"
@@ -260,7 +267,7 @@ def test_in_loop_gap_forms_are_logged_and_reach_wandb(post, tiny_qwen2vl, tiny_s
             pytest.approx(h["gap/abs"])
         assert 0.0 <= h["gap/recognition_rate"] <= 1.0
     (run_dir,) = (out / "wandb").glob("offline-run-*")
-    (run,) = load_run(str(run_dir))
+    run = read_wandb_offline(run_dir)
     for key in ("gap/load", "gap/recognition_rate", "gap/components/rest", "gap/acc_both"):
         steps, values = run.series(key)
         assert values == pytest.approx([h[key] for h in logged]), key

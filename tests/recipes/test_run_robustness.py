@@ -27,6 +27,9 @@ from tokenswap.config import load_config
 from tokenswap.training import COMPLETE_MARKER, PREEMPTED_EXIT, run_recipe
 from tokenswap.training.checkpoint import FAULT_PAUSE_ENV
 
+# Every test here starts a process, a server or a training run (make check skips them).
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = ROOT / "tests" / "assets"
 CONFIG = "tiny/post_tokenswap.yaml"

@@ -2,7 +2,6 @@
 
 Every case goes through the real entry point (``tokenswap.cli.main``) on real files: the ones a command wrote
 (``crossmath generate``, ``rest build``), the CrossMath release fixture, a tiny checkpoint where a model is named.
-docs/notes/i32e.md has the table of what each case did before.
 """
 
 from __future__ import annotations
@@ -479,12 +478,13 @@ def test_compare_on_run_files_of_the_wrong_shape(run_folder, tmp_path, capsys, n
     assert not (tmp_path / "cmp").exists()
 
 
-def test_compare_on_a_file_that_is_no_wandb_run(tmp_path, capsys):
+def test_compare_on_a_wandb_offline_run_points_to_the_run_folder(tmp_path, capsys):
     offline = tmp_path / "wandb" / "offline-run-1"
     offline.mkdir(parents=True)
     (offline / "run-1.wandb").write_bytes(b"nope")
-    code, err = run_cli(["compare", "--runs", offline, "--out", tmp_path / "cmp"], capsys)
-    assert_refused(code, err, f"{offline / 'run-1.wandb'} is not a W&B run file (bad magic b'nope')")
+    for runs in (offline, tmp_path):  # the run, or a folder of W&B runs without the recipe's log_history.json
+        code, err = run_cli(["compare", "--runs", runs, "--out", tmp_path / "cmp"], capsys)
+        assert_refused(code, err, f"{runs}: a W&B offline run, which compare does not read", "log_history.json")
 
 
 # ---------------------------------------------------------------------------- probe

@@ -372,6 +372,7 @@ def test_property_matches_processor_for_random_spans(tiny_processor, tiny_store,
 
 
 # ---------------------------------------------------------------------------- trainers
+@pytest.mark.integration
 def test_two_steps_with_hf_trainer_and_trl_sft(tiny_qwen2vl, tiny_processor, tiny_store, swap_samples, tmp_path):
     from datasets import Dataset
     from transformers import AutoModelForImageTextToText, Trainer, TrainingArguments

@@ -159,6 +159,7 @@ def _same_replies(hf: dict[str, dict], api: dict[str, dict], answer: str, varied
 
 
 @pytest.mark.compat
+@pytest.mark.integration
 def test_tokenswap_bench_parity_hf_and_served(served, varied_model, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(KEY_ENV, SECRET)
     bench = _bench(tmp_path / "bench")
@@ -206,6 +207,7 @@ def _forms_bench(root: Path) -> Path:
     return root
 
 
+@pytest.mark.integration
 def test_every_form_parity_hf_and_served(served, varied_model, tmp_path):
     """--forms all on the hf backend and through transformers serve: the same requests, replies and scores, every
     distinct picture captioned and identified once (hf adds its log-likelihood naming records)."""
@@ -242,6 +244,7 @@ def test_every_form_parity_hf_and_served(served, varied_model, tmp_path):
 
 
 @pytest.mark.compat
+@pytest.mark.integration
 def test_crossmath_parity_hf_and_served(served, varied_model, tmp_path):
     data = tmp_path / "cm"
     assert tokenswap_main(["crossmath", "generate", "--n", "3", "--out", str(data), "--styles", "original"]) == 0
@@ -261,6 +264,7 @@ def test_crossmath_parity_hf_and_served(served, varied_model, tmp_path):
 
 
 @pytest.mark.compat
+@pytest.mark.integration
 def test_rest_parity_hf_and_served(served, varied_model, tmp_path):
     data = tmp_path / "soe"
     assert tokenswap_main(["rest", "build", "--source", "soebench", "--n", "2", "--out", str(data)]) == 0
@@ -380,6 +384,7 @@ def _eval_args(server, bench: Path, out: Path, *extra: str) -> list[str]:
             str(bench), "--api-key-env", KEY_ENV, "--out", str(out), *extra]
 
 
+@pytest.mark.integration
 def test_images_go_in_place_lossless_with_caps(tmp_path, monkeypatch):
     import base64
 
@@ -418,6 +423,7 @@ def test_images_go_in_place_lossless_with_caps(tmp_path, monkeypatch):
     _assert_no_secret(tmp_path)
 
 
+@pytest.mark.integration
 def test_release_settings_by_served_name_and_overrides(tmp_path):
     import base64
 
@@ -454,6 +460,7 @@ def test_release_settings_by_served_name_and_overrides(tmp_path):
     assert summary["max_new_tokens"] == 2048
 
 
+@pytest.mark.integration
 def test_faults_are_retried_and_reasoning_is_kept(tmp_path, monkeypatch):
     import math
 
@@ -491,6 +498,7 @@ def test_faults_are_retried_and_reasoning_is_kept(tmp_path, monkeypatch):
     _assert_no_secret(tmp_path)
 
 
+@pytest.mark.integration
 def test_failed_requests_are_counted_never_scored_and_fail_the_run(tmp_path, capsys):
     bench = _bench(tmp_path / "bench")
 
@@ -523,6 +531,7 @@ def test_failed_requests_are_counted_never_scored_and_fail_the_run(tmp_path, cap
     assert summary["acc_text"] == 2 / 4
 
 
+@pytest.mark.integration
 def test_kill_mid_run_then_resume_asks_nothing_twice(tmp_path, monkeypatch):
     monkeypatch.setenv(KEY_ENV, SECRET)
     bench = _bench(tmp_path / "bench")
@@ -608,6 +617,7 @@ def test_ctrl_c_is_one_line_and_130_and_the_rerun_says_it_resumes(tmp_path, monk
     _assert_no_secret(tmp_path)
 
 
+@pytest.mark.integration
 def test_loglik_through_an_endpoint_reads_top_logprobs(tmp_path):
     import math
 
@@ -623,6 +633,7 @@ def test_loglik_through_an_endpoint_reads_top_logprobs(tmp_path):
     assert summary["loglik_outside_mass"]["max"] == pytest.approx(0.05)
 
 
+@pytest.mark.integration
 def test_loglik_is_refused_where_the_server_returns_no_logprobs(served, varied_model, tmp_path, capsys):
     bench = _bench(tmp_path / "bench")
     args = ["eval", "--bench", str(bench), "--scorer", "loglik", *_openai(served, varied_model), "--out",
@@ -633,6 +644,7 @@ def test_loglik_is_refused_where_the_server_returns_no_logprobs(served, varied_m
     assert not (tmp_path / "out" / "records.jsonl").exists()  # refused at the first item, nothing recorded
 
 
+@pytest.mark.integration
 def test_openai_reasoning_models_get_max_completion_tokens_and_no_temperature(tmp_path):
     # api.openai.com answers 400 to max_tokens or a temperature for o-series / GPT-5 models.
     bench = _bench(tmp_path / "bench")
@@ -656,6 +668,7 @@ def test_inference_doctests(name):
     assert result.attempted > 0 and result.failed == 0
 
 
+@pytest.mark.integration
 def test_crossmath_and_rest_count_failed_requests_and_leave_them_out(tmp_path, capsys):
     from tokenswap.crossmath.data import load_crossmath
 
@@ -700,6 +713,7 @@ def test_crossmath_and_rest_count_failed_requests_and_leave_them_out(tmp_path, c
     assert metrics["n_failed"] == metrics["n_skipped"] == 0 and metrics["variants"]["sans_200"]["all"]["n"] == 2
 
 
+@pytest.mark.integration
 def test_a_think_block_left_in_the_content_is_not_the_answer(tmp_path):
     bench = _bench(tmp_path / "bench")
     reply = answer("Maybe A, or D.\n</think>\n\nAnswer: B")  # a server without a reasoning parser
@@ -710,6 +724,7 @@ def test_a_think_block_left_in_the_content_is_not_the_answer(tmp_path):
         ("Answer: B", "Maybe A, or D.", "B")}
 
 
+@pytest.mark.integration
 def test_qwen3_5_thinking_settings_by_benchmark_and_scorer(tmp_path):
     import math
 
@@ -736,6 +751,7 @@ def test_qwen3_5_thinking_settings_by_benchmark_and_scorer(tmp_path):
         assert {p["max_tokens"] for p in server.payloads} == {16384}  # CrossMath's release budget
 
 
+@pytest.mark.integration
 def test_a_server_echoing_the_key_does_not_put_it_in_the_records(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(KEY_ENV, SECRET)
     bench = _bench(tmp_path / "bench")
@@ -762,6 +778,7 @@ def test_a_server_echoing_the_key_does_not_put_it_in_the_records(tmp_path, monke
     _assert_no_secret(tmp_path, texts=(captured.out, captured.err))
 
 
+@pytest.mark.integration
 def test_a_folder_holding_another_run_is_refused(tmp_path, capsys):
     bench = _bench(tmp_path / "bench")
     with Loopback(lambda payload, attempt: ("json", answer("A"))) as server:

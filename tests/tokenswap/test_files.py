@@ -33,6 +33,7 @@ def _dead_pid() -> int:
     return proc.pid  # reaped: no process has this id now (pids are not reused this fast)
 
 
+@pytest.mark.integration
 def test_a_dead_writers_temporary_goes_with_the_next_write_and_the_sweep(tmp_path):
     dead = _dead_pid()
     stale = tmp_path / f"report.json.{dead}-7-{_HOST}.tmp"
@@ -60,6 +61,7 @@ def test_a_failed_write_removes_its_temporary(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
 
 
+@pytest.mark.integration
 def test_a_killed_writer_leaves_a_temporary_the_rerun_removes(tmp_path):
     # A real writer killed between writing its temporary and renaming it.
     script = textwrap.dedent(f"""
@@ -102,6 +104,7 @@ def test_lock_refuses_a_folder_in_its_place(tmp_path):
         FolderLock(tmp_path, prefix=".job-lock").acquire()
 
 
+@pytest.mark.integration
 def test_lock_on_a_read_only_disk_is_named(tmp_path):
     disk = tmp_path / "ro"
     disk.mkdir()
@@ -115,6 +118,7 @@ def test_lock_on_a_read_only_disk_is_named(tmp_path):
         subprocess.run(["umount", str(disk)], check=True)
 
 
+@pytest.mark.integration
 def test_a_forked_child_does_not_keep_the_lock_after_its_parent_dies(tmp_path):
     # The holder forks a long-lived child (as a data-loader worker is) and is SIGKILLed: the folder is free at once,
     # not when the orphaned child notices.
@@ -287,6 +291,7 @@ def _paused_taker(folder: Path, mode: str) -> subprocess.Popen:
     return taker
 
 
+@pytest.mark.integration
 def test_a_lock_held_for_an_instant_already_names_its_holder(tmp_path):
     # Paused the instant its flock succeeded: a job that collides with it then must learn its pid (the tag used to be
     # written after the flock, and the second of two builds started together said "unknown process"). Either the
@@ -311,6 +316,7 @@ def test_a_lock_held_for_an_instant_already_names_its_holder(tmp_path):
         taker.wait()
 
 
+@pytest.mark.integration
 def test_a_dead_holders_lock_file_is_taken_over_and_names_the_new_holder(tmp_path):
     # A holder SIGKILLed leaves its lock file and tag; the next job takes it over. A job colliding with the taker
     # while it holds the dead one's file must name the taker, not the dead holder.

@@ -30,6 +30,7 @@ def echo(payload: dict) -> str:
     return "re: " + payload["messages"][-1]["content"]
 
 
+@pytest.mark.integration
 def test_requests_run_concurrently_up_to_the_limit_and_come_back_in_order():
     with LoadLLMServer(echo, latency=0.3) as server:
         model = OpenAIChatModel(server.base_url, "m", concurrency=8)
@@ -46,6 +47,7 @@ def test_requests_run_concurrently_up_to_the_limit_and_come_back_in_order():
         json.dumps(stats)
 
 
+@pytest.mark.integration
 def test_concurrency_one_is_one_request_at_a_time():
     with LoadLLMServer(echo, latency=0.05) as server:
         model = OpenAIChatModel(server.base_url, "m", concurrency=1)
@@ -53,6 +55,7 @@ def test_concurrency_one_is_one_request_at_a_time():
         assert server.max_in_flight == 1
 
 
+@pytest.mark.integration
 def test_429_lowers_the_number_in_flight_honours_retry_after_and_climbs_back():
     # The API serves 4 at once and answers 429 "Retry-After: 0.6" beyond that.
     with LoadLLMServer(echo, latency=0.05, rate_limit=4, retry_after=0.6) as server:
@@ -77,6 +80,7 @@ def test_429_lowers_the_number_in_flight_honours_retry_after_and_climbs_back():
         assert model.stats.limit == 16 and server.max_in_flight == 16
 
 
+@pytest.mark.integration
 def test_503_without_retry_after_lowers_the_limit_too():
     with LoadLLMServer(echo, latency=0.05, rate_limit=0, retry_after=None, reject_status=503) as server:
         model = OpenAIChatModel(server.base_url, "m", concurrency=8, max_retries=3, max_backoff=0.05)
@@ -88,6 +92,7 @@ def test_503_without_retry_after_lowers_the_limit_too():
         assert model.stats.limit == 8
 
 
+@pytest.mark.integration
 def test_the_cache_under_concurrency_has_every_answer_once(tmp_path):
     path = tmp_path / "cache.jsonl"
     with LoadLLMServer(echo, latency=0.05) as server:
@@ -127,6 +132,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 def test_a_kill_under_concurrency_cannot_tear_the_cache(tmp_path):
     path = tmp_path / "cache.jsonl"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -149,6 +155,7 @@ def test_a_kill_under_concurrency_cannot_tear_the_cache(tmp_path):
     assert {r["response"] for r in rows} == {f"re: q{i}" for i in range(300)}
 
 
+@pytest.mark.integration
 def test_the_deadline_holds_while_the_headers_drip_and_under_load():
     from tests.support import ScriptedLLMServer
 
@@ -170,6 +177,7 @@ def test_the_deadline_holds_while_the_headers_drip_and_under_load():
         assert model.stats.errors == 4 and model.stats.in_flight == 0
 
 
+@pytest.mark.integration
 def test_request_returns_reasoning_usage_and_the_first_tokens_logprobs(tmp_path):
     import base64
 
@@ -206,6 +214,7 @@ def test_request_returns_reasoning_usage_and_the_first_tokens_logprobs(tmp_path)
     assert (stats["requests"], stats["cached"], stats["prompt_tokens"], stats["completion_tokens"]) == (2, 1, 7, 1)
 
 
+@pytest.mark.integration
 def test_the_payload_carries_logprobs_extra_body_and_image_urls_unchanged():
     seen = []
     with LoadLLMServer(lambda payload: seen.append(payload) or "ok") as server:
@@ -219,6 +228,7 @@ def test_the_payload_carries_logprobs_extra_body_and_image_urls_unchanged():
     assert payload["chat_template_kwargs"] == {"x": 1}
 
 
+@pytest.mark.integration
 def test_closing_the_server_with_a_request_in_flight_logs_no_traceback(caplog):
     # Python 3.11's stream callback calls task.exception() on a cancelled handler and logs a CancelledError
     # traceback per open connection: noise in every fault log that a reader takes for a failure.

@@ -50,6 +50,7 @@ def server():
         yield s
 
 
+@pytest.mark.integration
 def test_a_redirect_to_another_host_is_refused_and_the_key_never_leaves(server, monkeypatch):
     with ScriptedLLMServer() as other:
         monkeypatch.setenv("TS_KEY", "sk-secret")
@@ -60,6 +61,7 @@ def test_a_redirect_to_another_host_is_refused_and_the_key_never_leaves(server, 
         assert other.headers == [] and model.num_requests == 1  # not followed, not retried
 
 
+@pytest.mark.integration
 def test_the_timeout_is_a_deadline_for_the_whole_attempt_not_per_read(server):
     server.script = [drip(30), drip(30)]  # one byte every 0.1 s: no single read ever times out
     model = OpenAIChatModel(server.base_url, "m", timeout=1.0, max_retries=1, max_backoff=0.1)
@@ -70,6 +72,7 @@ def test_the_timeout_is_a_deadline_for_the_whole_attempt_not_per_read(server):
     assert server.base_url in str(err.value)
 
 
+@pytest.mark.integration
 def test_oversized_replies_are_refused_announced_or_not(server):
     model = OpenAIChatModel(server.base_url, "m", max_response_bytes=1 << 20, max_retries=0)
     server.script = [llm_reply(b"", length=300 << 20)]
@@ -80,6 +83,7 @@ def test_oversized_replies_are_refused_announced_or_not(server):
         model.chat(MSG)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "bad, error",
     [
@@ -101,6 +105,7 @@ def test_garbled_replies_are_retried_then_named_with_the_url(server, bad, error)
     assert f"{server.base_url}/chat/completions" in str(err.value)
 
 
+@pytest.mark.integration
 def test_retry_after_is_honoured(server):
     server.script = [llm_reply(b"slow down", 429, {"Retry-After": "1"}), llm_reply(llm_answer("now"))]
     model = OpenAIChatModel(server.base_url, "m", max_retries=1, max_backoff=5)
@@ -109,6 +114,7 @@ def test_retry_after_is_honoured(server):
     assert 1.0 <= time.monotonic() - t0 < 3.0
 
 
+@pytest.mark.integration
 def test_a_null_reply_is_a_failed_request_retried_and_never_cached(server, tmp_path):
     server.script = [llm_reply(llm_answer(None)), llm_reply(llm_answer("real answer"))]
     model = OpenAIChatModel(server.base_url, "m", cache_path=tmp_path / "c.jsonl", max_backoff=0.05)
@@ -124,6 +130,7 @@ def test_a_null_reply_is_a_failed_request_retried_and_never_cached(server, tmp_p
     assert [row["response"] for row in cached] == ["real answer"]  # nothing for the question that got no answer
 
 
+@pytest.mark.integration
 def test_a_null_content_after_the_whole_budget_went_to_reasoning_is_the_empty_answer(server):
     body = {"choices": [{"message": {"role": "assistant", "content": None, "reasoning_content": "Let me think"},
                          "finish_reason": "length"}]}

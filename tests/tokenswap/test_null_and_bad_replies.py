@@ -47,6 +47,7 @@ BAD_BODIES = {
 }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("what", list(BAD_BODIES))
 def test_a_body_python_cannot_take_is_a_retried_failed_request(what):
     with ScriptedLLMServer() as server:
@@ -77,6 +78,7 @@ def logprob_body(top) -> bytes:
     return body(content="A", top=top)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("what", list(BAD_LOGPROBS))
 def test_logprobs_that_are_no_log_probabilities_are_an_invalid_reply(what):
     good = body(content="A", top=[{"token": "A", "logprob": -0.25}, {"token": " B", "logprob": -1.5}])
@@ -93,6 +95,7 @@ def test_logprobs_that_are_no_log_probabilities_are_an_invalid_reply(what):
         assert model.request([{"role": "user", "content": "plain"}]).top_logprobs is None
 
 
+@pytest.mark.integration
 def test_absurd_usage_counts_are_left_out_not_summed():
     with ScriptedLLMServer() as server:
         model = OpenAIChatModel(server.base_url, "m", max_retries=0)
@@ -135,6 +138,7 @@ def poisoned_cache(path: Path, questions: list[str]) -> None:
         f.write("\n".join(lines) + "\n")
 
 
+@pytest.mark.integration
 def test_poisoned_cache_entries_are_skipped_with_one_warning_and_asked_again(tmp_path):
     questions = [f"q{i}" for i in range(11)]
     path = tmp_path / "cache.jsonl"
@@ -198,6 +202,7 @@ def reference_build(tmp_path_factory):
     return out
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("stage", ["extract", "judge"])
 @pytest.mark.parametrize("answer", ["null", "deep nesting"])
 def test_build_store_commits_no_null_or_unparsable_reply_and_the_rerun_asks_again(stage, answer, reference_build,
@@ -257,6 +262,7 @@ def reference_eval(tiny_bench, tmp_path_factory):
     return json.loads((out / "gap.json").read_text())
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("answer", ["null", "missing content", "deep nesting", "huge integer"])
 def test_eval_scores_no_null_or_unparsable_reply_and_the_rerun_asks_only_those(answer, tiny_bench, reference_eval,
                                                                                 tmp_path):
@@ -288,6 +294,7 @@ def test_eval_scores_no_null_or_unparsable_reply_and_the_rerun_asks_only_those(a
     assert gap["acc_text"] == reference_eval["acc_text"] and gap["gap"] == reference_eval["gap"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("what", ["+1000", "NaN"])
 def test_eval_loglik_writes_no_overflowing_or_nan_logprob(what, tiny_bench, tmp_path):
     good = [{"token": "A", "logprob": -0.2}, {"token": "B", "logprob": -2.0}]
@@ -312,6 +319,7 @@ def test_eval_loglik_writes_no_overflowing_or_nan_logprob(what, tiny_bench, tmp_
     assert json.loads((out / "gap.json").read_text())["n_failed"] == 0
 
 
+@pytest.mark.integration
 def test_crossmath_and_rest_eval_score_no_null_reply_and_ask_it_again(tmp_path):
     from tokenswap.crossmath.data import load_crossmath
 
@@ -379,6 +387,7 @@ def _bench_files(out: Path) -> dict[str, bytes]:
             if p.is_file() and p.name != "requests.json" and "cache" not in p.relative_to(out).parts}
 
 
+@pytest.mark.integration
 def test_the_bench_builder_records_no_null_reply_and_the_rerun_equals_an_uninterrupted_run(tmp_path):
     from tokenswap.eval.bench_builder import BenchRequestsFailed
     from tokenswap.eval.mc import MCItem

@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # A gloo group whose worker threads stay alive after destroy_process_group(), because something still references
@@ -51,6 +53,7 @@ def _run(tmp_path, port, backend="gloo"):
     return subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.integration
 def test_after_gloo_end_script_ends_the_run_without_finalizing_beside_gloo_threads(free_port, tmp_path):
     done = _run(tmp_path, free_port)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -29,6 +29,7 @@ def bnb_says_it(tmp_path_factory):
     return NOTICE in python("import bitsandbytes", tmp_path_factory.mktemp("bnb"))
 
 
+@pytest.mark.integration
 def test_the_recipes_and_the_cli_say_nothing_about_an_optional_kernel(tmp_path, bnb_says_it):
     if not bnb_says_it:
         pytest.skip("bitsandbytes does not try the kernels-community CPU kernel on this CPU")
@@ -48,6 +49,7 @@ def test_every_recipe_imports_tokenswap_before_transformers():
             assert names[0] == "tokenswap", f"{recipe.name} imports {names[0]} first"
 
 
+@pytest.mark.integration
 def test_a_kernels_package_that_fails_is_still_reported(tmp_path, bnb_says_it):
     if not bnb_says_it:
         pytest.skip("bitsandbytes does not try the kernels-community CPU kernel on this CPU")

@@ -175,6 +175,7 @@ def test_a_closed_reader_is_said_once_then_nothing_is_written():
     print("more", file=stream, flush=True)  # nowhere to go, and no second error
 
 
+@pytest.mark.integration
 def test_a_forked_child_sends_none_of_the_parents_held_text_and_can_print_while_a_parent_thread_holds_the_lock():
     import os
     import threading

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "sk-planted-0123456789abcdef"
 
@@ -15,12 +17,14 @@ def run(body: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.integration
 def test_an_input_error_is_one_masked_line_and_exit_2():
     done = run(f"def main():\n    raise InputError('bad key {SECRET}: pass another')\nrun_script(main)")
     assert done.returncode == 2
     assert done.stderr.splitlines() == ["error: bad key [secret]: pass another"]
 
 
+@pytest.mark.integration
 def test_a_bug_is_a_traceback_with_the_secret_masked_and_exit_1():
     # The interpreter prints an uncaught exception after the redacting streams are gone: the hook masks it.
     done = run(f"def main():\n    raise RuntimeError('crashed holding {SECRET}')\nrun_script(main)")
@@ -29,11 +33,13 @@ def test_a_bug_is_a_traceback_with_the_secret_masked_and_exit_1():
     assert SECRET not in done.stderr and SECRET[:12] not in done.stderr
 
 
+@pytest.mark.integration
 def test_success_is_exit_0_and_the_status_of_main_is_kept():
     assert run("run_script(lambda: print('done'))").returncode == 0
     assert run("run_script(lambda: 3)").returncode == 3
 
 
+@pytest.mark.integration
 def test_ranks_sharing_one_unbuffered_stderr_never_cut_into_each_others_lines():
     """Two processes (as the ranks of a launch) print long lines through run_script to one pipe with
     PYTHONUNBUFFERED=1, where every piece print() writes is a write(2) of its own: each line arrives whole."""
@@ -51,6 +57,7 @@ def test_ranks_sharing_one_unbuffered_stderr_never_cut_into_each_others_lines():
     assert [line for line in lines if line not in whole] == [] and len(lines) == 800
 
 
+@pytest.mark.integration
 def test_a_reader_that_goes_away_ends_the_command_quietly_with_141():
     """``tokenswap leaderboard ... | head -1``: the reader closes the pipe; the command ends as a shell tool ends on
     SIGPIPE (141), with no traceback and no "Exception ignored" line (before: a BrokenPipeError traceback, exit 1)."""
@@ -65,6 +72,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly_with_141():
         assert (proc.wait(timeout=120), proc.stderr.read()) == (141, "")
 
 
+@pytest.mark.integration
 def test_a_reader_gone_before_the_last_half_line_costs_no_traceback():
     code = ("import sys\nfrom tokenswap.script import run_script\n"
             "def main():\n    print('first', flush=True)\n    sys.stdin.readline()\n"
@@ -80,6 +88,7 @@ def test_a_reader_gone_before_the_last_half_line_costs_no_traceback():
         assert (proc.wait(timeout=120), proc.stderr.read()) == (0, "")
 
 
+@pytest.mark.integration
 def test_a_broken_pipe_that_is_not_the_output_stays_a_bug():
     done = run("def main():\n    raise BrokenPipeError(32, 'Broken pipe (a server connection)')\nrun_script(main)")
     assert done.returncode == 1 and "BrokenPipeError: [Errno 32] Broken pipe (a server connection)" in done.stderr

@@ -79,6 +79,7 @@ def build_args(out: Path, base_url: str) -> list[str]:
             "extractor.llm.max_retries=0", "extractor.llm.concurrency=4", "samples_per_shard=4", "progress=false"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("form", [*FORMS, "reply"])
 def test_build_store_writes_the_key_nowhere(form, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(KEY_ENV, KEY)
@@ -111,6 +112,7 @@ def eval_args(server, bench: Path, out: Path, *extra: str) -> list[str]:
             "--concurrency", "4", *extra]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("form", [*FORMS, "reply"])
 def test_eval_writes_the_key_nowhere(form, tiny_bench, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(KEY_ENV, KEY)

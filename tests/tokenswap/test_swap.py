@@ -26,6 +26,7 @@ def decisions(policy: SwapPolicy, n: int = 6, epoch: int = 0) -> dict[str, list[
 
 
 # ---------------------------------------------------------------------------- purity
+@pytest.mark.integration
 def test_decisions_are_identical_in_a_fresh_process():
     # A new interpreter has a different hash seed (PYTHONHASHSEED) and RNG state: only a pure
     # function of (seed, id, k, epoch) gives the same answer.

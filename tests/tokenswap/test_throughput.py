@@ -95,6 +95,7 @@ def test_flop_counts_follow_what_is_trained(tiny_model):
     assert window_flops(frozen, tokens, token_sq, patches, patch_sq) < f
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("packing", [False, True])
 def test_trainer_logs_perf_keys_to_log_history(packing, tmp_path, tiny_model, tiny_processor, tiny_store,
                                                swap_samples):
@@ -126,6 +127,7 @@ def test_trainer_logs_perf_keys_to_log_history(packing, tmp_path, tiny_model, ti
         assert all(h["perf/padding"] > 0.0 for h in logged)
 
 
+@pytest.mark.integration
 def test_no_mfu_without_a_known_peak(tmp_path, tiny_model, tiny_processor, tiny_store, swap_samples):
     from datasets import Dataset
     from transformers import Trainer, TrainingArguments

@@ -211,8 +211,13 @@ def test_unsupported_family_names_the_supported_ones(tmp_path):
 
 
 def test_missing_local_model_folder_says_so(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"model.name_or_path: local folder .*does not exist"):
+    from tokenswap.errors import InputError
+
+    with pytest.raises(InputError, match=r"model.name_or_path '.*nope' does not exist locally: no such folder"):
         load_model_and_processor(ModelConfig(name_or_path=str(tmp_path / "nope")))
+    # the recipes take a value as `tokenswap eval --model` does: a weights file is a path, never a hub id
+    with pytest.raises(InputError, match=r"model.name_or_path 'models/ckpt.safetensors' does not exist locally"):
+        load_model_and_processor(ModelConfig(name_or_path="models/ckpt.safetensors"))
     # org/name could be a hub id: offline, the error says both what was looked for and why it failed
     with pytest.raises(FileNotFoundError, match=r"neither a local checkpoint folder .* nor loadable as a hub id"):
         load_model_and_processor(ModelConfig(name_or_path="outputs/image_sft_crossmath"))
@@ -391,6 +396,7 @@ def test_secret_fields_are_masked_by_name_in_every_written_config():
     assert "hub_token" in {f.name for f in dataclasses.fields(TrainConfig)}
 
 
+@pytest.mark.integration
 def test_a_dead_holder_never_locks_the_output_dir(tmp_path, capsys):
     import subprocess
     import sys

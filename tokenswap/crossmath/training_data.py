@@ -24,6 +24,7 @@ from tokenswap.crossmath.grid import parse_markdown_table
 from tokenswap.crossmath.prompt import build_instruction
 from tokenswap.crossmath.render import STYLES, StyleName, render_grid
 from tokenswap.crossmath.solver import chain_of_thought
+from tokenswap.files import atomic_write_image, atomic_write_text
 
 __all__ = [
     "CrossMathDataConfig",
@@ -110,13 +111,8 @@ def write_puzzles(puzzles: list, folder: str | os.PathLike, style: StyleName) ->
             return jsonl
     for puzzle, record in zip(puzzles, records):
         (folder / record["img_blank"]).parent.mkdir(parents=True, exist_ok=True)
-        # Write then rename, so a killed job never leaves a truncated PNG behind.
-        tmp = folder / (record["img_blank"] + ".tmp.png")
-        render_grid(puzzle.grid, style).save(tmp)
-        os.replace(tmp, folder / record["img_blank"])
-    tmp = jsonl.with_suffix(".jsonl.tmp")
-    tmp.write_text(lines, encoding="utf-8")
-    os.replace(tmp, jsonl)
+        atomic_write_image(folder / record["img_blank"], render_grid(puzzle.grid, style))  # never a truncated PNG
+    atomic_write_text(jsonl, lines)
     return jsonl
 
 

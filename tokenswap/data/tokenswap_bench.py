@@ -8,6 +8,7 @@ question and choices hold literal ``<image N>`` tags; tag ``<image N>`` is colum
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from dataclasses import replace
@@ -16,6 +17,7 @@ from typing import Literal
 from tokenswap.data.items import MCItem, image_tags, pair_ids_match, recover_concepts
 from tokenswap.data.mmlu import load_split
 from tokenswap.errors import InputError
+from tokenswap.files import atomic_write, atomic_write_text
 
 __all__ = ["BENCH_HOLDS", "TOKENSWAP_BENCH_HUB_ID", "load_tokenswap_bench", "load_tokenswap_bench_pairs", "write_tokenswap_bench"]
 
@@ -158,8 +160,11 @@ def write_tokenswap_bench(
     ):
         (out / config).mkdir(parents=True, exist_ok=True)
         ds = Dataset.from_list(rows(items, config == "img"), features=features)
-        ds.to_parquet(str(out / config / f"{split}-00000-of-00001.parquet"))
-    (out / "README.md").write_text(
+        buf = io.BytesIO()
+        ds.to_parquet(buf)
+        atomic_write(out / config / f"{split}-00000-of-00001.parquet", buf.getvalue())
+    atomic_write_text(
+        out / "README.md",
         "---\nconfigs:\n"
         f"- config_name: text\n  data_files:\n  - split: {split}\n    path: text/{split}-*.parquet\n"
         f"- config_name: img\n  data_files:\n  - split: {split}\n    path: img/{split}-*.parquet\n---\n"

@@ -43,7 +43,7 @@ from tokenswap.concepts import Concept, ConceptExtractor, validate_concepts
 from tokenswap.config import config_to_dict
 from tokenswap.errors import IncompleteRunError, InputError
 from tokenswap.eval.mc import MCItem, build_conversation, evaluate, format_prompt, substitute_spans
-from tokenswap.files import cut_torn_tail, read_jsonl
+from tokenswap.files import atomic_write_json, atomic_write_text, cut_torn_tail, read_jsonl
 from tokenswap.inference import ChatModel, LLMRequestError, map_ordered
 from tokenswap.inference.parsing import parse_json_response
 from tokenswap.inputs import from_hub, local_or_hub
@@ -262,7 +262,7 @@ class BenchBuilder:
         names = ("judge", "proxy", "captioner", "extractor")
         requests = {n: m.stats.as_dict() for n, m in zip(names, models) if m is not None}
         requests["failed_items"] = [{"id": i, "error": e} for i, e in failed[:100]]
-        (self.out_dir / "requests.json").write_text(json.dumps(redact_data(requests), indent=2))
+        atomic_write_json(self.out_dir / "requests.json", redact_data(requests))
         if failed:
             raise BenchRequestsFailed(
                 f"{len(failed)} item(s) had a request that failed for good (first: {failed[0][0]}: {failed[0][1]}); "
@@ -290,8 +290,8 @@ class BenchBuilder:
             for i in items
             if not records[i.id]["kept"]
         ]
-        with open(self.out_dir / "dropped.jsonl", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(d, ensure_ascii=False) + "\n" for d in dropped)
+        atomic_write_text(self.out_dir / "dropped.jsonl", "".join(json.dumps(d, ensure_ascii=False) + "\n"
+                                                                  for d in dropped))
         reasons: dict[str, int] = {}
         for d in dropped:
             reasons[d["reason"]] = reasons.get(d["reason"], 0) + 1
@@ -302,7 +302,7 @@ class BenchBuilder:
             "swaps": sum(len(i.images) for i in kept_img),
             "filters": list(self.filters),
         }
-        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        atomic_write_json(self.out_dir / "summary.json", summary)
         return summary
 
 
@@ -398,7 +398,7 @@ def build_bench(cfg: BenchBuildConfig) -> dict:
     with from_hub(cfg.source, "`source`", SOURCE_HOLDS, repo_type="dataset"):
         items = load_mmlu(cfg.source, cfg.subject, cfg.split, cfg.limit)
     summary = builder.run(items, progress=cfg.progress)
-    (out / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
+    atomic_write_json(out / "config.json", config_to_dict(cfg))
     return summary
 
 

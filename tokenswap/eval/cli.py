@@ -25,8 +25,8 @@ Examples::
 ``--forms`` adds the controls that say what the gap is made of (:mod:`tokenswap.eval.forms`): ``both`` (every
 concept word kept, its picture after it), ``caption`` (the model's own caption of each picture in its place),
 ``rendered`` (the word rendered as a picture) and ``recognition`` (per distinct picture, which of 4 concepts it
-shows), or ``all``; the default ``text,interleaved`` is the gap alone. ``--recognition`` adds ``recognition``
-(and, on ``hf``, the log-likelihood naming control). Each form is one more request per item (captions and
+shows), or ``all``; the default ``text,interleaved`` is the gap alone. The ``recognition`` form brings, on ``hf``,
+the log-likelihood naming control too (it is the one recognition switch; ``--recognition`` is refused). Each form is one more request per item (captions and
 recognition: per distinct picture), all in flight together (:mod:`tokenswap.eval.form_runs`).
 
 Writes ``records.jsonl`` (one line per request, appended as each finishes: the same command after a
@@ -45,12 +45,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 from pathlib import Path
 
 from tokenswap.errors import InputError
-from tokenswap.files import FolderLock, FolderLockedError
+from tokenswap.files import FolderLock, FolderLockedError, atomic_write, atomic_write_json, atomic_write_text
 from tokenswap.inputs import (
     HubMissError,
     from_hub,
@@ -64,6 +63,14 @@ from tokenswap.inputs import (
 __all__ = ["cli_main"]
 
 DEFAULT_MAX_NEW_TOKENS = 2048  # the release's generation_kwargs
+
+
+class _Retired(argparse.Action):
+    """A flag that was removed: one line naming what replaced it (exit 2), not argparse's usage dump."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise InputError(f"{option_string} is gone: add recognition to --forms (e.g. --forms text,interleaved,"
+                         "recognition); the form is the one recognition switch")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -88,9 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--forms", type=_forms, default=("text", "interleaved"),
                    help="forms to ask, a comma list of text, interleaved, both, caption, rendered, recognition, or "
                         "all (default text,interleaved: the gap alone)")
-    p.add_argument("--recognition", action="store_true",
-                   help="add the recognition form (which of 4 concepts each picture shows; and on hf the "
-                        "log-likelihood naming control)")
+    p.add_argument("--recognition", nargs=0, action=_Retired, help=argparse.SUPPRESS,
+                   default=None)  # gone: one line pointing to --forms
     p.add_argument("--out", default="gap_eval", help="output folder for records.jsonl, gap.json and gap.md")
     add_backend_arguments(p)
     return p
@@ -113,7 +119,7 @@ def _check(args) -> None:
     from tokenswap.inference.backends import BackendConfigError, check_backend_arguments
 
     check_backend_arguments(args)
-    args.forms = order_forms([*args.forms, *(["recognition"] if args.recognition else [])])
+    args.forms = order_forms(args.forms)
     extra = [f for f in args.forms if f in ("both", "caption", "rendered")]
     if args.prompt == "k_shot" and extra:
         raise BackendConfigError(f"--prompt k_shot has shots for the text and interleaved forms only, not for "
@@ -192,10 +198,8 @@ def _shots(args):
 
 def _write(out: Path, payload: dict, markdown: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "gap.json.tmp"
-    tmp.write_text(json.dumps(payload, indent=2, ensure_ascii=False))
-    os.replace(tmp, out / "gap.json")
-    (out / "gap.md").write_text(markdown)
+    atomic_write_json(out / "gap.json", payload, ensure_ascii=False)
+    atomic_write_text(out / "gap.md", markdown)
     print(markdown)
 
 
@@ -226,13 +230,13 @@ def _run_shards(shards, backend, log, plan, args, budget: int, naming: bool):
 
 def _form_lines(result) -> str:
     """gap.md's lines for the forms that lost items (each form's n, and its first reason)."""
-    from tokenswap.eval.form_runs import _reasons
+    from tokenswap.eval.form_runs import skip_reasons
 
     lines = []
     for form, c in result.form_counts.items():
         if c["failed"] or c["skipped"]:
             first = next((f"{e['id']}: {r}" for e in (*result.excluded, *result.items)
-                          for f, r in _reasons(e).items() if f == form), None)
+                          for f, r in skip_reasons(e).items() if f == form), None)
             lines.append(f"{form}: n {c['n']}, {c['failed']} failed, {c['skipped']} skipped (first: {first})")
     return "\nPer form:\n" + "\n".join(f"- {line}" for line in lines) + "\n" if lines else ""
 
@@ -265,7 +269,7 @@ _LATER_KEYS = ("image_format", "max_pixels")
 
 def check_run_identity(out: Path, identity: dict, command: str) -> None:
     """Refuse to mix two runs' records in one folder (exit 2); write ``run.json`` for the first."""
-    from tokenswap.files import atomic_write, read_json
+    from tokenswap.files import read_json
     from tokenswap.inference.backends import BackendConfigError
 
     path = out / "run.json"

@@ -47,6 +47,7 @@ from tokenswap.eval.forms import (
 )
 from tokenswap.eval.mc import MCItem, build_conversation, extract_answer, format_prompt, image_tags
 from tokenswap.eval.recognition import picture_digest, recognition_items
+from tokenswap.files import atomic_write_figure
 
 __all__ = ["Collected", "FormPlan", "Unit", "collect", "empty_forms", "plot_forms", "run_plan"]
 
@@ -450,7 +451,7 @@ def empty_forms(form_counts: dict, excluded: Sequence[dict], items: Sequence[dic
     for form, c in form_counts.items():
         if c["pictures"] if form == "recognition" else c["n"]:
             continue
-        first = next((f"{e['id']}: {r}" for e in (*excluded, *items) for f, r in _reasons(e).items() if f == form),
+        first = next((f"{e['id']}: {r}" for e in (*excluded, *items) for f, r in skip_reasons(e).items() if f == form),
                      None)
         what = "identified pictures" if form == "recognition" else "items"
         why = f"{c['failed']} items failed and {c['skipped']} were skipped in it" + (f" (first: {first})" if first else "")
@@ -458,7 +459,7 @@ def empty_forms(form_counts: dict, excluded: Sequence[dict], items: Sequence[dic
     return out
 
 
-def _reasons(entry: dict) -> dict[str, str]:
+def skip_reasons(entry: dict) -> dict[str, str]:
     """Form -> "error: ..." / "skipped: ..." of an excluded entry or of an item record's per-form fields."""
     if "forms" in entry and isinstance(entry["forms"], dict):
         return entry["forms"]
@@ -580,7 +581,7 @@ def collect(plan: FormPlan, records: dict[str, dict], scorer: str) -> Collected:
         correct = {p["picture"]: p["correct_recognition"] for p in pictures}
         for rec in items:
             flags = [correct[pid] for pid in rec["pictures"]]
-            rec["recognized"] = None if "recognition" in _reasons(rec) or None in flags else all(flags)
+            rec["recognized"] = None if "recognition" in skip_reasons(rec) or None in flags else all(flags)
 
     form_counts = {}
     for form in plan.forms:
@@ -598,13 +599,11 @@ def collect(plan: FormPlan, records: dict[str, dict], scorer: str) -> Collected:
 def plot_forms(payload: dict, path) -> None:
     """``gap_forms.png``: every form's accuracy with its 95% interval (and the recognition rate), and the gap by
     images sent with its intervals."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     d = payload["decomposition"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    fig = Figure(figsize=(11, 4.2))
+    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     names, values, lows, highs = [], [], [], []
     entries = [(f"{form}\n(n {e.get('n', d['n'])})", e) for form, e in d["acc"].items()]
     if d.get("recognition_rate") is not None:
@@ -643,5 +642,4 @@ def plot_forms(payload: dict, path) -> None:
     right.set_ylabel("gap = text − interleaved (points)")
     right.set_title("gap by images sent (95% intervals)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    atomic_write_figure(path, fig, dpi=110)

@@ -39,6 +39,7 @@ __all__ = [
     "CAPTION_PROMPT",
     "CONCEPT_FORMS",
     "FORMS",
+    "IN_LOOP_FORMS",
     "ITEM_FORMS",
     "both_item",
     "caption_conversation",
@@ -56,6 +57,8 @@ ITEM_FORMS = ("text", "interleaved", "both", "caption", "rendered")
 """The forms asked per item, in the order results show them."""
 FORMS = (*ITEM_FORMS, "recognition")
 """Every form, in the order outputs show them (``recognition`` is asked per picture, the others per item)."""
+IN_LOOP_FORMS = tuple(f for f in FORMS if f != "caption")
+"""The forms the in-loop evaluator can ask: every form but ``caption`` (its items wait for a generation pass)."""
 CONCEPT_FORMS = ("both", "rendered", "recognition")
 """The forms that need the concept name of every tag of an item."""
 CAPTION_PROMPT = "<image 1>\nDescribe this image in a few words."
@@ -207,10 +210,10 @@ def caption_conversation(image, digest: str | None = None) -> list[dict]:
 
     ``digest`` (the picture's, when the caller has it) lets a backend prepare the picture once per run.
     """
-    from tokenswap.eval.mc import _as_rgb
+    from tokenswap.eval.mc import as_rgb
 
     text = CAPTION_PROMPT.split("<image 1>", 1)[1]
-    part = {"type": "image", "image": _as_rgb(image)}
+    part = {"type": "image", "image": as_rgb(image)}
     if digest is not None:
         part["digest"] = digest
     return [{"role": "user", "content": [part, {"type": "text", "text": text}]}]

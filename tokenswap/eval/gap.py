@@ -56,7 +56,7 @@ from tokenswap.eval.mc import (
     LETTERS,
     MCItem,
     PromptMode,
-    _as_rgb,
+    as_rgb,
     build_conversation,
     extract_answer,
     format_prompt,
@@ -746,7 +746,7 @@ def naming_inputs(processor, rows: Sequence[tuple], naming_prompt: str = NAMING_
     tokenizer = processor.tokenizer
     prompts, fulls, images = [], [], []
     for picture, name in rows:
-        image = _as_rgb(picture)
+        image = as_rgb(picture)
         conv = [{"role": "user", "content": _naming_content(naming_prompt, image)}]
         # The reply is scored where training puts an answer: after a closed think block (Qwen3.5).
         prompt = close_open_think(processor.apply_chat_template(conv, tokenize=False, add_generation_prompt=True))
@@ -794,7 +794,7 @@ def naming_records(backend, log, plan, progress: str | None = None) -> int:
     """
     from tqdm.auto import tqdm
 
-    from tokenswap.eval.mc import _as_rgb
+    from tokenswap.eval.mc import as_rgb
 
     todo = [(pid, item) for pid, item in plan.recognition_items.items()
             if log.records.get(f"naming|{pid}", {}).get("choices") != list(item.choices)]
@@ -805,7 +805,7 @@ def naming_records(backend, log, plan, progress: str | None = None) -> int:
         for start in tqdm(range(0, len(todo), rows_per_batch), desc=progress and f"{progress} naming",
                           disable=progress is None, file=sys.stderr):
             chunk = todo[start : start + rows_per_batch]
-            rows = [(backend.prepare_image(_as_rgb(item.images[1])), name) for _, item in chunk for name in item.choices]
+            rows = [(backend.prepare_image(as_rgb(item.images[1])), name) for _, item in chunk for name in item.choices]
             scores = naming_loglik(backend.model, naming_inputs(backend.processor, rows))
             for j, (pid, item) in enumerate(chunk):
                 mine = scores[4 * j : 4 * j + 4]

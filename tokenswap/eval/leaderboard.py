@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import re
 import sys
@@ -68,6 +69,7 @@ from tokenswap.eval.forms import ITEM_FORMS
 from tokenswap.eval.leaderboard_figures import plot_by_images, plot_components, plot_gaps
 from tokenswap.eval.leaderboard_runs import ALL_FORMS, LeaderboardError, Run, left_out, load_run
 from tokenswap.eval.stats import DEFAULT_RESAMPLES, LEVEL, bootstrap_indices, percentile_interval, welch_t_test
+from tokenswap.files import atomic_write_text
 
 __all__ = ["DEFAULT_RESAMPLES", "MAX_RESAMPLES", "LeaderboardError", "Run", "build_leaderboard", "cli_main",
            "display_names", "left_out", "load_run", "md_cell", "paired_bootstrap", "plot_by_images",
@@ -544,15 +546,16 @@ def _write_csv(board: dict, path: Path) -> None:
     if "recognition_rate" in extra:
         fields += ["n_pictures", "pictures_failed", "n_recognised"]
     fields.append("path")
-    with open(path, "w", newline="", encoding="utf-8", errors="backslashreplace") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        for rank, r in enumerate(board["rows"], start=1):
-            row = {k: r.get(k) for k in fields if k in r} | {"rank": rank}
-            for k in (*METRICS, *extra):
-                lo, hi = r.get(f"{k}_ci") or (None, None)
-                row |= {k: r.get(k), f"{k}_lo": lo, f"{k}_hi": hi}
-            writer.writerow({k: _csv_text(v) for k, v in row.items()})
+    buf = io.StringIO(newline="")
+    writer = csv.DictWriter(buf, fieldnames=fields)
+    writer.writeheader()
+    for rank, r in enumerate(board["rows"], start=1):
+        row = {k: r.get(k) for k in fields if k in r} | {"rank": rank}
+        for k in (*METRICS, *extra):
+            lo, hi = r.get(f"{k}_ci") or (None, None)
+            row |= {k: r.get(k), f"{k}_lo": lo, f"{k}_hi": hi}
+        writer.writerow({k: _csv_text(v) for k, v in row.items()})
+    atomic_write_text(path, buf.getvalue(), errors="backslashreplace")
 
 
 # ----------------------------------------------------------------------------- command
@@ -591,9 +594,9 @@ def cli_main(argv: list[str]) -> int:
     markdown = to_markdown(board)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "leaderboard.md").write_text(markdown, encoding="utf-8", errors="backslashreplace")
-        (out / "leaderboard.json").write_text(json.dumps(board, indent=2, ensure_ascii=False) + "\n",
-                                              encoding="utf-8", errors="backslashreplace")
+        atomic_write_text(out / "leaderboard.md", markdown, errors="backslashreplace")
+        atomic_write_text(out / "leaderboard.json", json.dumps(board, indent=2, ensure_ascii=False) + "\n",
+                          errors="backslashreplace")
         _write_csv(board, out / "leaderboard.csv")
         written = ["leaderboard.md", "leaderboard.json", "leaderboard.csv", "leaderboard.png"]
         plot_gaps(board, out / "leaderboard.png")

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenswap.files import atomic_write_figure
+
 __all__ = ["PARTS", "draw_by_images", "draw_components", "draw_gaps", "plot_by_images", "plot_components",
            "plot_gaps"]
 
@@ -53,13 +55,11 @@ def _room(ax, values: np.ndarray) -> None:
     ax.set_xlim(lo - pad, hi + pad)
 
 
-def _pyplot():
-    import matplotlib
+def _figure(**kw):
+    """A figure of its own (the object API): no pyplot state, no backend switched for the caller."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return Figure(**kw)
 
 
 def _whiskers(gaps: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[np.ndarray]:
@@ -71,12 +71,12 @@ def _whiskers(gaps: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[np.ndarr
 
 def draw_gaps(ax, board: dict) -> None:
     """Bars of the gap (%) per model, whiskers, a diamond at each gap, counts on a right-hand axis."""
-    import matplotlib.pyplot as plt
+    from matplotlib import colormaps
     from matplotlib.patches import Patch
 
     rows = board["rows"]
     tags = list(board["groups"])
-    colors = dict(zip(tags, plt.get_cmap("tab10").colors))
+    colors = dict(zip(tags, colormaps["tab10"].colors))
     ys = np.arange(len(rows))[::-1]  # row 0 (largest gap) at the top
     gaps = np.array([100 * r["gap"] for r in rows])
     lo = np.array([100 * r["gap_ci"][0] for r in rows])
@@ -105,13 +105,12 @@ def plot_gaps(board: dict, path: Path) -> list[str]:
     Returns:
         The model names as drawn, top to bottom (read back from the figure's axis).
     """
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8.5, 1.3 + 0.32 * len(board["rows"])))
+    fig = _figure(figsize=(8.5, 1.3 + 0.32 * len(board["rows"])))
+    ax = fig.subplots()
     draw_gaps(ax, board)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic_write_figure(path, fig, dpi=120)
     ticks = sorted(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())), reverse=True)
-    plt.close(fig)
     return [label for _, label in ticks]
 
 
@@ -149,18 +148,17 @@ def plot_by_images(board: dict, path: Path) -> dict[str, dict] | None:
     """
     if not _curve_rows(board):
         return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig = _figure(figsize=(9, 4.5))
+    ax = fig.subplots()
     draw_by_images(ax, board)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic_write_figure(path, fig, dpi=120)
     drawn = {}
     for container in ax.containers:
         line, _, (bars,) = container.lines
         segments = bars.get_segments()
         drawn[container.get_label()] = {"x": list(line.get_xdata()), "y": list(line.get_ydata()),
                                         "lo": [s[0][1] for s in segments], "hi": [s[1][1] for s in segments]}
-    plt.close(fig)
     return drawn
 
 
@@ -242,11 +240,11 @@ def plot_components(board: dict, path: Path) -> dict[str, dict] | None:
     rows = _split_rows(board)
     if not rows:
         return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(9, 2.4 + 0.4 * len(rows)))
+    fig = _figure(figsize=(9, 2.4 + 0.4 * len(rows)))
+    ax = fig.subplots()
     draw_components(ax, board)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic_write_figure(path, fig, dpi=120)
     labels = [_plain(r["label"]) for r in rows]
     drawn: dict[str, dict] = {label: {} for label in labels}
     for patch in ax.patches:
@@ -255,5 +253,4 @@ def plot_components(board: dict, path: Path) -> dict[str, dict] | None:
     (marker,) = [line for line in ax.lines if line.get_gid() == "gap"]
     for label, x in zip(labels, marker.get_xdata()):
         drawn[label]["gap"] = float(x)
-    plt.close(fig)
     return drawn

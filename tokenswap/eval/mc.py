@@ -103,7 +103,7 @@ def _prompt_blocks(item: MCItem, mode: PromptMode, shots: Sequence[MCItem]) -> t
     raise ValueError(f"prompt mode must be 'zero_shot', 'cot' or 'k_shot', got {mode!r}")
 
 
-def _as_rgb(image: Image.Image | bytes) -> Image.Image:
+def as_rgb(image: Image.Image | bytes) -> Image.Image:
     if isinstance(image, bytes):
         image = Image.open(io.BytesIO(image))
     return image.convert("RGB")
@@ -134,7 +134,7 @@ def build_conversation(item: MCItem, mode: PromptMode = "zero_shot", shots: Sequ
                         f"item {owner.id!r}: tag {part} has no image; images present: {sorted(owner.images)} "
                         f"(tag <image N> needs images[N], column image_N in the dataset)"
                     )
-                part = {"type": "image", "image": _as_rgb(owner.images[n])}
+                part = {"type": "image", "image": as_rgb(owner.images[n])}
                 if digests:
                     part["digest"] = picture_digest(owner.images[n])
                 content.append(part)

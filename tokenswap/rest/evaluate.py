@@ -15,7 +15,6 @@ transcriptions have CER = 0.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 from PIL import Image
 
 from tokenswap.errors import InputError
+from tokenswap.files import atomic_write_figure, atomic_write_json, atomic_write_text
 from tokenswap.inputs import require_items
 from tokenswap.rest.build import BASE_VARIANT, META_FIX, image_path, read_meta
 from tokenswap.rest.extract import extract_answer
@@ -295,7 +295,7 @@ def run_rest_eval(
         **(run_info or {}),
     }
     check_error_share(counts, max_error_share, "requests")
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    atomic_write_json(out / "metrics.json", metrics)
     write_report(metrics, out)
     return metrics
 
@@ -327,21 +327,17 @@ def write_report(metrics: dict, out_dir: str | Path) -> None:
             f"| {_fmt(o['rer']) if o else '–'} | {_fmt(o['cfr']) if o else '–'} "
             f"| {_fmt(r['ocr_first']['delta_acc']) if r['ocr_first'] else '–'} |"
         )
-    (out / "report.md").write_text("\n".join(lines) + "\n")
+    atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
     _plot(metrics, out / "accuracy.png")
 
 
 def _plot(metrics: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     variants = list(metrics["variants"])
     base = metrics["variants"].get(metrics["base_variant"]) or metrics["variants"][variants[0]]
-    fig, (left, right) = plt.subplots(
-        1, 2, figsize=(4 + 0.9 * len(variants), 3.6), width_ratios=[1, max(1, len(variants) / 2)]
-    )
+    fig = Figure(figsize=(4 + 0.9 * len(variants), 3.6))
+    left, right = fig.subplots(1, 2, width_ratios=[1, max(1, len(variants) / 2)])
     accs = [base["all"]["accuracy"][m] or 0.0 for m in MODALITIES]
     left.bar(MODALITIES, accs, color=["#4c72b0", "#dd8452", "#55a868"])
     left.set_ylim(0, 1)
@@ -358,5 +354,4 @@ def _plot(metrics: dict, path: Path) -> None:
     right.set_title("per perturbation")
     right.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    atomic_write_figure(path, fig, dpi=100)

@@ -21,7 +21,6 @@ uses rendered labels vs label text (built-in list of common object names, or ``-
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenswap.errors import InputError
+from tokenswap.files import atomic_write_figure, atomic_write_json, atomic_write_text
 from tokenswap.inputs import MODEL_HOLDS, from_hub, positive_int, require_model, require_output_dir, require_path
 
 __all__ = [
@@ -238,7 +238,7 @@ def run_probe(
     images = [render_text(t) for t in texts]
     image_hidden, text_hidden = collect_pair_states(model, processor, texts, images, batch_size=batch_size)
     summary = {"model": model_name, **probe_summary(image_hidden, text_hidden), "texts": list(texts)}
-    (out / "probe.json").write_text(json.dumps(summary, indent=2))
+    atomic_write_json(out / "probe.json", summary)
     _write_markdown(summary, out / "probe.md")
     _plot(summary, out / "probe.png")
     return summary
@@ -261,17 +261,15 @@ def _write_markdown(summary: dict, path: Path) -> None:
         )
     lines += ["", "| max over layers | value | layer |", "|---|---|---|"]
     lines += [f"| {name} | {m['value']:.4f} | {m['layer']} |" for name, m in summary["max"].items()]
-    path.write_text("\n".join(lines) + "\n")
+    atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 def _plot(summary: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     layers = list(range(summary["n_layers"]))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+    fig = Figure(figsize=(9, 3.4))
+    left, right = fig.subplots(1, 2)
     left.plot(layers, summary["similarity"], marker="o")
     left.set_xlabel("layer")
     left.set_ylabel("cosine(image, text)")
@@ -284,8 +282,7 @@ def _plot(summary: dict, path: Path) -> None:
     right.set_title(f"retrieval over {summary['n_pairs']} pairs")
     right.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    atomic_write_figure(path, fig, dpi=100)
 
 
 def cli_main(argv: list[str] | None = None) -> int:

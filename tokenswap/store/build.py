@@ -75,17 +75,17 @@ from tokenswap.store.build_config import (
     StoreBuildConfig,
     embedded_config,
 )
-from tokenswap.store.builders import _lexicon_vocabulary
-from tokenswap.store.coordination import BuildLockedError, OtherRankFailed, _wait_for, build_lock
+from tokenswap.store.builders import lexicon_vocabulary
+from tokenswap.store.coordination import BuildLockedError, OtherRankFailed, build_lock, wait_for
 from tokenswap.store.stages import (
     RequestsFailed,
-    _iter_samples,
-    _report,
-    _stage_dataset,
-    _stage_extract,
-    _stage_images,
+    build_report,
+    iter_samples,
     load_swap_dataset,
     read_swap_dataset,
+    stage_dataset,
+    stage_extract,
+    stage_images,
     write_failure_report,
 )
 
@@ -157,7 +157,7 @@ def _check_plan(cfg: StoreBuildConfig, state: Path, world: int, rank: int) -> No
         atomic_write(path, json.dumps(plan, indent=2).encode())
         return
     if rank != 0:
-        _wait_for([path], "writing the build plan", cfg.barrier_timeout_s)
+        wait_for([path], "writing the build plan", cfg.barrier_timeout_s)
     saved = read_json_object(path, "build plan", "it records the settings this folder was built with: restore it, "
                              "or build again in a new output_dir")
     if isinstance(saved.get("data"), dict):
@@ -202,9 +202,9 @@ def _validate_inputs(cfg: StoreBuildConfig) -> None:
     if problems:
         raise FileNotFoundError("; ".join(problems) + "; fix the path(s) and rerun")
     if cfg.extractor.kind == "lexicon":
-        _lexicon_vocabulary(cfg)
+        lexicon_vocabulary(cfg)
     try:
-        first = next(_iter_samples(DataConfig(**{**asdict(cfg.data), "max_samples": None})), None)
+        first = next(iter_samples(DataConfig(**{**asdict(cfg.data), "max_samples": None})), None)
     except (ValueError, KeyError) as e:
         raise ValueError(f"`data.path` {data!r}: {e}") from None
     except Exception as e:  # hub/network/format errors of `datasets`, reported with the key to fix
@@ -275,29 +275,29 @@ def _run_stages(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, world:
         return [state / folder / f"failed-r{r:03d}.json" for r in range(world) if r != rank]
 
     t0 = time.perf_counter()
-    extract_info = _stage_extract(cfg, state, rank, world)
-    _wait_for(
+    extract_info = stage_extract(cfg, state, rank, world)
+    wait_for(
         [state / "candidates" / f"done-r{r:03d}.json" for r in range(world)], "extraction", cfg.barrier_timeout_s,
         abort_if=failed("candidates"), since=since,
     )
     times["extract"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    image_info = _stage_images(cfg, out, state, rank, world)
-    _wait_for(
+    image_info = stage_images(cfg, out, state, rank, world)
+    wait_for(
         [state / "images" / f"done-r{r:03d}.json" for r in range(world)], "images", cfg.barrier_timeout_s,
         abort_if=failed("images"), since=since,
     )
     times["images"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    dataset_info = _stage_dataset(cfg, out, state, rank)
-    _wait_for([state / "dataset" / f"done-r{r:03d}.json" for r in range(world)], "dataset", cfg.barrier_timeout_s)
+    dataset_info = stage_dataset(cfg, out, state, rank)
+    wait_for([state / "dataset" / f"done-r{r:03d}.json" for r in range(world)], "dataset", cfg.barrier_timeout_s)
     times["dataset"] = time.perf_counter() - t0
 
     if rank != 0:
         return {"rank": rank, "extract": extract_info, "images": image_info, "dataset": dataset_info}
-    return _report(cfg, out, state, world, times, time.perf_counter() - t_start, image_info)
+    return build_report(cfg, out, state, world, times, time.perf_counter() - t_start, image_info)
 
 
 def cli_main(argv: list[str] | None = None) -> int:

@@ -110,7 +110,7 @@ def read_vocabulary_file(path: str | os.PathLike, key: str = "extractor.vocabula
     return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
-def _lexicon_vocabulary(cfg: StoreBuildConfig) -> list[str]:
+def lexicon_vocabulary(cfg: StoreBuildConfig) -> list[str]:
     vocab = list(cfg.extractor.vocabulary)
     if cfg.extractor.vocabulary_file:
         vocab += read_vocabulary_file(cfg.extractor.vocabulary_file)
@@ -136,12 +136,12 @@ def request_concurrency(cfg: LLMConfig | None) -> int:
     return cfg.concurrency + max(2, cfg.concurrency // 4)
 
 
-def _build_extractor(cfg: StoreBuildConfig, state: Path, rank: int) -> ConceptExtractor:
+def build_extractor(cfg: StoreBuildConfig, state: Path, rank: int) -> ConceptExtractor:
     from .extract import LLMConceptExtractor, build_lexicon
 
     ex = cfg.extractor
     if ex.kind == "lexicon":
-        return build_lexicon(_lexicon_vocabulary(cfg), aliases=ex.aliases, plurals=ex.plurals)
+        return build_lexicon(lexicon_vocabulary(cfg), aliases=ex.aliases, plurals=ex.plurals)
     assert ex.llm is not None
     chat = build_chat_model(ex.llm, state / "cache" / f"extract-r{rank:03d}.jsonl")
     return LLMConceptExtractor(chat, max_concepts=ex.max_concepts)

@@ -20,7 +20,7 @@ class OtherRankFailed(IncompleteRunError):
     """Another rank of this launch stopped a stage on failed requests; this rank stops too (a rerun resumes all)."""
 
 
-def _wait_for(
+def wait_for(
     paths: list[Path], what: str, timeout_s: float, abort_if: list[Path] = (), since: float = 0.0
 ) -> None:
     """Wait until every path exists; raise OtherRankFailed at once if one of ``abort_if`` is written after ``since``.

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from PIL import Image, ImageDraw, ImageFont
 
 from tokenswap.concepts import normalize_concept
-from tokenswap.files import atomic_write
+from tokenswap.files import atomic_write, atomic_write_text
 from tokenswap.images import BadImageError, load_image
 
 __all__ = [
@@ -437,7 +437,7 @@ class RetrievalSource:
                     "point index_dir elsewhere or delete it to re-embed"
                 )
         else:
-            _atomic_write_text(meta_path, json.dumps({"fingerprint": fingerprint, "items": items}))
+            atomic_write_text(meta_path, json.dumps({"fingerprint": fingerprint, "items": items}))
         chunks = []
         bad: list[int] = []
         self.index_rejected = []
@@ -465,7 +465,7 @@ class RetrievalSource:
                 # The rejection list is committed before the embeddings that depend on it, so a
                 # chunk whose .npy exists has its list (none written: nothing rejected).
                 if rejected:
-                    _atomic_write_text(bad_path, json.dumps(rejected))
+                    atomic_write_text(bad_path, json.dumps(rejected))
                 else:
                     bad_path.unlink(missing_ok=True)  # left by a killed run over files fixed since
                 buf = io.BytesIO()
@@ -614,10 +614,3 @@ class GenerationSource:
                     continue
                 out[concept].append((image, 1.0, meta))
         return out
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, text.encode("utf-8"))

@@ -22,7 +22,7 @@ from tokenswap.files import atomic_write, iter_jsonl, read_json, read_json_objec
 from tokenswap.inference.types import LLMRequestError, RequestStats
 from tokenswap.redaction import redact_data
 from tokenswap.store.build_config import FIXTURE, DataConfig, StoreBuildConfig
-from tokenswap.store.builders import SOURCE_BUILDERS, _build_extractor, build_chat_model
+from tokenswap.store.builders import SOURCE_BUILDERS, build_chat_model, build_extractor
 from tokenswap.store.extract import ExtractionStats, LLMConceptExtractor
 from tokenswap.swap import unit_hash
 
@@ -32,7 +32,7 @@ from .sources import RetrievalSource
 _PART = re.compile(r"part-r(\d{3})-(\d{6})\.jsonl$")
 
 
-def _iter_samples(cfg: DataConfig, stats: dict | None = None) -> Iterator[dict]:
+def iter_samples(cfg: DataConfig, stats: dict | None = None) -> Iterator[dict]:
     from tokenswap.data.magpie import fixture_path, iter_magpie
 
     path = str(fixture_path()) if cfg.path == FIXTURE else cfg.path
@@ -146,7 +146,7 @@ def _stop_on_failed_requests(folder: Path, rank: int, info: dict, failed: list[d
     )
 
 
-def _stage_extract(cfg: StoreBuildConfig, state: Path, rank: int, world: int) -> dict:
+def stage_extract(cfg: StoreBuildConfig, state: Path, rank: int, world: int) -> dict:
     """Find concept spans in this rank's samples, many requests in flight, and commit them chunk by chunk.
 
     Outcomes come back in sample order (:func:`map_ordered`), so every chunk is byte-identical to a build
@@ -181,7 +181,7 @@ def _stage_extract(cfg: StoreBuildConfig, state: Path, rank: int, world: int) ->
 
     def todo() -> Iterator[tuple[int, dict]]:
         local = 0
-        for i, sample in enumerate(_iter_samples(cfg.data, data_stats)):
+        for i, sample in enumerate(iter_samples(cfg.data, data_stats)):
             if i % world != rank:
                 continue
             chunk, local = local // size, local + 1
@@ -190,7 +190,7 @@ def _stage_extract(cfg: StoreBuildConfig, state: Path, rank: int, world: int) ->
                 bar.update(1)
                 continue
             if "extractor" not in holder:
-                holder["extractor"] = _build_extractor(cfg, state, rank)
+                holder["extractor"] = build_extractor(cfg, state, rank)
                 bar.add_model(getattr(holder["extractor"], "chat_model", None))
             yield chunk, sample
 
@@ -370,7 +370,7 @@ def _commit(batch: _Batch, verdicts: list[dict] | None, drop_invalid: bool, writ
     return n_images
 
 
-def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, world: int) -> dict:
+def stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, world: int) -> dict:
     """Fetch every concept's images from each source, judge them (many requests in flight) and commit batch by batch.
 
     The sources run batch after batch in this thread; the judge's requests run ``judge.llm.concurrency``
@@ -462,7 +462,7 @@ def _stage_images(cfg: StoreBuildConfig, out: Path, state: Path, rank: int, worl
     return info
 
 
-def _stage_dataset(cfg: StoreBuildConfig, out: Path, state: Path, rank: int) -> dict:
+def stage_dataset(cfg: StoreBuildConfig, out: Path, state: Path, rank: int) -> dict:
     folder = out / "dataset"
     folder.mkdir(parents=True, exist_ok=True)
     done = state / "dataset" / f"done-r{rank:03d}.json"
@@ -499,7 +499,7 @@ def _stage_dataset(cfg: StoreBuildConfig, out: Path, state: Path, rank: int) -> 
     return info
 
 
-def _report(cfg: StoreBuildConfig, out: Path, state: Path, world: int, times: dict, total_s: float, image_info: dict):
+def build_report(cfg: StoreBuildConfig, out: Path, state: Path, world: int, times: dict, total_s: float, image_info: dict):
     samples = read_swap_dataset(out / "dataset")
     candidate_keys = _collect_concepts(state)
     store = ImageStore(out / "store")

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from tokenswap.eval.forms import IN_LOOP_FORMS
+
 
 def _ranges(obj, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> list[str]:
     """Range problems of ``obj``'s numeric fields (None means unset and passes)."""
@@ -250,9 +252,6 @@ class GapEvalConfig:
     """Items per forward."""
     split: str = "test"
     """Bench split to evaluate on."""
-    recognition: bool = False
-    """Also score the concept-identification control (which concept does each image show?). Kept for the configs
-    that set it: true adds `recognition` to `forms` (the one switch the evaluator reads)."""
     forms: list[str] = field(default_factory=lambda: ["text", "interleaved"])
     """Forms scored at each evaluation (tokenswap.eval.forms): text and interleaved always; `both` (every concept
     word kept, its picture right after it), `rendered` (the word rendered as a picture) and `recognition` (which of
@@ -260,19 +259,18 @@ class GapEvalConfig:
     gap/recognition_rate, gap/recognised_only/abs and the split gap/components/{load,recognition,rest} to the log.
     `caption` needs a generation pass before its items: it runs in `tokenswap eval` only."""
 
-    IN_LOOP_FORMS: ClassVar[tuple[str, ...]] = ("text", "interleaved", "both", "rendered", "recognition")
+    RETIRED: ClassVar[dict[str, str]] = {
+        "recognition": "add `recognition` to `gap_eval.forms` (the form is the one recognition switch)"}
 
     def __post_init__(self) -> None:
         problems = _ranges(self, positive=("every_steps", "limit", "batch_size"))
         if "caption" in self.forms:
             problems.append("`forms` cannot hold caption in the training loop (its items wait for the model's "
                             "captions); run `tokenswap eval --forms caption` on a checkpoint")
-        unknown = [f for f in self.forms if f not in (*self.IN_LOOP_FORMS, "caption")]
+        unknown = [f for f in self.forms if f not in (*IN_LOOP_FORMS, "caption")]
         if unknown:
-            problems.append(f"`forms` must be among {', '.join(self.IN_LOOP_FORMS)}, got {unknown}")
+            problems.append(f"`forms` must be among {', '.join(IN_LOOP_FORMS)}, got {unknown}")
         _raise(problems)
-        if self.recognition and "recognition" not in self.forms:
-            self.forms = [*self.forms, "recognition"]
 
 
 @dataclass(kw_only=True)

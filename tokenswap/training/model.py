@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from pathlib import Path
 
 import torch
 
-from tokenswap.inputs import tiny_kit_hint
+from tokenswap.data.tokenswap_bench import BENCH_HOLDS
+from tokenswap.errors import InputError
+from tokenswap.inputs import MODEL_HOLDS, local_or_hub, tiny_kit_hint
 from tokenswap.ranks import print0
 from tokenswap.store.image_store import ImageStore
 from tokenswap.training.config import CollatorConfig, GapEvalConfig, LoraConfig, ModelConfig
@@ -38,14 +39,9 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
 
 
 def _check_model_path(name_or_path: str) -> None:
-    """A local folder that is not there gets a clear error (the Hub client would say "Repo id must ...")."""
-    if os.path.exists(name_or_path):
-        return
-    if _looks_local(name_or_path):
-        raise FileNotFoundError(
-            f"model.name_or_path: local folder {name_or_path!r} does not exist (cwd {os.getcwd()}); "
-            "give an existing checkpoint folder or a hub id like Qwen/Qwen2-VL-7B-Instruct" + tiny_kit_hint(name_or_path)
-        )
+    """A local folder that is not there gets a clear error (the Hub client would say "Repo id must ..."); local or
+    hub is :func:`tokenswap.inputs.local_or_hub`'s rule, the one the commands use."""
+    local_or_hub(name_or_path, "model.name_or_path", MODEL_HOLDS)
 
 
 def model_family(cfg: ModelConfig):
@@ -83,22 +79,20 @@ def largest_image_block(cfg: ModelConfig, config) -> int:
     return cfg.max_pixels // (side * side) + 2
 
 
-def _looks_local(path: str) -> bool:
-    return path.startswith((".", "/", "~")) or path.count("/") != 1 or os.sep == "\\"
-
-
 def _bench_problems(gap_eval: GapEvalConfig) -> list[str]:
     """``gap_eval.bench`` checked without loading it: a local folder must hold both configs of the split with at
     least one row (parquet metadata only); a hub id is left to the loader."""
     bench = gap_eval.bench
     if bench is None:
         return []
-    root = Path(bench)
-    if not root.is_dir():
-        if root.exists() or _looks_local(bench):
-            return [f"`gap_eval.bench` {bench!r} is not a folder (cwd {os.getcwd()}); give a bench folder "
-                    "(tokenswap build-bench), a hub id like dongx1997/TokenSwap-Bench, or null to evaluate nothing"]
+    try:
+        root = local_or_hub(bench, "`gap_eval.bench`", BENCH_HOLDS + ", or null to evaluate nothing")
+    except InputError as e:
+        return [str(e)]
+    if root is None:  # a hub id: left to the loader
         return []
+    if not root.is_dir():
+        return [f"`gap_eval.bench` {bench!r} is not a folder; {BENCH_HOLDS}, or null to evaluate nothing"]
     import pyarrow.parquet as pq
 
     problems = []

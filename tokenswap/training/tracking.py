@@ -3,8 +3,10 @@ compare and the replicates of one arm stay apart."""
 
 from __future__ import annotations
 
+import struct
 import sys
 import time
+from pathlib import Path
 
 from tokenswap.ranks import rank_and_world
 from tokenswap.training.config import RunConfig, WandbConfig
@@ -86,8 +88,6 @@ def finish_wandb(timeout: float = 60.0) -> None:
     wandb.finish()
     if offline_file is None:
         return
-    from tokenswap.compare import wandb_records
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -98,3 +98,37 @@ def finish_wandb(timeout: float = 60.0) -> None:
         time.sleep(0.2)
     print(f"warning: W&B has not finished writing {offline_file} after {timeout:g} s; it may be incomplete",
           file=sys.stderr)
+
+
+def wandb_records(path: str):
+    """Yield the protobuf records of a ``.wandb`` file (LevelDB log framing, 32 KiB blocks): read only to know when
+    W&B has written an offline run's closing record (:func:`finish_wandb`); runs are compared from their folders."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    if data[:4] != b":W&B":
+        raise ValueError(f"{path} is not a W&B run file (bad magic {data[:4]!r})")
+    block, pos, pending = 32768, 7, b""
+    while pos + 7 <= len(data):
+        room = block - pos % block
+        if room < 7:  # the writer pads the tail of a block that cannot hold a header
+            pos += room
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0 and length == 0:
+            break
+        payload = data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind == 1:  # FULL
+            chunk = payload
+        elif kind == 2:  # FIRST
+            pending = payload
+            continue
+        elif kind == 3:  # MIDDLE
+            pending += payload
+            continue
+        else:  # LAST
+            chunk, pending = pending + payload, b""
+        record = pb.Record()
+        record.ParseFromString(chunk)
+        yield record

@@ -174,6 +174,7 @@ class _JudgeHandler(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.integration
 def test_validity_filter_through_openai_chat_model(store, tmp_path):
     server = HTTPServer(("127.0.0.1", 0), _JudgeHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -225,6 +226,7 @@ def _bench_files(out) -> dict[str, bytes]:
             if p.is_file() and p.name != "requests.json" and "cache" not in p.relative_to(out).parts}
 
 
+@pytest.mark.integration
 def test_items_in_flight_write_the_same_bench_as_one_at_a_time(store, tmp_path):
     import random
 

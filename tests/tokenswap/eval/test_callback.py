@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -36,6 +37,7 @@ class _ModeProbe(TrainerCallback):
         self.modes.append(model.training)
 
 
+@pytest.mark.integration
 def test_callback_logs_gap_metrics_and_restores_train_mode(tiny_qwen2vl, tmp_path, make_pairs):
     model, processor = load_checkpoint(tiny_qwen2vl)
     rows = [{"q": f"What is {i} plus {i}?", "a": str(2 * i)} for i in range(8)]
@@ -69,14 +71,20 @@ def test_callback_logs_gap_metrics_and_restores_train_mode(tiny_qwen2vl, tmp_pat
     assert callback.last_result is not None and callback.last_result.overall.n == 4
 
 
-def test_gap_eval_recognition_key_is_the_recognition_form(tiny_bench, tiny_processor):
-    """`gap_eval.recognition: true` (configs/demo/*.yaml) stays accepted: it adds the recognition form, the one switch
-    the evaluator reads, so the callback built from it identifies pictures."""
+def test_the_recognition_form_is_the_one_recognition_switch(tiny_bench, tiny_processor, tmp_path):
+    """The form switches recognition on; the old key `gap_eval.recognition` is refused with one line pointing to it,
+    as `tokenswap eval --recognition` is."""
+    from tokenswap.config import ConfigError, load_config
     from tokenswap.training.builders import build_gap_callback
     from tokenswap.training.config import GapEvalConfig
 
-    cfg = GapEvalConfig(bench=str(tiny_bench), recognition=True, limit=4)
-    assert cfg.forms == ["text", "interleaved", "recognition"]
-    assert GapEvalConfig(bench=str(tiny_bench), recognition=True, forms=["recognition"]).forms == ["recognition"]
+    old = tmp_path / "old.yaml"
+    old.write_text("recognition: true\n")
+    with pytest.raises(ConfigError, match=r"`recognition` is gone: add `recognition` to `gap_eval.forms`"):
+        load_config(GapEvalConfig, str(old), [])
+    from tokenswap.cli import main as tokenswap_main
+
+    assert tokenswap_main(["eval", "--model", "m", "--bench", "b", "--recognition"]) == 2
+    cfg = GapEvalConfig(bench=str(tiny_bench), forms=["text", "interleaved", "recognition"], limit=4)
     callback = build_gap_callback(cfg, tiny_processor, trainer=None)
     assert callback.evaluator.forms == ("text", "interleaved", "recognition") and callback.evaluator.plan.recognition

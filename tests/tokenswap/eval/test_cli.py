@@ -43,7 +43,7 @@ def test_eval_cli_writes_gap_json_and_md(tiny_qwen2vl, tmp_path):
     _write_bench(tmp_path / "bench")
     out = tmp_path / "out"
     argv = ["--model", str(tiny_qwen2vl), "--bench", str(tmp_path / "bench"), "--scorer", "loglik"]
-    argv += ["--batch-size", "2", "--out", str(out), "--recognition"]
+    argv += ["--batch-size", "2", "--out", str(out), "--forms", "recognition"]
     assert cli_main(argv) == 0
     result = json.loads((out / "gap.json").read_text())
     assert result["n"] == 4 and result["scorer"] == "loglik" and result["recognition_n"] == 4
@@ -106,7 +106,7 @@ def test_eval_cli_forms_on_hf_equal_the_in_loop_evaluator(tiny_qwen2vl, tmp_path
     model, processor = load_checkpoint(tiny_qwen2vl)
     out = tmp_path / "out"
     argv = ["--model", str(tiny_qwen2vl), "--bench", str(tmp_path / "bench"), "--scorer", "loglik", "--batch-size",
-            "3", "--forms", "both,rendered", "--recognition", "--out", str(out)]
+            "3", "--forms", "both,rendered,recognition", "--out", str(out)]
     assert cli_main(argv) == 0
     result = json.loads((out / "gap.json").read_text())
     forms = ("both", "rendered", "recognition")

@@ -175,6 +175,7 @@ def bench(tmp_path):
     return root, write_bench(root)
 
 
+@pytest.mark.integration
 def test_every_form_and_the_decomposition_follow_the_rules(bench, tmp_path):
     root, views = bench
     model = RuleModel()
@@ -237,6 +238,7 @@ def test_every_form_and_the_decomposition_follow_the_rules(bench, tmp_path):
     assert (tmp_path / "out" / "gap_forms.png").stat().st_size > 5000
 
 
+@pytest.mark.integration
 def test_a_rerun_with_more_forms_asks_only_the_new_ones_and_recognition_runs_on_openai(bench, tmp_path):
     root, views = bench
     model = RuleModel()
@@ -247,7 +249,7 @@ def test_a_rerun_with_more_forms_asks_only_the_new_ones_and_recognition_runs_on_
         assert len(server.requests) == 2 * len(views)
         default = json.loads((out / "gap.json").read_text())
         assert default["forms"] == ["text", "interleaved"] and "Why the gap" not in (out / "gap.md").read_text()
-        assert tokenswap_main(_eval(server, root, out, "--recognition", "--forms", "both")) == 0
+        assert tokenswap_main(_eval(server, root, out, "--forms", "both,recognition")) == 0
         slots = {s for v in views for s in v["slots"]}
         assert len(server.requests) == 3 * len(views) + len(slots)
     summary = json.loads((out / "gap.json").read_text())
@@ -256,6 +258,7 @@ def test_a_rerun_with_more_forms_asks_only_the_new_ones_and_recognition_runs_on_
     assert set(summary["decomposition"]["components"]) == {"load", "recognition", "rest"}
 
 
+@pytest.mark.integration
 def test_items_without_concept_names_are_skipped_only_in_the_forms_that_need_them(tmp_path):
     root = tmp_path / "bench"
     views = write_bench(root, broken={1, 3})
@@ -291,6 +294,7 @@ def test_items_without_concept_names_are_skipped_only_in_the_forms_that_need_the
     assert "both: n 6, 0 failed, 2 skipped (first: test/1: skipped: not asked" in (tmp_path / "out" / "gap.md").read_text()
 
 
+@pytest.mark.integration
 def test_empty_and_huge_captions_skip_only_the_caption_form_of_their_items(bench, tmp_path):
     root, views = bench
     model = RuleModel(captions={"dog": "", "car": "word " * 400})
@@ -349,6 +353,7 @@ def test_captions_holding_tags_template_tokens_or_braces_are_data_and_the_rerun_
     assert captions["car"] == "a car" and captions["tree"] == "a {} tree {0}"  # plain text in its items
 
 
+@pytest.mark.integration
 def test_a_form_resting_on_no_item_exits_1_naming_the_form_and_why(tmp_path, capsys):
     root = tmp_path / "bench"
     views = write_bench(root, items=[item for item in ITEMS if "{" in item[0]])  # every item shows a picture
@@ -396,6 +401,7 @@ def test_all_empty_captions_leave_every_other_component_on_its_own_items(tmp_pat
     assert (out / "gap_forms.png").stat().st_size > 5000
 
 
+@pytest.mark.integration
 def test_a_picture_that_does_not_decode_is_a_clear_error_before_any_request(tmp_path, capsys):
     import pyarrow.parquet as pq
 
@@ -418,6 +424,7 @@ def test_a_picture_that_does_not_decode_is_a_clear_error_before_any_request(tmp_
     assert "replace it or drop that row" in errors[0] and not (tmp_path / "out" / "run.json").exists()
 
 
+@pytest.mark.integration
 def test_failed_requests_are_retried_by_the_rerun_and_the_records_equal_an_uninterrupted_run(bench, tmp_path):
     root, views = bench
 
@@ -454,6 +461,7 @@ def test_failed_requests_are_retried_by_the_rerun_and_the_records_equal_an_unint
         assert a[key] == b[key], key
 
 
+@pytest.mark.integration
 def test_kill_mid_run_then_resume_equals_an_uninterrupted_run(bench, tmp_path):
     root, views = bench
     model = RuleModel()
@@ -486,6 +494,7 @@ def test_kill_mid_run_then_resume_equals_an_uninterrupted_run(bench, tmp_path):
     assert asked_again == len(whole) - before
 
 
+@pytest.mark.integration
 def test_two_evaluations_on_one_folder_do_not_both_ask(bench, tmp_path, capsys):
     root, views = bench
     out = tmp_path / "out"
@@ -507,6 +516,7 @@ def test_two_evaluations_on_one_folder_do_not_both_ask(bench, tmp_path, capsys):
 # ----------------------------------------------------------------------------- resume edges and inputs (issue 32)
 
 
+@pytest.mark.integration
 def test_a_resume_that_would_send_other_pictures_is_refused(bench, tmp_path, capsys):
     root, views = bench
     out = tmp_path / "out"
@@ -527,6 +537,7 @@ def test_a_resume_that_would_send_other_pictures_is_refused(bench, tmp_path, cap
         assert tokenswap_main(_eval(server, root, out, "--limit", "3", "--image-format", "jpeg")) == 2
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("content, message", [
     ('{"model": "rule-vlm", "back', "is not valid JSON"),
     ("[1, 2]", "hold a JSON list, not an object"),
@@ -545,6 +556,7 @@ def test_a_damaged_run_json_is_one_line_naming_the_file_and_the_fix(bench, tmp_p
     assert "delete it and rerun with the flags of the run that wrote" in errors[0] and "Traceback" not in errors[0]
 
 
+@pytest.mark.integration
 def test_an_unreachable_hub_bench_is_one_line_and_leaves_no_run_json(bench, tmp_path, capsys):
     root, views = bench
     out = tmp_path / "out"
@@ -564,6 +576,7 @@ def test_an_unreachable_hub_bench_is_one_line_and_leaves_no_run_json(bench, tmp_
         assert len(server.requests) == 2 * len(views)
 
 
+@pytest.mark.integration
 def test_the_family_comes_from_any_path_component_or_a_checkpoint_there_and_is_said_when_not(bench, tmp_path,
                                                                                                capsys):
     root, _ = bench
@@ -588,6 +601,7 @@ def test_the_family_comes_from_any_path_component_or_a_checkpoint_there_and_is_s
             assert (summary["model_settings"]["family"] is None) == (source is None)
 
 
+@pytest.mark.integration
 def test_a_caption_recorded_anew_asks_again_the_items_that_used_the_old_one(bench, tmp_path):
     root, views = bench
     model = RuleModel()

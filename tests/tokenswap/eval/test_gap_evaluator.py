@@ -241,6 +241,7 @@ _SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 def test_two_process_cpu_equals_single_process(tiny_qwen2vl, tmp_path, make_pairs, free_port):
     model, processor = load_checkpoint(tiny_qwen2vl)
     single = {}

@@ -118,7 +118,7 @@ def test_write_tokenswap_bench_with_non_contiguous_tags(tmp_path):
     from PIL import Image as PILImage
 
     from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs, write_tokenswap_bench
-    from tokenswap.eval.mc import MCItem, _as_rgb
+    from tokenswap.eval.mc import MCItem, as_rgb
 
     def png(color: str) -> bytes:
         buf = io.BytesIO()
@@ -133,5 +133,5 @@ def test_write_tokenswap_bench_with_non_contiguous_tags(tmp_path):
                           tmp_path / "bench")
     (t0, i0), (_, i1) = load_tokenswap_bench_pairs(str(tmp_path / "bench"))
     assert sorted(i0.images) == [1, 3] and i0.num_images == 2 and i1.num_images == 1
-    assert _as_rgb(i0.images[3]).getpixel((0, 0)) == (0, 0, 255)
+    assert as_rgb(i0.images[3]).getpixel((0, 0)) == (0, 0, 255)
     assert i0.concepts == {1: "cat", 3: "dog"} and t0.question == text.question

@@ -43,6 +43,7 @@ def test_a_second_build_on_a_locked_folder_is_refused_naming_the_holder(tmp_path
     assert cli_main(["--config", "store_embedded.yaml", f"output_dir={out}", "data.max_samples=10"]) == 0
 
 
+@pytest.mark.integration
 def test_two_builds_started_together_one_builds_the_other_is_refused(tmp_path):
     ref = tmp_path / "ref"
     build_store(_cfg(ref, "data.max_samples=120", "samples_per_shard=10"))

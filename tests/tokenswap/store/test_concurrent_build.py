@@ -20,6 +20,9 @@ from tokenswap.config import load_config
 from tokenswap.store.build import StoreBuildConfig, build_store
 from tokenswap.store.stages import RequestsFailed
 
+# Every test here starts a process, a server or a training run (make check skips them).
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[3]
 
 

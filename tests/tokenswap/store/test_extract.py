@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tokenswap.inference import OpenAIChatModel
 from tokenswap.store.extract import LLMConceptExtractor, build_lexicon
 
@@ -19,6 +21,7 @@ def test_lexicon_matches_plurals_and_aliases():
     assert lex.extract("Two bananas, a kitty and my glasses.") == [(4, 11, "banana"), (15, 20, "cat"), (28, 35, "glasses")]
 
 
+@pytest.mark.integration
 def test_llm_extractor_keeps_good_spans_and_repairs_wrong_offsets(fake_openai, tmp_path):
     fake_openai.reply = lambda payload: (
         "Here are the concepts:\n```json\n"
@@ -41,6 +44,7 @@ def test_llm_extractor_keeps_good_spans_and_repairs_wrong_offsets(fake_openai, t
     assert len(fake_openai.requests) == n
 
 
+@pytest.mark.integration
 def test_llm_extractor_retries_once_on_malformed_json(fake_openai):
     replies = iter(["I think the concepts are apple and cat.", _reply(("apple", 52, 57))])
     fake_openai.reply = lambda payload: next(replies)
@@ -51,6 +55,7 @@ def test_llm_extractor_retries_once_on_malformed_json(fake_openai):
     assert retry[-2]["role"] == "assistant" and "JSON" in retry[-1]["content"]
 
 
+@pytest.mark.integration
 def test_llm_extractor_gives_up_after_two_malformed_replies(fake_openai):
     fake_openai.reply = lambda payload: "no idea"
     ex = LLMConceptExtractor(OpenAIChatModel(fake_openai.base_url, "m"))
@@ -58,6 +63,7 @@ def test_llm_extractor_gives_up_after_two_malformed_replies(fake_openai):
     assert ex.stats.failed_texts == 1 and len(fake_openai.requests) == 2
 
 
+@pytest.mark.integration
 def test_llm_extractor_drops_overlaps_and_padding(fake_openai):
     fake_openai.reply = lambda payload: _reply((" red apple.", 10, 21), ("apple", 15, 20), ("x = y + 1", 0, 9))
     ex = LLMConceptExtractor(OpenAIChatModel(fake_openai.base_url, "m"))

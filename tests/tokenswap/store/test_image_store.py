@@ -200,6 +200,7 @@ def test_bytes_written_in_place_fail_only_the_image_they_hit(tmp_path):
         {c: b for c, b in before.items() if c != "apple"}
 
 
+@pytest.mark.integration
 def test_a_shard_truncated_in_place_under_a_reader_is_a_clear_fallback_not_sigbus(tmp_path):
     # In a child process: before the reads were preads, the reader's memory map died here with SIGBUS (rc -7).
     import subprocess

@@ -12,6 +12,7 @@ from tokenswap.inference import OpenAIChatModel, ResponseCache, TransformersChat
 from tokenswap.inference.parsing import parse_json_response
 
 
+@pytest.mark.integration
 def test_openai_chat_sends_images_as_png_data_urls_and_key_only_in_header(fake_openai, tmp_path, monkeypatch):
     monkeypatch.setenv("TS_TEST_KEY", "sk-secret")
     fake_openai.reply = lambda payload: "hello"
@@ -35,6 +36,7 @@ def test_openai_chat_sends_images_as_png_data_urls_and_key_only_in_header(fake_o
     assert again.num_requests == 1
 
 
+@pytest.mark.integration
 def test_openai_chat_retries_transient_errors_and_raises_on_client_errors(fake_openai):
     calls = iter([500, 429, "ok"])
     fake_openai.reply = lambda payload: next(calls)

@@ -8,7 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tokenswap.store import ImageStore
+
+# Every test here starts a process, a server or a training run (make check skips them).
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
 
