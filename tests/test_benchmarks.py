@@ -248,6 +248,7 @@ def _gpu_wheels(tmp_path, dependencies, train):
                                                        "PIP_FIND_LINKS": str(tmp_path), "PYPROJECT": str(pyproject)})
 
 
+@pytest.mark.integration
 def test_gpu_wheels_carries_only_what_the_image_lacks_at_pinned_versions(tmp_path):
     """Ranges that admit the image's transformers 5.17 and accelerate 1.15: the train extra's trl, deepspeed,
     datasets and wandb travel, one name==version each; the image's own stack and liger-kernel do not."""
@@ -264,6 +265,7 @@ def test_gpu_wheels_carries_only_what_the_image_lacks_at_pinned_versions(tmp_pat
     assert "transformers 5.17.0" in done.stdout and "accelerate 1.15.0" in done.stdout
 
 
+@pytest.mark.integration
 def test_gpu_wheels_refuses_a_range_the_images_transformers_does_not_meet(tmp_path):
     done = _gpu_wheels(tmp_path, ["torch>=2.10", "transformers>=5.24,<5.25"], ["trl>=1.13.0"])
     assert done.returncode == 2, done.stdout + done.stderr
@@ -293,6 +295,7 @@ def _install_plan(tmp_path, wheels):
                            "--scratch", str(tmp_path / "scratch")], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.integration
 def test_gpu_check_install_plan_refuses_to_replace_a_package_the_environment_has(tmp_path):
     """gpu_check.sh installs the carried wheels into the image's own environment: pip's dry run goes first, and a
     wheel that would replace one of that environment's packages stops it (exit 2, one line), nothing installed."""
@@ -313,6 +316,7 @@ def test_gpu_check_install_plan_refuses_to_replace_a_package_the_environment_has
     assert md.version("tqdm") != "0.0.1"
 
 
+@pytest.mark.integration
 def test_gpu_check_install_plan_says_in_one_line_what_pip_cannot_find(tmp_path):
     wheels = tmp_path / "w"
     wheels.mkdir()

@@ -7,11 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 CONFTEST = Path(__file__).resolve().parent / "conftest.py"
 
 
+@pytest.mark.integration
 def test_a_checkout_folder_named_gpu_does_not_skip_its_tests(tmp_path):
     folder = tmp_path / "gpu"  # the folder's name is a keyword of every test in it
     folder.mkdir()

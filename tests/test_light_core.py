@@ -33,6 +33,7 @@ def loaded_after(statement: str, forbidden: tuple[str, ...] = FORBIDDEN) -> list
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("statement", [
     "import tokenswap.collator",
     "from tokenswap import TokenSwapCollator",
@@ -45,6 +46,7 @@ def test_the_core_loads_no_extra(statement):
     assert loaded_after(statement) == []
 
 
+@pytest.mark.integration
 def test_the_openai_eval_path_loads_no_torch_and_no_scipy():
     # What `tokenswap eval --backend openai` imports from its start to its gap.json (tokenswap/eval/cli.py).
     statement = ("import tokenswap.eval.cli, tokenswap.eval.form_runs, tokenswap.eval.gap, tokenswap.eval.mc, "

@@ -14,7 +14,7 @@ TESTS = Path(__file__).resolve().parent
 STARTS = re.compile(
     r"\bsubprocess\.|\bPopen\(|\bos\.fork\(|\w*Server\(|serve_forever|\bmultiprocessing\b|Trainer\("
     r"|\b(?:post|pre|image_sft|grpo|recipe)\.main\(|\b(?:trainer|sft|hf)\.train\(|\brun_recipe\((?:post|pre|image_sft|grpo)\.main"
-    r"|from tokenswap\.demo import [^\n]*\bmain\b"
+    r"|from (?:tokenswap|examples)\.demo import [^\n]*\bmain\b"
 )
 # Fixtures that start a server for the test that asks for them.
 SERVER_FIXTURES = {"fake_openai", "server"}

@@ -51,6 +51,7 @@ def test_run_seed_sets_order_and_swaps_unless_they_are_set(post, tmp_path):
     assert decisions(fixed) == decisions(one)
 
 
+@pytest.mark.integration
 def test_two_replicates_differ_and_the_arms_of_one_stay_paired(post, tiny_qwen2vl, tiny_store, tmp_path):
     outs = {}
     for arm, seed in (("tokenswap", 0), ("tokenswap", 1), ("text", 1)):

@@ -105,6 +105,7 @@ def test_ctrl_c_in_a_command_is_one_line_and_130(tmp_path, capsys, monkeypatch):
                                         "written so far is kept whole; run the same command again to resume from them"]
 
 
+@pytest.mark.integration
 def test_a_new_folder_in_a_read_only_place_is_one_line_and_2(tmp_path, capsys):
     # A training run's os.makedirs of a new run.output_dir on a read-only mount was an OSError traceback.
     import os

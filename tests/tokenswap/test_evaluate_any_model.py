@@ -579,6 +579,7 @@ def test_kill_mid_run_then_resume_asks_nothing_twice(tmp_path, monkeypatch):
     _assert_no_secret(tmp_path)
 
 
+@pytest.mark.integration
 def test_ctrl_c_is_one_line_and_130_and_the_rerun_says_it_resumes(tmp_path, monkeypatch, capsys):
     # Ctrl-C used to print a 50-line traceback ending in the redacting streams, and the rerun said nothing about
     # resuming.

@@ -396,6 +396,7 @@ def test_a_disk_that_refuses_hard_links_still_locks_and_names_the_holder(tmp_pat
     FolderLock(tmp_path, prefix=".job-lock").acquire().release()  # free again once released
 
 
+@pytest.mark.integration
 def test_a_dead_holders_lock_is_taken_over_on_a_disk_without_hard_links(tmp_path, monkeypatch):
     (tmp_path / ".job-lock-r000").write_text(f"pid {_dead_pid()} on host {os.uname().nodename} since then\n")
 
@@ -408,6 +409,7 @@ def test_a_dead_holders_lock_is_taken_over_on_a_disk_without_hard_links(tmp_path
     lock.release()
 
 
+@pytest.mark.integration
 def test_a_new_output_folder_in_a_read_only_place_is_one_input_error(tmp_path):
     parent = tmp_path / "ro"
     parent.mkdir()
@@ -442,6 +444,7 @@ def _vfat_mount(tmp_path: Path) -> Path:
     return mount
 
 
+@pytest.mark.integration
 def test_the_lock_works_on_a_real_vfat_mount(tmp_path):
     mount = _vfat_mount(tmp_path)
     try:

@@ -99,6 +99,7 @@ def test_a_secret_in_four_pieces_beside_a_printing_thread_is_masked_whole():
     assert text.count("[API key]\n") == 50 and key[7:14] not in text and key[14:21] not in text
 
 
+@pytest.mark.integration
 def test_a_worker_forked_while_a_parent_thread_holds_the_module_lock_prints_and_exits():
     read, write = os.pipe()
     stream = RedactingStream(os.fdopen(write, "w", buffering=1))
@@ -133,6 +134,7 @@ def test_a_worker_forked_while_a_parent_thread_holds_the_module_lock_prints_and_
 
 
 # ---------------------------------------------------------------------------- a secret on the command line
+@pytest.mark.integration
 @pytest.mark.parametrize("argv, variable", [
     (["recipes/post_train.py", "--config", "tiny/post_text.yaml", f"train.hub_token={SECRET}"], "HF_TOKEN"),
     (["recipes/pretrain.py", "--config", "tiny/pretrain_text.yaml",
@@ -175,6 +177,7 @@ LIBRARY_LOGS = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.integration
 def test_every_library_handler_writes_through_the_redacting_streams_in_a_recipe_run(tmp_path):
     script = tmp_path / "recipe_logs.py"
     script.write_text("import tokenswap.start\n" + LIBRARY_LOGS + textwrap.dedent('''
@@ -194,6 +197,7 @@ def test_every_library_handler_writes_through_the_redacting_streams_in_a_recipe_
     assert all(f"the key is [hub token] (from {name})" in out + err for name in NAMES), out + err
 
 
+@pytest.mark.integration
 def test_every_library_handler_writes_through_the_redacting_streams_in_tokenswap_eval(tmp_path):
     script = tmp_path / "eval_logs.py"
     script.write_text(LIBRARY_LOGS + textwrap.dedent('''
@@ -222,18 +226,21 @@ def test_every_library_handler_writes_through_the_redacting_streams_in_tokenswap
 
 
 # ---------------------------------------------------------------------------- a reader gone
+@pytest.mark.integration
 @pytest.mark.parametrize("flag", ["--help", "--version"])
 def test_help_and_version_to_a_reader_gone_end_quietly(flag):
     code, out, err = run([sys.executable, "-m", "tokenswap.cli", flag], closed="stdout", timeout=60)
     assert code == 141 and err == "", err
 
 
+@pytest.mark.integration
 def test_an_error_line_whose_reader_left_keeps_the_errors_status(tmp_path):
     code, out, err = run([sys.executable, "-m", "tokenswap.cli", "leaderboard", str(tmp_path / "none")],
                          closed="stderr", timeout=120)
     assert code == 2, out
 
 
+@pytest.mark.integration
 def test_a_recipe_whose_reader_left_during_its_imports_still_says_its_config_error(tmp_path):
     # DeepSpeed prints its accelerator notice to stdout at import (through its logger), as transformers may.
     code, out, err = run([sys.executable, "-c", textwrap.dedent('''
@@ -255,6 +262,7 @@ def test_a_recipe_whose_reader_left_during_its_imports_still_says_its_config_err
                                                                                          "throughput)")
 
 
+@pytest.mark.integration
 def test_a_library_logger_made_inside_the_streams_to_a_reader_gone_is_a_quiet_141():
     code, out, err = run([sys.executable, "-c", textwrap.dedent('''
         from tokenswap.script import run_script
@@ -270,6 +278,7 @@ def test_a_library_logger_made_inside_the_streams_to_a_reader_gone_is_a_quiet_14
     assert code == 141 and "Traceback" not in err and "Logging error" not in err, err[-3000:]
 
 
+@pytest.mark.integration
 def test_unsetting_a_secret_on_the_command_line_and_naming_its_variable_are_no_secret():
     from tokenswap.redaction import command_line_secret
 

@@ -58,6 +58,7 @@ def test_a_kernels_package_that_fails_is_still_reported(tmp_path, bnb_says_it):
     assert NOTICE in said and "hub kernel broke" in said
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(__import__("shutil").which("nvidia-smi") is not None, reason="a machine with an NVIDIA driver")
 def test_deepspeeds_cpu_accelerator_notice_is_quiet_without_a_driver_and_kept_with_one(tmp_path):
     code = "import tokenswap, deepspeed.accelerator as a; a.get_accelerator()"
@@ -71,6 +72,7 @@ def test_deepspeeds_cpu_accelerator_notice_is_quiet_without_a_driver_and_kept_wi
     assert "Setting accelerator to CPU" in done.stdout + done.stderr  # a driver and no GPU found: that is news
 
 
+@pytest.mark.integration
 def test_transformers_mtime_notice_of_checkpoints_saved_within_a_second_is_quiet(tmp_path):
     code = ("import os, tokenswap; from transformers.trainer_utils import sort_checkpoints; "
             f"[os.makedirs(os.path.join({str(tmp_path)!r}, f'checkpoint-{{i}}')) for i in (2, 4)]; "

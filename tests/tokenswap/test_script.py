@@ -117,6 +117,7 @@ def _interrupted(body: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+@pytest.mark.integration
 def test_ctrl_c_in_a_script_is_one_line_and_130():
     # Ctrl-C used to be a traceback through the redacting streams.
     done = _interrupted("from tokenswap.script import run_script\n"
@@ -126,6 +127,7 @@ def test_ctrl_c_in_a_script_is_one_line_and_130():
                                         "whole; run the same command again to resume from them"]
 
 
+@pytest.mark.integration
 def test_ctrl_c_in_a_recipe_says_how_to_resume_from_its_checkpoints():
     done = _interrupted("from dataclasses import dataclass\nfrom tokenswap.training.entry import run_recipe\n"
                         "@dataclass\nclass Config:\n    steps: int = 1\n"

@@ -328,6 +328,7 @@ def test_empty_and_huge_captions_skip_only_the_caption_form_of_their_items(bench
     assert not any(r["key"] in ("caption|test/1", "caption|test/2", "caption|test/6") for r in records)
 
 
+@pytest.mark.integration
 def test_captions_holding_tags_template_tokens_or_braces_are_data_and_the_rerun_finishes(bench, tmp_path):
     # A caption "<image 1> next to <image 2>" used to end --forms caption/all with KeyError "tag <image 1> has no
     # image", and since it is recorded, every rerun the same way.
@@ -370,6 +371,7 @@ def test_a_form_resting_on_no_item_exits_1_naming_the_form_and_why(tmp_path, cap
     assert summary["form_counts"]["both"]["n"] == len(views) and summary["acc_caption"] is None
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("pictureless", [False, True], ids=["every-item-shows-a-picture", "with-pictureless-items"])
 def test_all_empty_captions_leave_every_other_component_on_its_own_items(tmp_path, capsys, pictureless):
     """Captions all empty, --forms all: the caption form rests on the picture-less items only (or on none: exit 1),
