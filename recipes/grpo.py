@@ -32,26 +32,22 @@ require_extra("train", "recipes/grpo.py")  # a package missing: one line naming 
 
 # isort: split
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from typing import Literal
 
 from transformers import set_seed
 from trl import GRPOConfig, GRPOTrainer
 
-from tokenswap.config import config_to_dict
 from tokenswap.crossmath import REWARDS, get_hop_weighted_reward
 from tokenswap.crossmath.training_data import CrossMathDataConfig, grpo_dataset, load_training_records
-from tokenswap.files import atomic_write_json
 from tokenswap.ranks import print0
-from tokenswap.training.checkpoint import CheckpointCallback, resolve_checkpoint, saving_final, train
+from tokenswap.training.checkpoint import CheckpointCallback, train
 from tokenswap.training.config import ModelConfig, RunConfig, WandbConfig
-from tokenswap.training.distributed import close_process_group
 from tokenswap.training.entry import run_recipe
-from tokenswap.training.model import check_inputs, load_model_and_processor, peft_lora_config
-from tokenswap.training.run_folder import check_resume_settings, hold_output_dir, write_run_config
-from tokenswap.training.tracking import finish_wandb, init_wandb, same_keys_in_wandb
-from tokenswap.training.trainer_args import TRAIN_DEFAULTS, TRAINER_OWNED, build_training_arguments, trainer_section
+from tokenswap.training.model import load_model_and_processor, peft_lora_config
+from tokenswap.training.run import save_final, start_run
+from tokenswap.training.tracking import same_keys_in_wandb
+from tokenswap.training.trainer_args import TRAIN_DEFAULTS, TRAINER_OWNED, trainer_section
 
 GRPOTrainConfig = trainer_section(
     GRPOConfig,
@@ -110,23 +106,16 @@ class GRPORecipeConfig:
 
 def main(cfg: GRPORecipeConfig) -> None:
     # ------------------------------------------------------------------ setup (process state before anything else)
-    os.makedirs(cfg.run.output_dir, exist_ok=True)
-    args = build_training_arguments(
-        cfg.train,
-        cfg.run,
+    run = start_run(
+        cfg,
+        stage="grpo",
         reward_weights=[1.0, cfg.reward.format_weight] if cfg.reward.format_weight > 0 else None,
     )
-    check_inputs(cfg.model, device="cpu" if args.use_cpu else None)
-    hold_output_dir(cfg.run.output_dir, args)  # one run per folder: a second one exits 1 naming the holder
-    resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
-    check_resume_settings(config_to_dict(cfg), resume)  # changed settings: exit 2, each difference named
-    write_run_config(cfg.run.output_dir, config_to_dict(cfg))
-    init_wandb(cfg.wandb, cfg.run, stage="grpo", config=config_to_dict(cfg), report_to=args.report_to)
 
     # ------------------------------------------------------------------ data, rewards
     # Rank 0 generates and renders the puzzles; the other ranks then find them on disk.
-    with args.main_process_first(desc="crossmath data"):
-        records = load_training_records(cfg.data, os.path.join(cfg.run.output_dir, "train_data"))
+    with run.args.main_process_first(desc="crossmath data"):
+        records = load_training_records(cfg.data, run.path("train_data"))
     train_dataset = grpo_dataset(records)
     if cfg.reward.name == "hop_weighted":
         accuracy = get_hop_weighted_reward(cfg.reward.weighting, cfg.reward.p, cfg.reward.alpha)
@@ -149,25 +138,18 @@ def main(cfg: GRPORecipeConfig) -> None:
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
-        args=args,
+        args=run.args,
         train_dataset=train_dataset,
         processing_class=processor,
         peft_config=peft_config,
     )
     same_keys_in_wandb(trainer)  # W&B keys = log_history keys (gap/abs, not train/gap/abs)
-    trainer.add_callback(CheckpointCallback.resuming(None, resume))
-    train(trainer, resume)
+    trainer.add_callback(CheckpointCallback.resuming(None, run.resume))
+    train(trainer, run.resume)
 
     # ------------------------------------------------------------------ save
     # With LoRA this is the adapter (adapter_config.json names the starting model); without, the full model.
-    with saving_final(trainer):  # a full disk: exit 1 naming the file and the free space
-        trainer.save_model(cfg.run.output_dir)
-        if trainer.is_world_process_zero():
-            processor.save_pretrained(cfg.run.output_dir)
-            atomic_write_json(os.path.join(cfg.run.output_dir, "log_history.json"), trainer.state.log_history)
-    finish_wandb()
-    print0(f"[grpo] done: {cfg.run.output_dir}")
-    close_process_group()
+    save_final(trainer, processor, run)
 
 
 if __name__ == "__main__":

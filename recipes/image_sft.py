@@ -30,15 +30,13 @@ from tokenswap.extras import require_extra
 require_extra("train", "recipes/image_sft.py")  # a package missing: one line naming the extra, exit status 2
 
 # isort: split
-import os
 from dataclasses import dataclass, field
 
 from transformers import Trainer
 
 from tokenswap.attention import use_packed_attention
-from tokenswap.config import config_to_dict
 from tokenswap.crossmath import load_crossmath
-from tokenswap.crossmath.cli import cli_main as crossmath_cli
+from tokenswap.crossmath.cli import evaluate as evaluate_crossmath
 from tokenswap.crossmath.training_data import (
     CrossMathDataConfig,
     crossmath_source,
@@ -46,26 +44,18 @@ from tokenswap.crossmath.training_data import (
     sft_example,
 )
 from tokenswap.errors import InputError
-from tokenswap.files import atomic_write_json
 from tokenswap.packing import group_by_length
-from tokenswap.ranks import print0, rank_and_world
+from tokenswap.ranks import print0
 from tokenswap.throughput import ThroughputCallback, ThroughputConfig
 from tokenswap.training.builders import build_collator
 from tokenswap.training.callbacks import EmptyStepCallback, install_first
-from tokenswap.training.checkpoint import (
-    CheckpointCallback,
-    ResumableCollator,
-    resolve_checkpoint,
-    saving_final,
-    train,
-)
+from tokenswap.training.checkpoint import CheckpointCallback, ResumableCollator, train
 from tokenswap.training.config import CollatorConfig, ModelConfig, RunConfig, WandbConfig
-from tokenswap.training.distributed import close_process_group
 from tokenswap.training.entry import run_recipe
-from tokenswap.training.model import check_inputs, load_model_and_processor
-from tokenswap.training.run_folder import check_resume_settings, hold_output_dir, write_run_config
-from tokenswap.training.tracking import finish_wandb, init_wandb, same_keys_in_wandb
-from tokenswap.training.trainer_args import TrainConfig, build_training_arguments
+from tokenswap.training.model import load_model_and_processor
+from tokenswap.training.run import save_final, start_run
+from tokenswap.training.tracking import same_keys_in_wandb
+from tokenswap.training.trainer_args import TrainConfig
 
 
 @dataclass(kw_only=True)
@@ -122,32 +112,28 @@ class ImageSFTConfig:
                 "which image SFT makes in the collator: remove it and set `collator.group_by_length: true` (the "
                 "same grouping from the puzzles' text lengths)"
             )
-        elif self.collator.group_by_length:
-            # "random" is the default (an explicit one cannot be told apart): the grouped order is read as is.
-            self.train.train_sampling_strategy = "sequential"
         if problems:
             raise ValueError("; ".join(problems))
 
 
 def main(cfg: ImageSFTConfig) -> None:
     # ------------------------------------------------------------------ setup (process state before anything else)
-    os.makedirs(cfg.run.output_dir, exist_ok=True)
-    args = build_training_arguments(cfg.train, cfg.run)
-    check_inputs(cfg.model, packing=cfg.collator.packing, device="cpu" if args.use_cpu else None, collator=cfg.collator)
-    rank, _ = rank_and_world()
-    hold_output_dir(cfg.run.output_dir, args)  # one run per folder: a second one exits 1 naming the holder
-    resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
-    check_resume_settings(config_to_dict(cfg), resume)  # changed settings: exit 2, each difference named
-    write_run_config(cfg.run.output_dir, config_to_dict(cfg))
-    init_wandb(cfg.wandb, cfg.run, stage="image_sft", config=config_to_dict(cfg), report_to=args.report_to)
+    run = start_run(
+        cfg,
+        stage="image_sft",
+        collator=cfg.collator,
+        # "random" is the default (an explicit one cannot be told apart): the grouped order is read as is.
+        **({"train_sampling_strategy": "sequential"} if cfg.collator.group_by_length else {}),
+    )
+    args, resume = run.args, run.resume
 
     # ------------------------------------------------------------------ data, collator
     # Rank 0 generates and renders the puzzles; the other ranks then find them on disk.
     with args.main_process_first(desc="crossmath data"):
-        records = load_training_records(cfg.data, os.path.join(cfg.run.output_dir, "train_data"))
+        records = load_training_records(cfg.data, run.path("train_data"))
     # Solving every puzzle here fails fast on a record the hop solver cannot finish, before any model loads.
     train_dataset = [sft_example(record) for record in records]
-    if cfg.collator.group_by_length:  # read sequentially (train.train_sampling_strategy, see ImageSFTConfig)
+    if cfg.collator.group_by_length:  # read sequentially (see start_run above)
         train_dataset = group_by_length(train_dataset, args.per_device_train_batch_size, cfg.data.seed)
     print0(f"[image_sft] {cfg.run.pair}: {len(train_dataset)} puzzles ({cfg.data.style} style)")
     heldout = None
@@ -155,7 +141,7 @@ def main(cfg: ImageSFTConfig) -> None:
         # The held-out puzzles are known now: one that is also a training puzzle is refused before any model loads
         # (every rank checks, so all of them stop), not after the whole training run.
         with args.main_process_first(desc="crossmath eval data"):
-            heldout = crossmath_source(cfg.eval.data, os.path.join(cfg.run.output_dir, "eval_data"))
+            heldout = crossmath_source(cfg.eval.data, run.path("eval_data"))
         seen = {record["markdown_table"] for record in records}
         overlap = [r["id"] for r in load_crossmath(heldout)[: cfg.eval.data.limit] if r["markdown_table"] in seen]
         if overlap:
@@ -164,9 +150,9 @@ def main(cfg: ImageSFTConfig) -> None:
     # ------------------------------------------------------------------ model (after TrainingArguments: ZeRO-3 init)
     model, processor = load_model_and_processor(cfg.model, resume_from=resume, seed=cfg.run.seed)
     if cfg.collator.packing:
-        use_packed_attention(model, cfg.model.attn_implementation, device="cpu" if args.use_cpu else None)
+        use_packed_attention(model, cfg.model.attn_implementation, device=run.device)
     collator = build_collator(cfg.collator, processor, None, cfg.run.arm, learn="assistant")
-    resumable = ResumableCollator(collator, log_ids_to=os.path.join(cfg.run.output_dir, f"sample_ids.rank{rank}.txt"))
+    resumable = ResumableCollator(collator, log_ids_to=run.path(f"sample_ids.rank{run.rank}.txt"))
 
     # ------------------------------------------------------------------ train
     trainer = Trainer(
@@ -183,34 +169,20 @@ def main(cfg: ImageSFTConfig) -> None:
         install_first(trainer, ThroughputCallback(resumable, cfg.throughput.peak_tflops))
     train(trainer, resume)
 
-    # ------------------------------------------------------------------ save
-    with saving_final(trainer):  # a full disk: exit 1 naming the file and the free space
-        if cfg.model.lora is None or not cfg.merge_lora:
-            trainer.save_model(cfg.run.output_dir)
-        else:
-            trainer.save_model(os.path.join(cfg.run.output_dir, "adapter"))
-            if trainer.is_world_process_zero():
-                # Merged weights load as a plain checkpoint: GRPO puts a fresh adapter on them, eval reads them as is.
-                trainer.model.merge_and_unload().save_pretrained(cfg.run.output_dir)
-        if trainer.is_world_process_zero():
-            processor.save_pretrained(cfg.run.output_dir)
-            atomic_write_json(os.path.join(cfg.run.output_dir, "collator_stats.json"), dict(resumable.stats))
-            atomic_write_json(os.path.join(cfg.run.output_dir, "log_history.json"), trainer.state.log_history)
-    finish_wandb()
-    print0(f"[image_sft] saved: {cfg.run.output_dir}")
+    # ------------------------------------------------------------------ save, then the held-out eval (image, rank 0)
+    def evaluate_heldout() -> None:
+        evaluate_crossmath(run.output_dir, str(heldout), "image", run.path("eval"), n=cfg.eval.data.limit,
+                           max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size)
 
-    # ------------------------------------------------------------------ held-out eval (image modality, rank 0)
-    if heldout is not None and trainer.is_world_process_zero():
-        argv = ["eval", "--model", cfg.run.output_dir, "--data", str(heldout), "--modality", "image"]
-        argv += ["--max-new-tokens", str(cfg.eval.max_new_tokens), "--batch-size", str(cfg.eval.batch_size)]
-        argv += ["--out", os.path.join(cfg.run.output_dir, "eval")]
-        if cfg.eval.data.limit is not None:
-            argv += ["--n", str(cfg.eval.data.limit)]
-        status = crossmath_cli(argv)
-        if status != 0:
-            raise RuntimeError(f"tokenswap crossmath {' '.join(argv)} exited with {status}")
-    print0(f"[image_sft] done: {cfg.run.output_dir}")
-    close_process_group()
+    # Merged weights load as a plain checkpoint: GRPO puts a fresh adapter on them, eval reads them as is.
+    save_final(
+        trainer,
+        processor,
+        run,
+        stats={"collator_stats.json": resumable.stats},
+        merge_lora=cfg.model.lora is not None and cfg.merge_lora,
+        evaluate=evaluate_heldout if heldout is not None else None,
+    )
 
 
 if __name__ == "__main__":

@@ -26,29 +26,20 @@ from tokenswap.extras import require_extra
 require_extra("train", "recipes/post_train.py")  # a package missing: one line naming the extra, exit status 2
 
 # isort: split
-import os
 from dataclasses import dataclass, field
 
 from transformers import Trainer
 
 from tokenswap.attention import use_packed_attention
-from tokenswap.config import config_to_dict
 from tokenswap.data.llava import load_llava
 from tokenswap.data.mixture import paired_mixture
 from tokenswap.data.schema import load_samples
-from tokenswap.files import atomic_write_json
 from tokenswap.packing import group_by_length
-from tokenswap.ranks import print0, rank_and_world
+from tokenswap.ranks import print0
 from tokenswap.throughput import ThroughputCallback, ThroughputConfig
 from tokenswap.training.builders import build_collator, build_gap_callback, build_image_store
 from tokenswap.training.callbacks import EmptyStepCallback, EpochCallback, SwapStatsCallback, install_first
-from tokenswap.training.checkpoint import (
-    CheckpointCallback,
-    ResumableCollator,
-    resolve_checkpoint,
-    saving_final,
-    train,
-)
+from tokenswap.training.checkpoint import CheckpointCallback, ResumableCollator, train
 from tokenswap.training.config import (
     CollatorConfig,
     DataConfig,
@@ -58,12 +49,11 @@ from tokenswap.training.config import (
     WandbConfig,
     resolve_replicate,
 )
-from tokenswap.training.distributed import close_process_group
 from tokenswap.training.entry import run_recipe
-from tokenswap.training.model import check_inputs, load_model_and_processor
-from tokenswap.training.run_folder import check_resume_settings, hold_output_dir, write_run_config
-from tokenswap.training.tracking import finish_wandb, init_wandb, same_keys_in_wandb
-from tokenswap.training.trainer_args import PairedTrainConfig, build_training_arguments
+from tokenswap.training.model import load_model_and_processor
+from tokenswap.training.run import save_final, start_run
+from tokenswap.training.tracking import same_keys_in_wandb
+from tokenswap.training.trainer_args import PairedTrainConfig
 
 
 @dataclass(kw_only=True)
@@ -100,19 +90,17 @@ class PostTrainConfig:
 
 def main(cfg: PostTrainConfig) -> None:
     # ------------------------------------------------------------------ setup (process state before anything else)
-    os.makedirs(cfg.run.output_dir, exist_ok=True)
     # paired_mixture already fixed a seeded order shared by the arms of a pair.
-    args = build_training_arguments(cfg.train, cfg.run, train_sampling_strategy="sequential")
-    store_root = cfg.image_store if cfg.run.arm == "tokenswap" else None
-    data_paths = {f"data.{k}": getattr(cfg.data, k) for k in ("llava_json", "llava_image_root", "swap_dataset")}
-    check_inputs(cfg.model, packing=cfg.collator.packing, image_store=store_root, paths=data_paths,
-                 device="cpu" if args.use_cpu else None, collator=cfg.collator, args=args, gap_eval=cfg.gap_eval)
-    rank, _ = rank_and_world()
-    hold_output_dir(cfg.run.output_dir, args)  # one run per folder: a second one exits 1 naming the holder
-    resume = resolve_checkpoint(cfg.run.output_dir, cfg.train.resume_from_checkpoint)
-    check_resume_settings(config_to_dict(cfg), resume)  # changed settings: exit 2, each difference named
-    write_run_config(cfg.run.output_dir, config_to_dict(cfg))
-    init_wandb(cfg.wandb, cfg.run, stage="post_train", config=config_to_dict(cfg), report_to=args.report_to)
+    run = start_run(
+        cfg,
+        stage="post_train",
+        collator=cfg.collator,
+        image_store=cfg.image_store if cfg.run.arm == "tokenswap" else None,
+        paths={f"data.{k}": getattr(cfg.data, k) for k in ("llava_json", "llava_image_root", "swap_dataset")},
+        gap_eval=cfg.gap_eval,
+        train_sampling_strategy="sequential",
+    )
+    args, resume = run.args, run.resume
 
     # ------------------------------------------------------------------ data, image store, collator
     base = load_llava(
@@ -127,12 +115,12 @@ def main(cfg: PostTrainConfig) -> None:
     # ------------------------------------------------------------------ model (after TrainingArguments: ZeRO-3 init)
     model, processor = load_model_and_processor(cfg.model, resume_from=resume, seed=cfg.run.seed)
     if cfg.collator.packing:
-        use_packed_attention(model, cfg.model.attn_implementation, device="cpu" if args.use_cpu else None)
+        use_packed_attention(model, cfg.model.attn_implementation, device=run.device)
     store = build_image_store(cfg.image_store) if cfg.run.arm == "tokenswap" else None
     collator = build_collator(
         cfg.collator, processor, store, cfg.run.arm, learn="assistant", image_root=cfg.data.llava_image_root
     )
-    resumable = ResumableCollator(collator, log_ids_to=os.path.join(cfg.run.output_dir, f"sample_ids.rank{rank}.txt"))
+    resumable = ResumableCollator(collator, log_ids_to=run.path(f"sample_ids.rank{run.rank}.txt"))
 
     # ------------------------------------------------------------------ train
     trainer = Trainer(
@@ -154,15 +142,7 @@ def main(cfg: PostTrainConfig) -> None:
     train(trainer, resume)
 
     # ------------------------------------------------------------------ save
-    with saving_final(trainer):  # a full disk: exit 1 naming the file and the free space
-        trainer.save_model(cfg.run.output_dir)
-        if trainer.is_world_process_zero():
-            processor.save_pretrained(cfg.run.output_dir)
-            atomic_write_json(os.path.join(cfg.run.output_dir, "swap_stats.json"), dict(resumable.stats))
-            atomic_write_json(os.path.join(cfg.run.output_dir, "log_history.json"), trainer.state.log_history)
-    finish_wandb()
-    print0(f"[post_train] done: {cfg.run.output_dir}")
-    close_process_group()
+    save_final(trainer, processor, run, stats={"swap_stats.json": resumable.stats})
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from tokenswap.crossmath.data import append_jsonl, find_jsonl, load_crossmath, load_image, read_jsonl
 from tokenswap.crossmath.generator import DEFAULT_COLS, DEFAULT_ROWS, DIFFICULTIES, Puzzle, generate_puzzles
@@ -59,7 +60,7 @@ from tokenswap.inputs import (
     require_output_dir,
 )
 
-__all__ = ["cli_main"]
+__all__ = ["cli_main", "evaluate"]
 
 JSONL_NAME = "crossmath.jsonl"
 RELEASE_MAX_NEW_TOKENS = 16384  # batch_inference_qwen35.py --max_new_tokens
@@ -231,7 +232,49 @@ def _check_records(records: list[dict], data: Path, modality: str) -> None:
             load_image(record)  # raises, naming the record or the missing file and the fix
 
 
-def _evaluate(args: argparse.Namespace) -> int:
+def evaluate(
+    model: str,
+    data: str,
+    modality: str,
+    out: str,
+    *,
+    n: int | None = None,
+    max_new_tokens: int = RELEASE_MAX_NEW_TOKENS,
+    batch_size: int = 8,
+    **backend: Any,
+) -> dict:
+    """``tokenswap crossmath eval`` as a function: evaluate ``model`` greedily on the puzzles of ``data`` in one
+    modality, writing ``predictions_<modality>.jsonl`` and ``metrics_<modality>.{json,md}`` into ``out``.
+
+    Args:
+        model, data, modality, out, n, max_new_tokens, batch_size: the command's flags of the same names.
+        backend: the model-backend flags by their argument names (``backend="openai"``, ``base_url=...``,
+            ``max_error_share=...``); the command's defaults otherwise.
+
+    Returns:
+        The report written to ``metrics_<modality>.json``.
+
+    Raises:
+        InputError: the command's exit-2 refusals (missing data, a record that cannot be scored, another model's
+            predictions in ``out``, ...).
+    """
+    defaults = argparse.ArgumentParser(add_help=False)
+    add_backend_arguments(defaults)
+    args = defaults.parse_args([])
+    unknown = sorted(set(backend) - set(vars(args)))
+    if unknown:
+        raise TypeError(f"evaluate() got unknown backend arguments {unknown}; known: {sorted(vars(args))}")
+    vars(args).update(backend, model=model, data=data, modality=modality, out=out, n=n,
+                      max_new_tokens=max_new_tokens, batch_size=batch_size)
+    return _evaluate(args)
+
+
+def _eval_command(args: argparse.Namespace) -> int:
+    evaluate(**{k: v for k, v in vars(args).items() if k != "command"})
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> dict:
     from tokenswap.inference.backends import (
         check_backend_arguments,
         describe_arguments,
@@ -326,7 +369,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     usage = counts["usage"]
     print(f"tokens: {usage['prompt_tokens']:,} prompt, {usage['completion_tokens']:,} completion over "
           f"{usage['requests']:,} requests")
-    return 0
+    return report
 
 
 def cli_main(argv: list[str]) -> int:
@@ -339,5 +382,5 @@ def cli_main(argv: list[str]) -> int:
         The exit status.
     """
     args = _parser().parse_args(argv)
-    return {"generate": _generate, "eval": _evaluate, "fidelity": _fidelity}[args.command](args)
+    return {"generate": _generate, "eval": _eval_command, "fidelity": _fidelity}[args.command](args)
 

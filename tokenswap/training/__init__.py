@@ -8,6 +8,7 @@
       model.py         checks before anything loads (check_inputs), then weights, quantization, LoRA, attention
       checkpoint.py    complete checkpoints, exact resume, the collator bookkeeping that travels with batches, train()
       run_folder.py    one run per output folder (a lock), resume settings checked, the run's config written
+      run.py           a run's two ends, one call each: start_run (the setup above, in order) and save_final
       callbacks.py     swap epochs, swap statistics, the stop for steps with no target
       builders.py      config section in, library object out: image store, collator, gap callback
       tracking.py      W&B runs named {pair}-{arm}-s{seed} in group {pair}
@@ -61,6 +62,9 @@ _EXPORTS = {
     "model_family": "tokenswap.training.model",
     "peft_lora_config": "tokenswap.training.model",
     "resolve_attn_implementation": "tokenswap.training.model",
+    "Run": "tokenswap.training.run",
+    "save_final": "tokenswap.training.run",
+    "start_run": "tokenswap.training.run",
     "RESUME_MAY_CHANGE": "tokenswap.training.run_folder",
     "RunLockedError": "tokenswap.training.run_folder",
     "check_resume_settings": "tokenswap.training.run_folder",
@@ -92,6 +96,7 @@ __all__ = [
     "PAIRED_OWNED",
     "PREEMPTED_EXIT",
     "RESUME_MAY_CHANGE",
+    "Run",
     "RunLockedError",
     "PairedTrainConfig",
     "ResumableCollator",
@@ -121,7 +126,9 @@ __all__ = [
     "resolve_attn_implementation",
     "resolve_checkpoint",
     "run_recipe",
+    "save_final",
     "saving_final",
+    "start_run",
     "train",
     "trainer_section",
     "verify_checkpoint",
@@ -167,6 +174,7 @@ if TYPE_CHECKING:
         peft_lora_config,
         resolve_attn_implementation,
     )
+    from tokenswap.training.run import Run, save_final, start_run
     from tokenswap.training.run_folder import (
         RESUME_MAY_CHANGE,
         RunLockedError,

@@ -299,8 +299,7 @@ def build_training_arguments(train, run: RunConfig, **recipe: Any):
             run_name=run_name(run),
             seed=run.seed,
             remove_unused_columns=False,
-            **kwargs,
-            **recipe,
+            **{**kwargs, **recipe},  # a recipe's value wins over the section's (image SFT's grouped order)
         )
     except (ValueError, TypeError) as e:  # the message may quote a value: mask_secrets remembered the secrets
         problem = f"train: {e}"
