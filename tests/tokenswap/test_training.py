@@ -125,7 +125,7 @@ def test_training_arguments_carry_the_run_and_the_recipe_values(tmp_path):
                                      "train.include_num_input_tokens_seen=true", "train.torch_compile=false"])
     run = RunConfig(output_dir=str(tmp_path), pair="p", arm="tokenswap", seed=7)
     args = build_training_arguments(cfg.train, run, train_sampling_strategy="sequential")
-    assert (args.output_dir, args.run_name, args.seed) == (str(tmp_path), "p-tokenswap", 7)
+    assert (args.output_dir, args.run_name, args.seed) == (str(tmp_path), "p-tokenswap-s7", 7)
     assert args.remove_unused_columns is False and args.train_sampling_strategy == "sequential"
     assert args.include_num_input_tokens_seen == "all" and args.torch_compile is False
 
