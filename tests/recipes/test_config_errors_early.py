@@ -5,7 +5,15 @@ The data paths point at files that do not exist: a check that came after loading
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
 import pytest
+import torch
 
 from tokenswap.training import run_recipe
 
@@ -170,3 +178,51 @@ def test_values_the_run_would_fail_on_later_are_refused_when_the_config_is_read(
 def _file(path):
     path.write_text("not a folder")
     return path
+
+
+@pytest.fixture
+def hub_that_counts():
+    """An HF_ENDPOINT on 127.0.0.1 that counts the connections made to it (and answers none)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    seen, stop = [], threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            seen.append(1)
+            conn.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}", seen
+    stop.set()
+    thread.join()
+    server.close()
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the paper's configs run on a CUDA machine")
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        ([], ["train.bf16", "train.deepspeed (DeepSpeed ZeRO-3 on CUDA)"]),
+        (["train.use_cpu=true"], ["Qwen/Qwen2-VL-7B (7B parameters)", "train.deepspeed (DeepSpeed ZeRO-3 on CUDA)"]),
+    ],
+    ids=["as-written", "forced-onto-cpu"],
+)
+def test_a_paper_config_on_a_machine_without_a_gpu_says_so_before_any_hub_lookup(hub_that_counts, extra, named):
+    endpoint, seen = hub_that_counts
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_ENDPOINT=endpoint, PYTHONPATH=str(root))
+    result = subprocess.run([sys.executable, "recipes/post_train.py", "--config", "post_text.yaml", *extra],
+                            cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: this config needs a GPU and this machine has none: ")
+    assert all(n in lines[0] for n in named) and "configs/tiny/" in lines[0] and "configs/one_gpu/" in lines[0]
+    assert seen == []  # no hub lookup: the refusal comes before the model is looked up

@@ -128,7 +128,7 @@ def test_a_hub_token_on_the_command_line_is_refused_without_being_printed(plante
 
 def test_a_config_problem(planted, tiny_qwen2vl, capfd):
     result = run_script(capfd, overrides(planted / "run", tiny_qwen2vl, f"data.seed={TOKEN}"))
-    assert_ends(result, 2, f"error: 1 problem in {CONFIG_FILE}: `data.seed` must be an integer, got '{MASK}'")
+    assert_ends(result, 2, f"error: 1 problem in {CONFIG_FILE}: `data.seed` must be int | None, got '{MASK}'")
 
 
 def test_a_config_file_not_found(planted, tiny_qwen2vl, capfd):

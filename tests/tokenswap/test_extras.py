@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Runs `tokenswap ARGS` (or the recipe at ARGS[0]) with the packages of argv[1] refused by the import system, as
+# Runs `tokenswap ARGS` (or the recipe at ARGS[0], or `python -m MODULE ARGS`) with the packages of argv[1] refused by the import system, as
 # in an environment that does not have them.
 BLOCKED = '''
 import runpy, sys
@@ -24,7 +24,10 @@ class Refuse:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
 sys.meta_path.insert(0, Refuse())
-if sys.argv[2].endswith(".py"):
+if sys.argv[2] == "-m":
+    sys.argv = sys.argv[3:]
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+elif sys.argv[2].endswith(".py"):
     sys.argv = sys.argv[2:]
     runpy.run_path(sys.argv[0], run_name="__main__")
 else:
@@ -52,6 +55,18 @@ def test_eval_without_the_eval_extra(tmp_path):
     done = run_without("datasets", "eval", "--backend", "openai", "--model", "served", "--base-url",
                        "http://127.0.0.1:9/v1", "--bench", str(bench), "--out", str(tmp_path / "out"))
     assert_one_line(done, 'tokenswap eval needs the eval extra: pip install "tokenswap[eval]"')
+
+
+@pytest.mark.integration
+def test_the_tiny_kit_without_the_eval_extra_writes_the_model_and_store_and_skips_the_bench(tmp_path):
+    done = run_without("datasets", "-m", "tokenswap.testing", str(tmp_path / "kit"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == ('the tiny bench needs the eval extra: pip install "tokenswap[eval]" '
+                                                    "(skipped: the model and the store above are written)")
+    assert (tmp_path / "kit" / "tiny-qwen2vl" / "config.json").is_file()
+    assert (tmp_path / "kit" / "tiny-store" / "store.json").is_file()
+    assert not (tmp_path / "kit" / "tiny-bench").exists()
 
 
 @pytest.mark.integration

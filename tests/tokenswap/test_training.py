@@ -125,7 +125,7 @@ def test_training_arguments_carry_the_run_and_the_recipe_values(tmp_path):
                                      "train.include_num_input_tokens_seen=true", "train.torch_compile=false"])
     run = RunConfig(output_dir=str(tmp_path), pair="p", arm="tokenswap", seed=7)
     args = build_training_arguments(cfg.train, run, train_sampling_strategy="sequential")
-    assert (args.output_dir, args.run_name, args.seed) == (str(tmp_path), "p-tokenswap", 7)
+    assert (args.output_dir, args.run_name, args.seed) == (str(tmp_path), "p-tokenswap-s7", 7)
     assert args.remove_unused_columns is False and args.train_sampling_strategy == "sequential"
     assert args.include_num_input_tokens_seen == "all" and args.torch_compile is False
 
@@ -148,9 +148,10 @@ def test_a_value_the_trainer_rejects_exits_2_with_the_config_error(tmp_path, cap
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the paper's bf16 settings are valid on a CUDA machine")
 def test_the_papers_bf16_settings_on_a_cpu_machine_say_which_keys_to_set(tmp_path):
     cfg = load_config(Recipe, None, ["train.bf16=true"])
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(InputError) as e:  # exit status 2 through a recipe's entry
         build_training_arguments(cfg.train, RunConfig(output_dir=str(tmp_path), pair="p", arm="text"))
-    assert "pass train.bf16=false train.use_cpu=true, or start from a config of configs/tiny/" in str(e.value)
+    assert "needs a GPU" in str(e.value) and "train.bf16" in str(e.value) and "configs/tiny/" in str(e.value)
+    assert "train.bf16=false train.use_cpu=true" in str(e.value)
     cfg = load_config(Recipe, None, ["train.bf16=false", "train.use_cpu=true", "train.report_to=[none]"])
     assert build_training_arguments(cfg.train, RunConfig(output_dir=str(tmp_path), pair="p", arm="text")).use_cpu
 

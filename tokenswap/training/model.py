@@ -143,6 +143,13 @@ def check_inputs(
     from tokenswap.config import ConfigError
     from tokenswap.packing import RopeIndex
 
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available() and (settings := _gpu_only(model, args)):
+        # Before any path or hub lookup: with no GPU the rest does not matter, and a hub id's lookup retries for
+        # tens of seconds on a machine that cannot reach the hub.
+        from tokenswap.training.trainer_args import needs_a_gpu
+
+        raise InputError(needs_a_gpu(settings, forcing=False))
     problems = [f"`{key}` {path!r} does not exist (cwd {os.getcwd()}){tiny_kit_hint(path)}"
                 for key, path in (paths or {}).items() if path is not None and not os.path.exists(path)]
     if (collator is not None and collator.resample_each_epoch and args is not None
@@ -175,7 +182,6 @@ def check_inputs(
                                 "per_device_train_batch_size x the mean sample length), or lower model.max_pixels")
     except (FileNotFoundError, ValueError) as e:  # UnsupportedFamilyError, PackingNotSupportedError: ValueErrors
         problems.append(str(e))
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if packing or model.attn_implementation == "flash_attention_2":
         try:
             packed_attention_choice(model.attn_implementation, device)
@@ -183,6 +189,31 @@ def check_inputs(
             problems.append(str(e))
     if problems:
         raise ConfigError(problems, "the run inputs")
+
+
+CPU_MODEL_LIMIT_B = 3.0
+"""The largest model, in billions of parameters as its hub name states them, that a CPU run is let load: above it
+a training step takes hours and the weights alone fill most machines' memory."""
+
+
+def _gpu_only(model: ModelConfig, args) -> list[str]:
+    """The settings that refuse a CPU run, judged from the config alone (no lookup): a model whose name states more
+    than :data:`CPU_MODEL_LIMIT_B` parameters, or flash_attention_2; with either, the GPU-only ``train`` settings
+    are named too. Empty when the config can run on CPU."""
+    import re
+
+    from tokenswap.training.trainer_args import gpu_settings
+
+    sizes = [float(n) for n in re.findall(r"(?:^|[-_])(\d+(?:\.\d+)?)[bB](?=$|[-_])",
+                                           os.path.basename(str(model.name_or_path).rstrip("/")))]
+    found = []
+    if sizes and max(sizes) > CPU_MODEL_LIMIT_B:
+        found.append(f"model.name_or_path {model.name_or_path} ({max(sizes):g}B parameters)")
+    if model.attn_implementation == "flash_attention_2":
+        found.append("model.attn_implementation flash_attention_2 (CUDA only)")
+    if found and args is not None:
+        found += gpu_settings(bool(getattr(args, "bf16", False)), getattr(args, "deepspeed", None))
+    return found
 
 
 def _quantization_config(cfg: ModelConfig):

@@ -258,6 +258,31 @@ def redacting(args_cls: type) -> type:
     return type(args_cls.__name__, (args_cls,), namespace)
 
 
+def gpu_settings(bf16: bool, deepspeed) -> list[str]:
+    """The settings of a run's ``train`` section that are written for CUDA GPUs, each in a few words."""
+    settings = ["train.bf16 (bf16 mixed precision)"] if bf16 else []
+    if deepspeed:
+        stage = None
+        try:
+            if isinstance(deepspeed, dict):
+                stage = deepspeed.get("zero_optimization", {}).get("stage")
+            else:
+                with open(deepspeed) as f:
+                    stage = json.load(f).get("zero_optimization", {}).get("stage")
+        except (OSError, ValueError, AttributeError):
+            pass  # an unreadable file is TrainingArguments' to name; here it is only described
+        settings.append(f"train.deepspeed (DeepSpeed{f' ZeRO-{stage}' if stage else ''} on CUDA)")
+    return settings
+
+
+def needs_a_gpu(settings: list[str], forcing: bool = True) -> str:
+    """One line: this config needs a GPU (``settings`` say why), and where the configs for this machine are;
+    ``forcing`` adds the overrides that run it on CPU anyway (for a model small enough)."""
+    force = "; a small model runs it on CPU with train.bf16=false train.use_cpu=true" if forcing else ""
+    return (f"this config needs a GPU and this machine has none: {', '.join(settings)}; on CPU start from a config of "
+            f"configs/tiny/ (on one GPU, configs/one_gpu/){force}")
+
+
 def build_training_arguments(train, run: RunConfig, **recipe: Any):
     """The Trainer's arguments for one run, after setting up the process state every recipe needs.
 
@@ -272,6 +297,10 @@ def build_training_arguments(train, run: RunConfig, **recipe: Any):
     from tokenswap.config import ConfigError
 
     kwargs = {f.name: getattr(train, f.name) for f in dataclasses.fields(train) if f.name not in train.MAPPED}
+    if kwargs.get("bf16") and not kwargs.get("use_cpu") and not torch.cuda.is_available():
+        # TrainingArguments' own words ("Your setup doesn't support bf16/gpu") say neither what else in the config
+        # is GPU-only nor where a CPU config lives.
+        raise InputError(needs_a_gpu(gpu_settings(True, kwargs.get("deepspeed"))))
     if kwargs.get("use_liger_kernel") and importlib.util.find_spec("liger_kernel") is None:
         # liger-kernel 0.8.5 patches every family tokenswap supports (qwen2_vl ... qwen3_5_moe); it needs Triton + CUDA.
         raise InputError("train.use_liger_kernel needs liger-kernel: pip install 'tokenswap[gpu]'")
