@@ -194,7 +194,7 @@ def test_wandb_offline_run_is_read_back_and_compared(post, tiny_qwen2vl, tiny_st
     assert values == pytest.approx(losses(tmp_path / "tokenswap"), rel=1e-3) and len(steps) == 4
     assert run.last("swap/images_per_sample") > 0
     # One name per metric: W&B holds log_history.json's keys (loss, swap/...), not the Trainer's train/loss.
-    from tokenswap.compare import wandb_records
+    from tokenswap.training.tracking import wandb_records
 
     logged = {item.key or "/".join(item.nested_key) for rec in wandb_records(next(run_dirs[0].glob("run-*.wandb")))
               if rec.WhichOneof("record_type") == "history" for item in rec.history.item}

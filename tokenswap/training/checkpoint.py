@@ -374,14 +374,15 @@ def _checkpoint_being_saved(trainer) -> str | None:
     error; neither names the file or the cause, so :func:`train` names them (:func:`_save_failure`). A save is in
     flight from the end of a step that decided to save (``control.should_save``, seen by
     :meth:`CheckpointCallback.on_step_end`) until ``on_save``, which the Trainer calls after the whole folder is
-    written (its callback handler clears ``should_save`` then). The folder must exist too: the Trainer creates it
-    first, so an error of the logging between step and save is left as it was raised.
+    written (its callback handler clears ``should_save`` then). The folder's path must exist too (the Trainer
+    creates the folder first; a file in its place is what that creation hit), so an error of the logging between
+    step and save is left as it was raised.
     """
     for cb in _checkpoint_callbacks(trainer):
         control = cb.control
         if control is not None and control.should_save and cb.step_ended == trainer.state.global_step:
             folder = os.path.join(trainer.args.output_dir, f"checkpoint-{trainer.state.global_step}")
-            return folder if os.path.isdir(folder) else None
+            return folder if os.path.lexists(folder) else None
     return None
 
 
