@@ -57,3 +57,13 @@ def test_no_private_name_is_imported_across_modules():
                 found += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}.{a.name}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")]
     assert found == []
+
+
+def test_the_planner_rules_and_the_two_ends_are_stated_in_forms_only():
+    # the k-shot, cot and caption rules were worded three ways (the CLI, GapEvaluator, the training config); the ends
+    # were typed out a dozen times beside forms.ENDS, and ALL_FORMS re-derived beside forms.FORMS
+    assert _grep(r"""\(\s*["']text["'],\s*["']interleaved["']\s*\)|\[\s*["']text["'],\s*["']interleaved["']""",
+                 {"tokenswap/eval/forms.py"}, unless=r">>>|^\s*\(\(") == []
+    assert _grep(r"\bALL_FORMS\b|\b(IN_LOOP_|ITEM_)?FORMS\s*=", {"tokenswap/eval/forms.py"}) == []
+    assert _grep(r"""prompt\s*==\s*["'](k_shot|cot)["'].*(forms|scorer)""", {"tokenswap/eval/forms.py"}) == []
+    assert _grep(r"""["']caption["'] in (self\.)?forms\b""", {"tokenswap/eval/forms.py"}) == []

@@ -51,6 +51,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from tokenswap.eval.forms import ENDS
 from tokenswap.eval.mc import (
     IMAGE_TAG,
     LETTERS,
@@ -182,7 +183,7 @@ class GapResult:
     recognition_n: int = 0
     controlled: GapStats | None = None
     recognition: list[dict] = field(default_factory=list, repr=False)
-    forms: tuple[str, ...] = ("text", "interleaved")
+    forms: tuple[str, ...] = ENDS
     pictures: list[dict] = field(default_factory=list, repr=False)
     decomposition: dict | None = field(default=None, repr=False)
     excluded: list[dict] = field(default_factory=list, repr=False)
@@ -217,7 +218,7 @@ class GapResult:
             out.update(self.controlled.metrics(f"{prefix}controlled/"))
         out.update(decomposition_metrics(self.decomposition, prefix))
         for form, counts in self.form_counts.items():  # each control's own n: its items can be fewer than the gap's
-            if form not in ("text", "interleaved"):
+            if form not in ENDS:
                 out[f"{prefix}n_{form}"] = float(counts["n"])
         return out
 
@@ -333,7 +334,7 @@ def decomposition_metrics(d: dict | None, prefix: str = "gap/") -> dict[str, flo
             out[f"{prefix}{name}"] = float(estimate["value"])
 
     for form, estimate in d["acc"].items():
-        if form not in ("text", "interleaved"):
+        if form not in ENDS:
             put(f"acc_{form}", estimate)
     for name in ("load", "content", "caption_recovery", "reading_recovery", "recognition_rate"):
         put(name, d.get(name))
@@ -526,36 +527,25 @@ class GapEvaluator:
         naming_prompt: str = NAMING_PROMPT,
         naming_answer: str = NAMING_ANSWER,
         progress: bool = True,
-        forms: Sequence[str] = ("text", "interleaved"),
+        forms: Sequence[str] = ENDS,
         resamples: int | None = None,
     ):
         from tokenswap.eval.decompose import DEFAULT_RESAMPLES
         from tokenswap.eval.form_runs import FormPlan
-        from tokenswap.eval.forms import FORMS, order_forms
+        from tokenswap.eval.forms import check_plan
 
         if scorer not in ("loglik", "generate"):
             raise ValueError(f"scorer must be 'loglik' or 'generate', got {scorer!r}")
         if prompt not in ("zero_shot", "cot", "k_shot"):
             raise ValueError(f"prompt must be 'zero_shot', 'cot' or 'k_shot', got {prompt!r}")
-        if prompt == "cot" and scorer != "generate":
-            raise ValueError("prompt='cot' needs scorer='generate' (loglik reads one next token, so it cannot reason)")
         if prompt == "k_shot" and shots is None:
             raise ValueError("prompt='k_shot' needs `shots` (subject -> dev pairs, e.g. from the bench's dev split)")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not pairs:
             raise ValueError("GapEvaluator needs at least one (text, interleaved) pair")
-        unknown = [f for f in forms if f not in FORMS]
-        if unknown:
-            raise ValueError(f"forms must be among {', '.join(FORMS)}, got {unknown}")
-        if "caption" in forms:
-            raise ValueError("the caption form asks the model for captions before its items (two passes); run it with "
-                             "`tokenswap eval --forms caption`, not in GapEvaluator")
-        self.forms = order_forms(forms)
+        self.forms = check_plan(forms, prompt, scorer, in_loop=True)  # a PlanError is a ValueError
         self.item_forms = [f for f in self.forms if f != "recognition"]
-        if prompt == "k_shot" and len(self.item_forms) > 2:
-            raise ValueError(f"prompt='k_shot' has shots for the text and interleaved forms only, not for "
-                             f"{', '.join(self.item_forms[2:])}; use zero_shot or cot")
         pair_ids_match(pairs)
         if "{concept}" not in naming_answer:
             raise ValueError(f"naming_answer must contain '{{concept}}' (the candidate name), got {naming_answer!r}")
