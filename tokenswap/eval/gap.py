@@ -73,6 +73,7 @@ __all__ = ["NAMING_ANSWER", "NAMING_PROMPT", "GapEvaluator", "GapResult", "GapSt
 # reads its records through plan_result and sends no tensor.
 
 if TYPE_CHECKING:
+    from tokenswap.inference.backends import HFBackend
     from tokenswap.inference.hf import letter_token_ids
 
 
@@ -776,11 +777,12 @@ def naming_loglik(model, built) -> list[float]:
     return [float(token_lp[row, token_lp.shape[1] - n :].sum()) for row, n in enumerate(reply_len)]
 
 
-def naming_records(backend, log, plan, progress: str | None = None) -> int:
+def naming_records(backend: HFBackend, log, plan, progress: str | None = None) -> int:
     """hf's log-likelihood naming control per distinct picture: ``naming|{picture id}`` records (resumable).
 
-    Each of the picture's four candidate names is scored after the naming prompt
-    (:data:`NAMING_PROMPT`), on the picture as the backend prepares it for generation.
+    Each of the picture's candidate names (its recognition item's choices) is scored after the naming prompt
+    (:data:`NAMING_PROMPT`), on the picture as the backend prepares it for generation; a forward holds up to the
+    backend's ``batch_size`` rows (one picture's candidates at least).
     """
     from tqdm.auto import tqdm
 
@@ -788,18 +790,22 @@ def naming_records(backend, log, plan, progress: str | None = None) -> int:
 
     todo = [(pid, item) for pid, item in plan.recognition_items.items()
             if log.records.get(f"naming|{pid}", {}).get("choices") != list(item.choices)]
-    rows_per_batch = max(1, backend.batch_size // 4) if hasattr(backend, "batch_size") else 2
+    chunks: list[list[tuple[str, MCItem]]] = []
+    for pid, item in todo:
+        if not chunks or sum(len(i.choices) for _, i in chunks[-1]) + len(item.choices) > backend.batch_size:
+            chunks.append([])
+        chunks[-1].append((pid, item))
     was_training = backend.model.training
     backend.model.eval()
     try:
-        for start in tqdm(range(0, len(todo), rows_per_batch), desc=progress and f"{progress} naming",
-                          disable=progress is None, file=sys.stderr):
-            chunk = todo[start : start + rows_per_batch]
+        for chunk in tqdm(chunks, desc=progress and f"{progress} naming", disable=progress is None, file=sys.stderr):
             rows = [(backend.prepare_image(as_rgb(item.images[1])), name) for _, item in chunk for name in item.choices]
             scores = naming_loglik(backend.model, naming_inputs(backend.processor, rows))
-            for j, (pid, item) in enumerate(chunk):
-                mine = scores[4 * j : 4 * j + 4]
-                best = max(range(4), key=mine.__getitem__)
+            start = 0
+            for pid, item in chunk:
+                mine = scores[start : start + len(item.choices)]
+                start += len(item.choices)
+                best = max(range(len(mine)), key=mine.__getitem__)
                 log.append({log.key_field: f"naming|{pid}", "form": "naming", "picture": pid,
                             "choices": list(item.choices), "loglik": mine, "pred": item.choices[best],
                             "correct": best == item.answer})
