@@ -67,3 +67,11 @@ def test_the_planner_rules_and_the_two_ends_are_stated_in_forms_only():
     assert _grep(r"\bALL_FORMS\b|\b(IN_LOOP_|ITEM_)?FORMS\s*=", {"tokenswap/eval/forms.py"}) == []
     assert _grep(r"""prompt\s*==\s*["'](k_shot|cot)["'].*(forms|scorer)""", {"tokenswap/eval/forms.py"}) == []
     assert _grep(r"""["']caption["'] in (self\.)?forms\b""", {"tokenswap/eval/forms.py"}) == []
+
+
+def test_a_forms_reason_is_read_by_form_runs_reason_only():
+    # "error: ..." / "skipped: ..." strings were built and split apart in six places; form_runs.Reason is the type,
+    # its str() what gap.json writes and its parse the one reader of that text
+    parsing = r"""startswith\(\(?["'](error|skipped)\b|partition\(["']: ["']\)|f["'](error|skipped): \{"""
+    assert _grep(parsing, {"tokenswap/eval/form_runs.py", "tokenswap/script.py"}) == []  # script: the error line
+    assert len(_grep(parsing)) == 2  # Reason.parse, script.py's "error: {why}"

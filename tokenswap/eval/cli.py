@@ -290,7 +290,7 @@ def check_run_identity(out: Path, identity: dict, command: str) -> None:
 
 
 def _evaluate_records(args) -> int:
-    from tokenswap.eval.form_runs import FormPlan, plot_forms, run_plan
+    from tokenswap.eval.form_runs import FormPlan, plot_forms, run_plan, skip_reasons
     from tokenswap.eval.gap import naming_records, plan_result
     from tokenswap.eval.mc import shots_for
     from tokenswap.inference.backends import describe_arguments, model_family_source, open_backend, resolve_settings
@@ -362,7 +362,7 @@ def _evaluate_records(args) -> int:
         counts = tally(rows)
         result = plan_result(plan, log.records, args.scorer, args.prompt)
         items, excluded = result.items, result.excluded
-        n_failed = sum(any(r.startswith("error") for r in e["forms"].values()) for e in excluded)
+        n_failed = sum(any(why.failed for why in skip_reasons(e).values()) for e in excluded)
         left_out = {"failed": n_failed, "skipped": len(excluded) - n_failed}
         payload = {"model": str(args.model), "bench": str(args.bench), "split": args.split, **result.to_dict()}
         family, source = model_family_source(args)

@@ -236,7 +236,7 @@ class GapResult:
         """One line per form run that rests on no item (recognition: no identified picture), saying why."""
         from tokenswap.eval.form_runs import empty_forms
 
-        return empty_forms(self.form_counts, self.excluded, self.items)
+        return list(empty_forms(self.form_counts, self.excluded, self.items).values())
 
     def to_dict(self) -> dict:
         """JSON-ready (NaN becomes None)."""
@@ -444,7 +444,7 @@ def plan_result(plan, records: Mapping[str, dict], scorer: str, prompt: str, res
                  if pid in by_id and by_id[pid].get("correct_recognition") is not None]
         result.decomposition = decompose(scored, shown if plan.recognition else None,
                                          resamples=DEFAULT_RESAMPLES if resamples is None else resamples)
-        why = {line.split()[1]: line for line in got.empty_forms()}
+        why = got.empty_forms()
         for m in result.decomposition["missing"]:
             m["why"] = why.get(m["form"], f"the {m['form']} form rests on 0 items")
     return result

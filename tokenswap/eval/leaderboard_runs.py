@@ -170,8 +170,10 @@ def _excluded_kind(entry: dict) -> str:
     # "skipped" fields). Failed outranks skipped, as in left_out; an entry that says neither is a lost answer.
     reasons = entry.get("forms")
     if isinstance(reasons, dict):
-        texts = [str(v) for v in reasons.values()]
-        return "skipped" if texts and all(t.startswith("skipped") for t in texts) else "failed"
+        from tokenswap.eval.form_runs import Reason
+
+        said = [Reason.parse(str(v)) for v in reasons.values()]
+        return "skipped" if said and not any(why.failed for why in said) else "failed"
     return left_out(entry) or "failed"
 
 
