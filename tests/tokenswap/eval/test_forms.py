@@ -354,7 +354,6 @@ def test_captions_holding_tags_template_tokens_or_braces_are_data_and_the_rerun_
     assert captions["car"] == "a car" and captions["tree"] == "a {} tree {0}"  # plain text in its items
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("forms, prompt, scorer, said", [
     (["both"], "k_shot", "generate", "--prompt k_shot has shots for the text and interleaved forms only, not for both; "
                                      "drop them from --forms or use --prompt zero_shot / cot"),
@@ -382,6 +381,7 @@ def test_the_evaluator_and_the_training_config_refuse_caption_in_the_loop_with_o
     assert str(config.value) == f"`forms`: {evaluator.value}"
 
 
+@pytest.mark.integration
 def test_a_form_resting_on_no_item_exits_1_naming_the_form_and_why(tmp_path, capsys):
     root = tmp_path / "bench"
     views = write_bench(root, items=[item for item in ITEMS if "{" in item[0]])  # every item shows a picture
