@@ -70,3 +70,19 @@ def test_recipes_set_up_and_save_through_the_shared_run_ends():
     assert _grep(r"\bcli_main\b", not_recipes) == []
     # a recipe config derives what it needs instead of rewriting a section after parsing
     assert _grep(r"^\s*self\.\w+\.\w+\s*=[^=]", not_recipes) == []
+def test_the_planner_rules_and_the_two_ends_are_stated_in_forms_only():
+    # the k-shot, cot and caption rules were worded three ways (the CLI, GapEvaluator, the training config); the ends
+    # were typed out a dozen times beside forms.ENDS, and ALL_FORMS re-derived beside forms.FORMS
+    assert _grep(r"""\(\s*["']text["'],\s*["']interleaved["']\s*\)|\[\s*["']text["'],\s*["']interleaved["']""",
+                 {"tokenswap/eval/forms.py"}, unless=r">>>|^\s*\(\(") == []
+    assert _grep(r"\bALL_FORMS\b|\b(IN_LOOP_|ITEM_)?FORMS\s*=", {"tokenswap/eval/forms.py"}) == []
+    assert _grep(r"""prompt\s*==\s*["'](k_shot|cot)["'].*(forms|scorer)""", {"tokenswap/eval/forms.py"}) == []
+    assert _grep(r"""["']caption["'] in (self\.)?forms\b""", {"tokenswap/eval/forms.py"}) == []
+
+
+def test_a_forms_reason_is_read_by_form_runs_reason_only():
+    # "error: ..." / "skipped: ..." strings were built and split apart in six places; form_runs.Reason is the type,
+    # its str() what gap.json writes and its parse the one reader of that text
+    parsing = r"""startswith\(\(?["'](error|skipped)\b|partition\(["']: ["']\)|f["'](error|skipped): \{"""
+    assert _grep(parsing, {"tokenswap/eval/form_runs.py", "tokenswap/script.py"}) == []  # script: the error line
+    assert len(_grep(parsing)) == 2  # Reason.parse, script.py's "error: {why}"

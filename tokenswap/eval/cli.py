@@ -74,6 +74,7 @@ class _Retired(argparse.Action):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from tokenswap.eval.forms import ENDS
     from tokenswap.inference.backends import add_backend_arguments
 
     p = argparse.ArgumentParser(prog="tokenswap eval", description=__doc__.split("\n\n")[0].replace("``", ""))
@@ -92,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=8, help="hf: conversations per generate/forward call")
     p.add_argument("--max-new-tokens", type=positive_int, default=None,
                    help=f"generate budget (default: the release's, {DEFAULT_MAX_NEW_TOKENS}; 128 for Qwen2.5-VL)")
-    p.add_argument("--forms", type=_forms, default=("text", "interleaved"),
+    p.add_argument("--forms", type=_forms, default=ENDS,
                    help="forms to ask, a comma list of text, interleaved, both, caption, rendered, recognition, or "
                         "all (default text,interleaved: the gap alone)")
     p.add_argument("--recognition", nargs=0, action=_Retired, help=argparse.SUPPRESS,
@@ -115,17 +116,11 @@ def max_new_tokens(args, settings) -> int:
 
 def _check(args) -> None:
     from tokenswap.data.tokenswap_bench import BENCH_HOLDS
-    from tokenswap.eval.forms import order_forms
-    from tokenswap.inference.backends import BackendConfigError, check_backend_arguments
+    from tokenswap.eval.forms import check_plan
+    from tokenswap.inference.backends import check_backend_arguments
 
     check_backend_arguments(args)
-    args.forms = order_forms(args.forms)
-    extra = [f for f in args.forms if f in ("both", "caption", "rendered")]
-    if args.prompt == "k_shot" and extra:
-        raise BackendConfigError(f"--prompt k_shot has shots for the text and interleaved forms only, not for "
-                                 f"{', '.join(extra)}; drop them from --forms or use --prompt zero_shot / cot")
-    if args.prompt == "cot" and args.scorer != "generate":
-        raise BackendConfigError("--prompt cot needs --scorer generate (loglik reads one next token)")
+    args.forms = check_plan(args.forms, args.prompt, args.scorer)
     # Every input is checked before a model loads or a request leaves, and the output folder before hours of work.
     if args.backend == "hf":
         require_model(args.model)  # for openai, --model is the served name
@@ -295,7 +290,7 @@ def check_run_identity(out: Path, identity: dict, command: str) -> None:
 
 
 def _evaluate_records(args) -> int:
-    from tokenswap.eval.form_runs import FormPlan, plot_forms, run_plan
+    from tokenswap.eval.form_runs import FormPlan, plot_forms, run_plan, skip_reasons
     from tokenswap.eval.gap import naming_records, plan_result
     from tokenswap.eval.mc import shots_for
     from tokenswap.inference.backends import describe_arguments, model_family_source, open_backend, resolve_settings
@@ -367,7 +362,7 @@ def _evaluate_records(args) -> int:
         counts = tally(rows)
         result = plan_result(plan, log.records, args.scorer, args.prompt)
         items, excluded = result.items, result.excluded
-        n_failed = sum(any(r.startswith("error") for r in e["forms"].values()) for e in excluded)
+        n_failed = sum(any(why.failed for why in skip_reasons(e).values()) for e in excluded)
         left_out = {"failed": n_failed, "skipped": len(excluded) - n_failed}
         payload = {"model": str(args.model), "bench": str(args.bench), "split": args.split, **result.to_dict()}
         family, source = model_family_source(args)

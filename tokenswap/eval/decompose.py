@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokenswap.eval.forms import ITEM_FORMS
+from tokenswap.eval.forms import ENDS, ITEM_FORMS
 from tokenswap.eval.stats import DEFAULT_RESAMPLES, LEVEL, bootstrap_indices, percentile_interval
 
 __all__ = ["DEFAULT_RESAMPLES", "LEVEL", "check_decomposable", "decompose", "decomposition_markdown"]
@@ -82,7 +82,7 @@ def _true_false(records: Sequence[dict], key: str, what: str, id_key: str, fix: 
 
 
 def _scores(items: Sequence[dict], form: str) -> tuple[np.ndarray, np.ndarray]:
-    ends = form in ("text", "interleaved")  # the gap's ends: every item has both
+    ends = form in ENDS  # the gap's ends: every item has both
     return _true_false(items, f"correct_{form}", "item", "id", "leave failed and skipped items out before decomposing"
                        if ends else "null marks an item not scored in that form", allow_none=not ends)
 
@@ -91,7 +91,7 @@ def _read_forms(items: Sequence[dict]):
     if len(items) == 0:
         raise ValueError("decompose needs at least one item answered in text and interleaved")
     forms = [f for f in ITEM_FORMS if all(f"correct_{f}" in r for r in items)]
-    for required in ("text", "interleaved"):
+    for required in ENDS:
         if required not in forms:
             raise ValueError(f"every item needs correct_{required} (the gap's two ends); some item lacks it")
     partial = [f for f in ITEM_FORMS if f not in forms and any(f"correct_{f}" in r for r in items)]

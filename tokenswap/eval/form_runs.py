@@ -32,12 +32,14 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from tokenswap.concepts import normalize_concept
 from tokenswap.eval.forms import (
     CAPTION_MAX_NEW_TOKENS,
     CAPTION_PROMPT,
     CONCEPT_FORMS,
+    ENDS,
     ITEM_FORMS,
     caption_conversation,
     clean_caption,
@@ -49,7 +51,48 @@ from tokenswap.eval.mc import MCItem, build_conversation, extract_answer, format
 from tokenswap.eval.recognition import picture_digest, recognition_items
 from tokenswap.files import atomic_write_figure
 
-__all__ = ["Collected", "FormPlan", "Unit", "collect", "empty_forms", "plot_forms", "run_plan"]
+__all__ = ["Collected", "FormPlan", "Reason", "Unit", "collect", "empty_forms", "plot_forms", "run_plan", "skip_reasons"]
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a form of an item has no answer: ``error`` (its request failed or was not made: a rerun asks it again)
+    or ``skipped`` (it is not asked: a tag without a concept name, an unusable caption).
+
+    ``str(reason)`` is how ``gap.json`` writes it (``"error: HTTP 500"``); an item record's field is
+    ``{kind}_{form}`` holding ``detail``.
+    """
+
+    kind: Literal["error", "skipped"]
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.detail}"
+
+    @property
+    def failed(self) -> bool:
+        return self.kind == "error"
+
+    def about(self, what: str) -> Reason:
+        """The same reason, said of ``what`` (``recognition of picture p1: timed out``)."""
+        return Reason(self.kind, f"{what}: {self.detail}")
+
+    @classmethod
+    def of_record(cls, row: dict | None) -> Reason | None:
+        """A record's reason (``error`` or ``skipped`` field; a missing record was not asked), None for an answer."""
+        if row is None:
+            return cls("error", "not asked")
+        if "error" in row:
+            return cls("error", row["error"])
+        if "skipped" in row:
+            return cls("skipped", row["skipped"])
+        return None
+
+    @classmethod
+    def parse(cls, text: str) -> Reason:
+        """The reason ``gap.json`` wrote as ``str(reason)``."""
+        kind, _, detail = text.partition(": ")
+        return cls("skipped" if kind == "skipped" else "error", detail)
 
 
 @dataclass(frozen=True)
@@ -215,16 +258,14 @@ class FormPlan:
         return {key.split("|", 1)[1]: caption_of(log.records.get(key))[0] for key in unit.needs}
 
 
-def caption_of(row: dict | None) -> tuple[str | None, str | None]:
-    """``(caption, None)``, or ``(None, "error: ..." | "skipped: ...")`` from a captioning record."""
+def caption_of(row: dict | None) -> tuple[str | None, Reason | None]:
+    """``(caption, None)``, or ``(None, why not)`` from a captioning record."""
     if row is None:
-        return None, "error: the caption was not asked"
-    if "error" in row:
-        return None, f"error: {row['error']}"
-    if "skipped" in row:
-        return None, f"skipped: {row['skipped']}"
+        return None, Reason("error", "the caption was not asked")
+    if (why := Reason.of_record(row)) is not None:
+        return None, why
     caption, problem = clean_caption(row.get("response"))
-    return caption, None if problem is None else f"skipped: {problem}"
+    return caption, None if problem is None else Reason("skipped", problem)
 
 
 # ----------------------------------------------------------------------------- the schedule
@@ -441,13 +482,14 @@ class Collected:
         by_id = {p["picture"]: p for p in self.pictures}
         return items, [by_id[pid] for pid in dict.fromkeys(pid for r in items for pid in r["pictures"])]
 
-    def empty_forms(self) -> list[str]:
+    def empty_forms(self) -> dict[str, str]:
         return empty_forms(self.form_counts, self.excluded, self.items)
 
 
-def empty_forms(form_counts: dict, excluded: Sequence[dict], items: Sequence[dict]) -> list[str]:
-    """One line per form run that rests on no item (recognition: on no identified picture), saying why."""
-    out = []
+def empty_forms(form_counts: dict, excluded: Sequence[dict], items: Sequence[dict]) -> dict[str, str]:
+    """Form -> one line, for each form run that rests on no item (recognition: on no identified picture), saying
+    why."""
+    out = {}
     for form, c in form_counts.items():
         if c["pictures"] if form == "recognition" else c["n"]:
             continue
@@ -455,19 +497,20 @@ def empty_forms(form_counts: dict, excluded: Sequence[dict], items: Sequence[dic
                      None)
         what = "identified pictures" if form == "recognition" else "items"
         why = f"{c['failed']} items failed and {c['skipped']} were skipped in it" + (f" (first: {first})" if first else "")
-        out.append(f"the {form} form rests on 0 {what}: {why}")
+        out[form] = f"the {form} form rests on 0 {what}: {why}"
     return out
 
 
-def skip_reasons(entry: dict) -> dict[str, str]:
-    """Form -> "error: ..." / "skipped: ..." of an excluded entry or of an item record's per-form fields."""
+def skip_reasons(entry: dict) -> dict[str, Reason]:
+    """Form -> :class:`Reason` of an excluded entry (``gap.json``'s ``forms``) or of an item record's per-form
+    ``error_<form>`` / ``skipped_<form>`` fields."""
     if "forms" in entry and isinstance(entry["forms"], dict):
-        return entry["forms"]
+        return {form: Reason.parse(text) for form, text in entry["forms"].items()}
     out = {}
     for key, value in entry.items():
         for kind in ("error", "skipped"):
             if key.startswith(f"{kind}_") and value:
-                out[key[len(kind) + 1:]] = f"{kind}: {value}"
+                out[key[len(kind) + 1:]] = Reason(kind, value)
     return out
 
 
@@ -479,51 +522,46 @@ def collect(plan: FormPlan, records: dict[str, dict], scorer: str) -> Collected:
     without a concept name) leaves that item out of that form only; an item leaves the gap (``excluded``) only
     when its text or interleaved form has no answer.
     """
-    reasons_of: list[dict[str, str]] = []
+    reasons_of: list[dict[str, Reason]] = []
     rows_of: list[dict[str, dict]] = []
     for i, (text, _) in enumerate(plan.pairs):
-        reasons: dict[str, str] = {}
+        reasons: dict[str, Reason] = {}
         rows: dict[str, dict] = {}
         for form in plan.item_forms:
             row = records.get(f"{form}|{text.id}")
             if not plan.asks(i, form):
-                reasons[form] = f"skipped: {plan.skipped[i][form]}"
+                reasons[form] = Reason("skipped", plan.skipped[i][form])
             elif form == "caption" and row is None:
                 for tag, pid in plan.item_pictures[i].items():
                     _, why = caption_of(records.get(f"captioning|{plan.pictures[pid].digest}"))
                     if why is not None:
-                        kind, _, detail = why.partition(": ")
-                        reasons[form] = f"{kind}: caption of picture {pid} (<image {tag}>): {detail}"
+                        reasons[form] = why.about(f"caption of picture {pid} (<image {tag}>)")
                         break
                 else:
-                    reasons[form] = "error: not asked"
-            elif row is None:
-                reasons[form] = "error: not asked"
-            elif "error" in row or "skipped" in row:
-                reasons[form] = f"error: {row['error']}" if "error" in row else f"skipped: {row['skipped']}"
+                    reasons[form] = Reason("error", "not asked")
+            elif (why := Reason.of_record(row)) is not None:
+                reasons[form] = why
             else:
                 rows[form] = row
         if plan.recognition:
             if not plan.asks(i, "recognition"):
-                reasons["recognition"] = f"skipped: {plan.skipped[i]['recognition']}"
+                reasons["recognition"] = Reason("skipped", plan.skipped[i]["recognition"])
             else:
                 for pid in dict.fromkeys(plan.item_pictures[i].values()):
-                    row = records.get(f"recognition|{pid}")
-                    if row is None or "error" in row or "skipped" in row:
-                        detail = "not asked" if row is None else row.get("error") or row.get("skipped")
-                        kind = "skipped" if row is not None and "skipped" in row else "error"
-                        reasons["recognition"] = f"{kind}: recognition of picture {pid}: {detail}"
+                    if (why := Reason.of_record(records.get(f"recognition|{pid}"))) is not None:
+                        reasons["recognition"] = why.about(f"recognition of picture {pid}")
                         break
         reasons_of.append(reasons)
         rows_of.append(rows)
 
     items, excluded = [], []
+    unrecognized: list[bool] = []  # per item record: its recognition form has a reason
     for i, (text, inter) in enumerate(plan.pairs):
         reasons, rows = reasons_of[i], rows_of[i]
-        if "text" in reasons or "interleaved" in reasons:
-            entry = {"id": text.id, "forms": reasons}
+        if any(form in reasons for form in ENDS):
+            entry = {"id": text.id, "forms": {form: str(why) for form, why in reasons.items()}}
             for kind in ("error", "skipped"):  # today's fields: the first reason of each kind
-                first = next((r.partition(": ")[2] for r in reasons.values() if r.startswith(kind)), None)
+                first = next((why.detail for why in reasons.values() if why.kind == kind), None)
                 if first is not None:
                     entry[kind] = first
             excluded.append(entry)
@@ -540,8 +578,7 @@ def collect(plan: FormPlan, records: dict[str, dict], scorer: str) -> Collected:
         for form in plan.item_forms:
             r = rows.get(form)
             if r is None:
-                kind, _, detail = reasons[form].partition(": ")
-                rec[f"{kind}_{form}"] = detail
+                rec[f"{reasons[form].kind}_{form}"] = reasons[form].detail
                 continue
             if scorer == "generate":
                 rec[f"response_{form}"] = r["response"]
@@ -549,9 +586,9 @@ def collect(plan: FormPlan, records: dict[str, dict], scorer: str) -> Collected:
                 if extra in r:
                     rec[f"{extra}_{form}"] = r[extra]
         if "recognition" in reasons:
-            kind, _, detail = reasons["recognition"].partition(": ")
-            rec[f"{kind}_recognition"] = detail
+            rec[f"{reasons['recognition'].kind}_recognition"] = reasons["recognition"].detail
         items.append(rec)
+        unrecognized.append("recognition" in reasons)
 
     shown: dict[str, list[str]] = {}
     for rec in items:
@@ -563,7 +600,7 @@ def collect(plan: FormPlan, records: dict[str, dict], scorer: str) -> Collected:
         out = {"picture": pid, "concept": picture.concept, "items": ids}
         if plan.recognition:
             row = records.get(f"recognition|{pid}")
-            if row is None or "error" in row or "skipped" in row:  # no answer: neither right nor wrong
+            if Reason.of_record(row) is not None:  # no answer: neither right nor wrong
                 out.update(pred_recognition=None, correct_recognition=None)
             else:
                 out.update(pred_recognition=row["pred"], correct_recognition=row["pred"] == row["answer"])
@@ -579,20 +616,21 @@ def collect(plan: FormPlan, records: dict[str, dict], scorer: str) -> Collected:
         pictures.append(out)
     if plan.recognition:
         correct = {p["picture"]: p["correct_recognition"] for p in pictures}
-        for rec in items:
+        for rec, unasked in zip(items, unrecognized):
             flags = [correct[pid] for pid in rec["pictures"]]
-            rec["recognized"] = None if "recognition" in skip_reasons(rec) or None in flags else all(flags)
+            rec["recognized"] = None if unasked or None in flags else all(flags)
 
     form_counts = {}
     for form in plan.forms:
         said = [r[form] for r in reasons_of if form in r]
         scored = (sum(r.get("recognized") is not None for r in items) if form == "recognition"
                   else sum(r[f"correct_{form}"] is not None for r in items))
-        form_counts[form] = {"n": scored, "failed": sum(r.startswith("error") for r in said),
-                             "skipped": sum(r.startswith("skipped") for r in said)}
+        form_counts[form] = {"n": scored, "failed": sum(why.failed for why in said),
+                             "skipped": sum(not why.failed for why in said)}
         if form == "recognition":
             form_counts[form]["pictures"] = sum(p["correct_recognition"] is not None for p in pictures)
-    failed = sum(any(r.startswith("error") for r in e["forms"].values()) for e in excluded)
+    failed = sum(any(why.failed for why in reasons.values()) for reasons in reasons_of
+                 if any(form in reasons for form in ENDS))
     return Collected(items, pictures, excluded, {"failed": failed, "skipped": len(excluded) - failed}, form_counts)
 
 

@@ -31,6 +31,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from tokenswap.errors import InputError
 from tokenswap.eval.mc import IMAGE_TAG, MCItem, image_tags
 
 __all__ = [
@@ -38,12 +39,15 @@ __all__ = [
     "CAPTION_MAX_NEW_TOKENS",
     "CAPTION_PROMPT",
     "CONCEPT_FORMS",
+    "ENDS",
     "FORMS",
     "IN_LOOP_FORMS",
     "ITEM_FORMS",
+    "PlanError",
     "both_item",
     "caption_conversation",
     "caption_item",
+    "check_plan",
     "clean_caption",
     "form_item",
     "images_sent",
@@ -53,7 +57,9 @@ __all__ = [
     "rendered_word",
 ]
 
-ITEM_FORMS = ("text", "interleaved", "both", "caption", "rendered")
+ENDS = ("text", "interleaved")
+"""The gap's two ends: every run asks them, and an item without an answer in either leaves the gap."""
+ITEM_FORMS = (*ENDS, "both", "caption", "rendered")
 """The forms asked per item, in the order results show them."""
 FORMS = (*ITEM_FORMS, "recognition")
 """Every form, in the order outputs show them (``recognition`` is asked per picture, the others per item)."""
@@ -71,7 +77,7 @@ skipped and counted, never asked with it (64 tokens of English are about 300 cha
 
 
 def parse_forms(text: str) -> tuple[str, ...]:
-    """``--forms``: a comma list of :data:`FORMS` or ``all``, in output order; ``text`` and ``interleaved`` always.
+    """``--forms``: a comma list of :data:`FORMS` or ``all``, in output order; :data:`ENDS` always.
 
     >>> parse_forms("recognition,both"), parse_forms("all")[-2:]
     (('text', 'interleaved', 'both', 'recognition'), ('rendered', 'recognition'))
@@ -89,9 +95,44 @@ def parse_forms(text: str) -> tuple[str, ...]:
 
 
 def order_forms(names: Iterable[str]) -> tuple[str, ...]:
-    """The forms named, with ``text`` and ``interleaved``, in :data:`FORMS` order."""
-    chosen = {"text", "interleaved", *names}
+    """The forms named, with :data:`ENDS`, in :data:`FORMS` order."""
+    chosen = {*ENDS, *names}
     return tuple(f for f in FORMS if f in chosen)
+
+
+class PlanError(InputError):
+    """Forms, prompt and scorer that cannot make one plan (one line naming the setting and the fix, exit 2)."""
+
+
+def check_plan(forms: Iterable[str], prompt: str = "zero_shot", scorer: str = "generate", *,
+               in_loop: bool = False) -> tuple[str, ...]:
+    """The forms of one evaluation in output order, with :data:`ENDS`; :class:`PlanError` for a plan that cannot run.
+
+    The one statement of the planner's rules, for ``tokenswap eval``, :class:`tokenswap.eval.gap.GapEvaluator` and
+    the training config's ``gap_eval`` (``in_loop``: the in-loop evaluator, which cannot ask ``caption``):
+
+    >>> check_plan(["recognition", "both"])
+    ('text', 'interleaved', 'both', 'recognition')
+    >>> check_plan(["both"], prompt="cot", scorer="loglik")
+    Traceback (most recent call last):
+    ...
+    tokenswap.eval.forms.PlanError: --prompt cot needs --scorer generate (loglik reads one next token)
+    """
+    forms = list(forms)
+    unknown = [f for f in forms if f not in FORMS]
+    if unknown:
+        raise PlanError(f"the forms are {', '.join(FORMS)}; got unknown {', '.join(map(repr, unknown))}")
+    if in_loop and any(f not in IN_LOOP_FORMS for f in forms):
+        raise PlanError("the caption form cannot run in the training loop or GapEvaluator (its items wait for the "
+                        "model's captions); run `tokenswap eval --forms caption` on a checkpoint")
+    ordered = order_forms(forms)
+    extra = [f for f in ordered if f in ITEM_FORMS and f not in ENDS]
+    if prompt == "k_shot" and extra:
+        raise PlanError(f"--prompt k_shot has shots for the text and interleaved forms only, not for "
+                        f"{', '.join(extra)}; drop them from --forms or use --prompt zero_shot / cot")
+    if prompt == "cot" and scorer != "generate":
+        raise PlanError("--prompt cot needs --scorer generate (loglik reads one next token)")
+    return ordered
 
 
 def missing_concepts(item: MCItem) -> list[int]:

@@ -51,6 +51,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from tokenswap.eval.forms import ENDS
 from tokenswap.eval.mc import (
     IMAGE_TAG,
     LETTERS,
@@ -72,6 +73,7 @@ __all__ = ["NAMING_ANSWER", "NAMING_PROMPT", "GapEvaluator", "GapResult", "GapSt
 # reads its records through plan_result and sends no tensor.
 
 if TYPE_CHECKING:
+    from tokenswap.inference.backends import HFBackend
     from tokenswap.inference.hf import letter_token_ids
 
 
@@ -182,7 +184,7 @@ class GapResult:
     recognition_n: int = 0
     controlled: GapStats | None = None
     recognition: list[dict] = field(default_factory=list, repr=False)
-    forms: tuple[str, ...] = ("text", "interleaved")
+    forms: tuple[str, ...] = ENDS
     pictures: list[dict] = field(default_factory=list, repr=False)
     decomposition: dict | None = field(default=None, repr=False)
     excluded: list[dict] = field(default_factory=list, repr=False)
@@ -217,7 +219,7 @@ class GapResult:
             out.update(self.controlled.metrics(f"{prefix}controlled/"))
         out.update(decomposition_metrics(self.decomposition, prefix))
         for form, counts in self.form_counts.items():  # each control's own n: its items can be fewer than the gap's
-            if form not in ("text", "interleaved"):
+            if form not in ENDS:
                 out[f"{prefix}n_{form}"] = float(counts["n"])
         return out
 
@@ -234,7 +236,7 @@ class GapResult:
         """One line per form run that rests on no item (recognition: no identified picture), saying why."""
         from tokenswap.eval.form_runs import empty_forms
 
-        return empty_forms(self.form_counts, self.excluded, self.items)
+        return list(empty_forms(self.form_counts, self.excluded, self.items).values())
 
     def to_dict(self) -> dict:
         """JSON-ready (NaN becomes None)."""
@@ -333,7 +335,7 @@ def decomposition_metrics(d: dict | None, prefix: str = "gap/") -> dict[str, flo
             out[f"{prefix}{name}"] = float(estimate["value"])
 
     for form, estimate in d["acc"].items():
-        if form not in ("text", "interleaved"):
+        if form not in ENDS:
             put(f"acc_{form}", estimate)
     for name in ("load", "content", "caption_recovery", "reading_recovery", "recognition_rate"):
         put(name, d.get(name))
@@ -442,7 +444,7 @@ def plan_result(plan, records: Mapping[str, dict], scorer: str, prompt: str, res
                  if pid in by_id and by_id[pid].get("correct_recognition") is not None]
         result.decomposition = decompose(scored, shown if plan.recognition else None,
                                          resamples=DEFAULT_RESAMPLES if resamples is None else resamples)
-        why = {line.split()[1]: line for line in got.empty_forms()}
+        why = got.empty_forms()
         for m in result.decomposition["missing"]:
             m["why"] = why.get(m["form"], f"the {m['form']} form rests on 0 items")
     return result
@@ -526,36 +528,25 @@ class GapEvaluator:
         naming_prompt: str = NAMING_PROMPT,
         naming_answer: str = NAMING_ANSWER,
         progress: bool = True,
-        forms: Sequence[str] = ("text", "interleaved"),
+        forms: Sequence[str] = ENDS,
         resamples: int | None = None,
     ):
         from tokenswap.eval.decompose import DEFAULT_RESAMPLES
         from tokenswap.eval.form_runs import FormPlan
-        from tokenswap.eval.forms import FORMS, order_forms
+        from tokenswap.eval.forms import check_plan
 
         if scorer not in ("loglik", "generate"):
             raise ValueError(f"scorer must be 'loglik' or 'generate', got {scorer!r}")
         if prompt not in ("zero_shot", "cot", "k_shot"):
             raise ValueError(f"prompt must be 'zero_shot', 'cot' or 'k_shot', got {prompt!r}")
-        if prompt == "cot" and scorer != "generate":
-            raise ValueError("prompt='cot' needs scorer='generate' (loglik reads one next token, so it cannot reason)")
         if prompt == "k_shot" and shots is None:
             raise ValueError("prompt='k_shot' needs `shots` (subject -> dev pairs, e.g. from the bench's dev split)")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not pairs:
             raise ValueError("GapEvaluator needs at least one (text, interleaved) pair")
-        unknown = [f for f in forms if f not in FORMS]
-        if unknown:
-            raise ValueError(f"forms must be among {', '.join(FORMS)}, got {unknown}")
-        if "caption" in forms:
-            raise ValueError("the caption form asks the model for captions before its items (two passes); run it with "
-                             "`tokenswap eval --forms caption`, not in GapEvaluator")
-        self.forms = order_forms(forms)
+        self.forms = check_plan(forms, prompt, scorer, in_loop=True)  # a PlanError is a ValueError
         self.item_forms = [f for f in self.forms if f != "recognition"]
-        if prompt == "k_shot" and len(self.item_forms) > 2:
-            raise ValueError(f"prompt='k_shot' has shots for the text and interleaved forms only, not for "
-                             f"{', '.join(self.item_forms[2:])}; use zero_shot or cot")
         pair_ids_match(pairs)
         if "{concept}" not in naming_answer:
             raise ValueError(f"naming_answer must contain '{{concept}}' (the candidate name), got {naming_answer!r}")
@@ -786,11 +777,12 @@ def naming_loglik(model, built) -> list[float]:
     return [float(token_lp[row, token_lp.shape[1] - n :].sum()) for row, n in enumerate(reply_len)]
 
 
-def naming_records(backend, log, plan, progress: str | None = None) -> int:
+def naming_records(backend: HFBackend, log, plan, progress: str | None = None) -> int:
     """hf's log-likelihood naming control per distinct picture: ``naming|{picture id}`` records (resumable).
 
-    Each of the picture's four candidate names is scored after the naming prompt
-    (:data:`NAMING_PROMPT`), on the picture as the backend prepares it for generation.
+    Each of the picture's candidate names (its recognition item's choices) is scored after the naming prompt
+    (:data:`NAMING_PROMPT`), on the picture as the backend prepares it for generation; a forward holds up to the
+    backend's ``batch_size`` rows (one picture's candidates at least).
     """
     from tqdm.auto import tqdm
 
@@ -798,18 +790,22 @@ def naming_records(backend, log, plan, progress: str | None = None) -> int:
 
     todo = [(pid, item) for pid, item in plan.recognition_items.items()
             if log.records.get(f"naming|{pid}", {}).get("choices") != list(item.choices)]
-    rows_per_batch = max(1, backend.batch_size // 4) if hasattr(backend, "batch_size") else 2
+    chunks: list[list[tuple[str, MCItem]]] = []
+    for pid, item in todo:
+        if not chunks or sum(len(i.choices) for _, i in chunks[-1]) + len(item.choices) > backend.batch_size:
+            chunks.append([])
+        chunks[-1].append((pid, item))
     was_training = backend.model.training
     backend.model.eval()
     try:
-        for start in tqdm(range(0, len(todo), rows_per_batch), desc=progress and f"{progress} naming",
-                          disable=progress is None, file=sys.stderr):
-            chunk = todo[start : start + rows_per_batch]
+        for chunk in tqdm(chunks, desc=progress and f"{progress} naming", disable=progress is None, file=sys.stderr):
             rows = [(backend.prepare_image(as_rgb(item.images[1])), name) for _, item in chunk for name in item.choices]
             scores = naming_loglik(backend.model, naming_inputs(backend.processor, rows))
-            for j, (pid, item) in enumerate(chunk):
-                mine = scores[4 * j : 4 * j + 4]
-                best = max(range(4), key=mine.__getitem__)
+            start = 0
+            for pid, item in chunk:
+                mine = scores[start : start + len(item.choices)]
+                start += len(item.choices)
+                best = max(range(len(mine)), key=mine.__getitem__)
                 log.append({log.key_field: f"naming|{pid}", "form": "naming", "picture": pid,
                             "choices": list(item.choices), "loglik": mine, "pred": item.choices[best],
                             "correct": best == item.answer})

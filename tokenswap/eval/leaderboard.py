@@ -65,9 +65,9 @@ import numpy as np
 
 from tokenswap.eval import stats
 from tokenswap.eval.decompose import check_decomposable, decompose
-from tokenswap.eval.forms import ITEM_FORMS
+from tokenswap.eval.forms import ENDS, FORMS, ITEM_FORMS
 from tokenswap.eval.leaderboard_figures import plot_by_images, plot_components, plot_gaps
-from tokenswap.eval.leaderboard_runs import ALL_FORMS, LeaderboardError, Run, left_out, load_run
+from tokenswap.eval.leaderboard_runs import LeaderboardError, Run, left_out, load_run
 from tokenswap.eval.stats import DEFAULT_RESAMPLES, LEVEL, bootstrap_indices, percentile_interval, welch_t_test
 from tokenswap.files import atomic_write_text
 
@@ -82,7 +82,7 @@ MAX_RESAMPLES = 100_000
 METRICS = ("acc_text", "acc_interleaved", "gap", "rel_gap", "retention")
 TITLES = {"tokenswap": "TokenSwap-Bench", "crossmath": "CrossMath", "rest": "REST"}
 # The forms beyond the gap's two ends.
-CONTROLS = tuple(f for f in ALL_FORMS if f not in ("text", "interleaved"))
+CONTROLS = tuple(f for f in FORMS if f not in ENDS)
 
 
 # ----------------------------------------------------------------------------- statistics

@@ -37,15 +37,13 @@ from pathlib import Path
 import numpy as np
 
 from tokenswap.errors import InputError
-from tokenswap.eval.forms import ITEM_FORMS
+from tokenswap.eval.forms import ENDS, FORMS
 from tokenswap.files import read_json_object, read_jsonl
 
-__all__ = ["ALL_FORMS", "CROSSMATH_FORMS", "REST_FORMS", "LeaderboardError", "Run", "left_out", "load_run"]
+__all__ = ["CROSSMATH_FORMS", "REST_FORMS", "LeaderboardError", "Run", "left_out", "load_run"]
 
 CROSSMATH_FORMS = ("text", "image")
 REST_FORMS = ("text", "image")
-# Every form `tokenswap eval --forms` runs, in the order outputs show them.
-ALL_FORMS = (*ITEM_FORMS, "recognition")
 
 
 class LeaderboardError(InputError):
@@ -151,20 +149,20 @@ def _pair(scored: dict[str, tuple[float, float]]) -> tuple[list[str], np.ndarray
 
 
 def _forms_of(data: dict, source: Path) -> tuple[str, ...]:
-    """The forms a gap.json ran, in :data:`ALL_FORMS` order; a gap.json without ``forms`` ran the two ends."""
+    """The forms a gap.json ran, in :data:`FORMS` order; a gap.json without ``forms`` ran the two ends."""
     forms = data.get("forms")
     if forms is None:
-        return ("text", "interleaved")
+        return ENDS
     if not isinstance(forms, list) or not all(isinstance(f, str) for f in forms):
         raise LeaderboardError(f"{source}: 'forms' is {_short(forms)}, expected a list of form names "
-                               f"({', '.join(ALL_FORMS)}); rerun `tokenswap eval`, which writes it")
-    unknown = [f for f in forms if f not in ALL_FORMS]
-    missing = [f for f in ("text", "interleaved") if f not in forms]
+                               f"({', '.join(FORMS)}); rerun `tokenswap eval`, which writes it")
+    unknown = [f for f in forms if f not in FORMS]
+    missing = [f for f in ENDS if f not in forms]
     if unknown or missing:
         what = f"names {unknown}, not forms of `tokenswap eval`" if unknown else f"lacks {missing}, the gap's ends"
-        raise LeaderboardError(f"{source}: 'forms' {what}; the forms are {', '.join(ALL_FORMS)}: rerun "
+        raise LeaderboardError(f"{source}: 'forms' {what}; the forms are {', '.join(FORMS)}: rerun "
                                "`tokenswap eval --forms ...`, which writes it")
-    return tuple(f for f in ALL_FORMS if f in forms)
+    return tuple(f for f in FORMS if f in forms)
 
 
 def _excluded_kind(entry: dict) -> str:
@@ -172,8 +170,10 @@ def _excluded_kind(entry: dict) -> str:
     # "skipped" fields). Failed outranks skipped, as in left_out; an entry that says neither is a lost answer.
     reasons = entry.get("forms")
     if isinstance(reasons, dict):
-        texts = [str(v) for v in reasons.values()]
-        return "skipped" if texts and all(t.startswith("skipped") for t in texts) else "failed"
+        from tokenswap.eval.form_runs import Reason
+
+        said = [Reason.parse(str(v)) for v in reasons.values()]
+        return "skipped" if said and not any(why.failed for why in said) else "failed"
     return left_out(entry) or "failed"
 
 
@@ -265,9 +265,9 @@ def _load_tokenswap(folder: Path, name: str | None) -> Run:
             pictures.append({"picture": str(picture.get("picture", j)), "correct_recognition": verdict})
     ids, text, inter = _pair(scored)
     model = _model_name(name, data.get("model"), source)
-    return Run(model, "tokenswap", folder, ("text", "interleaved"), ids, text, inter, **counts,
+    return Run(model, "tokenswap", folder, ENDS, ids, text, inter, **counts,
                records=[records[i] for i in ids], pictures=pictures,
-               controls=tuple(f for f in forms if f not in ("text", "interleaved")), pictures_failed=pictures_failed)
+               controls=tuple(f for f in forms if f not in ENDS), pictures_failed=pictures_failed)
 
 
 def _by_id(rows: list[dict], source: Path) -> dict[str, dict]:

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from tokenswap.eval.forms import IN_LOOP_FORMS
+from tokenswap.eval.forms import ENDS, PlanError, check_plan
 
 
 def _ranges(obj, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> list[str]:
@@ -252,7 +252,7 @@ class GapEvalConfig:
     """Items per forward."""
     split: str = "test"
     """Bench split to evaluate on."""
-    forms: list[str] = field(default_factory=lambda: ["text", "interleaved"])
+    forms: list[str] = field(default_factory=lambda: list(ENDS))
     """Forms scored at each evaluation (tokenswap.eval.forms): text and interleaved always; `both` (every concept
     word kept, its picture right after it), `rendered` (the word rendered as a picture) and `recognition` (which of
     4 concepts each picture shows: multiple-choice and naming forms) add gap/acc_both, gap/load,
@@ -264,12 +264,10 @@ class GapEvalConfig:
 
     def __post_init__(self) -> None:
         problems = _ranges(self, positive=("every_steps", "limit", "batch_size"))
-        if "caption" in self.forms:
-            problems.append("`forms` cannot hold caption in the training loop (its items wait for the model's "
-                            "captions); run `tokenswap eval --forms caption` on a checkpoint")
-        unknown = [f for f in self.forms if f not in (*IN_LOOP_FORMS, "caption")]
-        if unknown:
-            problems.append(f"`forms` must be among {', '.join(IN_LOOP_FORMS)}, got {unknown}")
+        try:
+            check_plan(self.forms, scorer=self.scorer, in_loop=True)
+        except PlanError as e:
+            problems.append(f"`forms`: {e}")
         _raise(problems)
 
 

@@ -354,6 +354,33 @@ def test_captions_holding_tags_template_tokens_or_braces_are_data_and_the_rerun_
     assert captions["car"] == "a car" and captions["tree"] == "a {} tree {0}"  # plain text in its items
 
 
+@pytest.mark.parametrize("forms, prompt, scorer, said", [
+    (["both"], "k_shot", "generate", "--prompt k_shot has shots for the text and interleaved forms only, not for both; "
+                                     "drop them from --forms or use --prompt zero_shot / cot"),
+    (["text"], "cot", "loglik", "--prompt cot needs --scorer generate (loglik reads one next token)"),
+], ids=["k-shot-controls", "cot-loglik"])
+def test_the_cli_and_the_in_loop_evaluator_refuse_a_plan_with_one_message(forms, prompt, scorer, said, tmp_path,
+                                                                          capsys, make_pairs):
+    argv = ["eval", "--model", "m", "--forms", ",".join(forms), "--prompt", prompt, "--scorer", scorer,
+            "--out", str(tmp_path / "r")]
+    assert tokenswap_main(argv) == 2
+    assert capsys.readouterr().err.strip().endswith(said)
+    with pytest.raises(ValueError) as refused:  # refused before the processor is read
+        GapEvaluator(None, make_pairs(2), scorer=scorer, prompt=prompt, shots={}, forms=forms)
+    assert str(refused.value) == said
+
+
+def test_the_evaluator_and_the_training_config_refuse_caption_in_the_loop_with_one_message(make_pairs):
+    from tokenswap.training.config import GapEvalConfig
+
+    with pytest.raises(ValueError) as evaluator:
+        GapEvaluator(None, make_pairs(2), forms=["caption"])
+    with pytest.raises(ValueError) as config:
+        GapEvalConfig(forms=["text", "caption"])
+    assert "the caption form cannot run in the training loop" in str(evaluator.value)
+    assert str(config.value) == f"`forms`: {evaluator.value}"
+
+
 @pytest.mark.integration
 def test_a_form_resting_on_no_item_exits_1_naming_the_form_and_why(tmp_path, capsys):
     root = tmp_path / "bench"
