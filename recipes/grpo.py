@@ -26,7 +26,7 @@ from __future__ import annotations
 import tokenswap.start  # noqa: F401 -- first: a command-line secret refused, the streams redacting before imports print
 
 # ruff: noqa: E402 -- the train extra is checked before the imports that need it
-from tokenswap.extras import require_extra
+from tokenswap.script import require_extra
 
 require_extra("train", "recipes/grpo.py")  # a package missing: one line naming the extra, exit status 2
 

@@ -12,7 +12,7 @@ packing need. Each job's packages come with its extra (``pyproject.toml``'s ``[p
 
 A command that reaches for a package its extra installs and finds none ends with one line,
 ``tokenswap eval needs the eval extra: pip install "tokenswap[eval]"``, and exit status 2: never an ImportError
-traceback (:func:`exit_on_missing_extra` for the subcommands, :func:`require_extra` at the top of a recipe).
+traceback (:func:`exit_on_missing_extra` for the subcommands, :func:`tokenswap.script.require_extra` at the top of a recipe).
 
 This module imports nothing of tokenswap: any floor may use it.
 """
@@ -23,7 +23,7 @@ import importlib.util
 import sys
 from collections.abc import Callable
 
-__all__ = ["COMMAND_EXTRAS", "EXTRAS", "exit_on_missing_extra", "extra_of", "missing_extra_line", "require_extra"]
+__all__ = ["COMMAND_EXTRAS", "EXTRAS", "exit_on_missing_extra", "extra_of", "missing_extra", "missing_extra_line"]
 
 # extra -> the distributions it installs (pyproject.toml is the source of the version ranges; this table only
 # names the extra to install when one of them is missing). A distribution in several extras is named by the
@@ -113,13 +113,12 @@ def _installed(module: str) -> bool:
         return False
 
 
-def require_extra(extra: str, command: str) -> None:
-    """End the process with the one line and exit status 2 unless every package of ``extra`` is installed.
+def missing_extra(extra: str, command: str) -> str | None:
+    """The one line for ``command`` when a package of ``extra`` is not installed, else None.
 
-    For the top of a training recipe, whose imports run before any of its code: the check only looks the packages
-    up (nothing is imported), so a complete install pays nothing for it.
+    For the top of a training recipe (:func:`tokenswap.script.require_extra`), whose imports run before any of its
+    code: the check only looks the packages up (nothing is imported), so a complete install pays nothing for it.
     """
     if all(_installed(_IMPORT_NAMES.get(d, d)) for d in EXTRAS[extra]):
-        return
-    print(_line(command, extra), file=sys.stderr, flush=True)
-    raise SystemExit(2)
+        return None
+    return _line(command, extra)

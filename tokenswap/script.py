@@ -16,9 +16,10 @@ from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 from tokenswap.errors import OutputClosedError, exit_status
+from tokenswap.extras import missing_extra
 from tokenswap.redaction import RedactingStream, command_line_secret, redacting_std_streams, script_streams
 
-__all__ = ["install_redacting_excepthook", "redacting_excepthook", "run_script", "start_script"]
+__all__ = ["install_redacting_excepthook", "redacting_excepthook", "require_extra", "run_script", "start_script"]
 
 
 def _print_masked(kind, value, tb) -> None:
@@ -85,6 +86,19 @@ def start_script() -> None:
         return
     try:
         print(f"error: {why}", file=sys.stderr, flush=True)
+    except OutputClosedError as e:  # no one reads the line: the status still says it
+        e.silence()
+    raise SystemExit(2)
+
+
+def require_extra(extra: str, command: str) -> None:
+    """End the process with one line and exit status 2 unless every package of ``extra`` is installed (the top of
+    a training recipe: ``require_extra("train", "recipes/post_train.py")``)."""
+    line = missing_extra(extra, command)
+    if line is None:
+        return
+    try:
+        print(line, file=sys.stderr, flush=True)
     except OutputClosedError as e:  # no one reads the line: the status still says it
         e.silence()
     raise SystemExit(2)

@@ -175,9 +175,10 @@ def test_a_missing_tiny_kit_path_names_the_command_that_builds_it(tmp_path, caps
     monkeypatch.chdir(tmp_path)
     code, err = run(["eval", *OPENAI, "--model", "m", "--bench", ".cache/tiny-bench", "--out", tmp_path / "r"], capsys)
     assert code == 2 and "python -m tokenswap.testing .cache" in err
+    from tokenswap.errors import InputError
     from tokenswap.training.model import _check_model_path
 
-    with pytest.raises(FileNotFoundError, match=r"python -m tokenswap\.testing \.cache"):
+    with pytest.raises(InputError, match=r"python -m tokenswap\.testing \.cache"):
         _check_model_path(".cache/tiny-qwen2vl")
     assert main(["--help"]) == 0
     assert "python -m tokenswap.testing .cache" in capsys.readouterr().out

@@ -96,8 +96,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--forms", type=_forms, default=ENDS,
                    help="forms to ask, a comma list of text, interleaved, both, caption, rendered, recognition, or "
                         "all (default text,interleaved: the gap alone)")
-    p.add_argument("--recognition", nargs=0, action=_Retired, help=argparse.SUPPRESS,
-                   default=None)  # gone: one line pointing to --forms
+    p.add_argument("--recognition", nargs=0, action=_Retired, default=None,
+                   help="gone (refused): add recognition to --forms, the one recognition switch")
     p.add_argument("--out", default="gap_eval", help="output folder for records.jsonl, gap.json and gap.md")
     add_backend_arguments(p)
     return p
