@@ -154,7 +154,11 @@ def _import(name: str):
         spec = importlib.util.spec_from_file_location("post_train", REPO / "recipes" / "post_train.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules["post_train"] = module  # dataclasses resolve annotations through sys.modules
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except SystemExit as e:  # its first lines refuse a missing package of the train extra: one line, exit 2
+            raise ImportError(f"recipes/post_train.py exits {e.code} on import (a package of the train extra is "
+                              "missing)") from None
         return module
     return importlib.import_module(name)
 
