@@ -62,7 +62,7 @@ def _one_line(code: int | None, said: str) -> str:
 
 
 def section_sigint(t: Tally, work: Path, rng: random.Random, kills: int = 2) -> None:
-    from tokenswap.testing import LoadLLMServer, concept_reply
+    from tests.support import LoadLLMServer, concept_reply
 
     bench = _fault_bench(work / "sigint-bench")
     ref = _eval_reference(work, bench, _eval_answer, "sigint-eval-ref")
