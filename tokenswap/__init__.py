@@ -8,8 +8,9 @@ transformers until one of them is used)::
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from tokenswap.lazy import lazy_exports  # imports nothing: the filters below still come first
 
 __version__ = "0.1.0"
 
@@ -72,13 +73,4 @@ if TYPE_CHECKING:
     from tokenswap.swap import SwapPolicy
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value  # later lookups skip this hook
-        return value
-    raise AttributeError(f"module 'tokenswap' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -9,8 +9,9 @@ metrics and the hop-weighted GRPO reward.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from tokenswap.lazy import lazy_exports
 
 # Lazy (PEP 562): the puzzle tools load without the training data's datasets or the evaluation's backends.
 # Every name below still imports from here.
@@ -217,14 +218,4 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this hook
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

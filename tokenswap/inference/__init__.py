@@ -17,8 +17,9 @@ A new engine is one file here; no build stage or evaluator changes.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from tokenswap.lazy import lazy_exports
 
 # Lazy (PEP 562): a caller of one engine loads only that engine (the openai path no torch, the local one no
 # HTTP client). Every name below still imports from here.
@@ -59,14 +60,4 @@ if TYPE_CHECKING:
     from tokenswap.inference.types import ChatModel, LLMRequestError, Reply, RequestStats
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this hook
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

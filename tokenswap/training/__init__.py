@@ -22,8 +22,9 @@ Recipes import from the module of each concern; every name is also importable fr
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from tokenswap.lazy import lazy_exports
 
 # Lazy (PEP 562): a module that needs one concern loads only that concern's imports (trl, deepspeed, wandb
 # load with the modules that use them). Every name below still imports from here.
@@ -194,14 +195,4 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this hook
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
