@@ -88,7 +88,9 @@ uninterrupted run); otherwise it is *lost*, and the reason is printed. Sections:
   the command's process; a real vfat mount too where one can be made): a build completes, a second build on a held
   folder exits 1 naming the holder, the released folder builds.
 - ``sigint``: Ctrl-C at random moments in ``tokenswap eval`` and ``tokenswap build-store`` against a slow loopback
-  server: exit 130 with one line, no traceback; the rerun says it resumes and equals an uninterrupted run.
+  server, and in ``recipes/post_train.py`` (inside a held save, or at a random moment after the first complete
+  checkpoint): exit 130 with one line, no traceback; the rerun says it resumes (the recipe's line names
+  ``train.resume_from_checkpoint=latest``) and equals an uninterrupted run.
 
 The script checks the checkout it sits in (it puts that first on ``sys.path`` and on the subprocesses'
 ``PYTHONPATH``), not whatever ``tokenswap`` is installed. Each section is a module of ``benchmarks/faults/``
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     model = tiny_store = None
     if {"native_images", "shard_rewrite", "training", "workers", "same_folder", "state_window", "sigterm",
-            "resume_settings", "runs_end"} & set(sections):
+            "resume_settings", "runs_end", "sigint"} & set(sections):
         from tokenswap.testing import build_tiny_qwen2vl, build_tiny_store
 
         with contextlib_quiet():
@@ -194,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "handlers": lambda: m["handlers"].section_handlers(tally, work),
         "closed_reader": lambda: m["closed_reader"].section_closed_reader(tally, work),
         "no_link": lambda: m["no_link"].section_no_link(tally, work),
-        "sigint": lambda: m["sigint"].section_sigint(tally, work, rng),
+        "sigint": lambda: m["sigint"].section_sigint(tally, work, rng, model, tiny_store),
     }
     timings = {}
     with beside_load(args.beside_load):

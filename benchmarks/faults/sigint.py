@@ -1,6 +1,7 @@
 """Section ``sigint`` of benchmarks/faults.py: Ctrl-C (SIGINT) at random moments in ``tokenswap eval`` (against a
-slow loopback server) and in ``tokenswap build-store`` (the LLM extractor and judge, slow answers): exit 130, one
-line saying what is kept and how to resume, no traceback; the same command then says it resumes and ends equal to an
+slow loopback server), in ``tokenswap build-store`` (the LLM extractor and judge, slow answers) and in
+``recipes/post_train.py`` (once a checkpoint is complete): exit 130, one line saying what is kept and how to resume,
+no traceback; the command (the recipe with ``train.resume_from_checkpoint=latest``) then resumes and ends equal to an
 uninterrupted run.
 """
 
@@ -15,6 +16,8 @@ from pathlib import Path
 
 from ._common import (
     ENV,
+    PAUSE_ENV,
+    PAUSE_LINE,
     REPO,
     Tally,
     _build_reference,
@@ -22,19 +25,23 @@ from ._common import (
     _eval_cmd,
     _eval_reference,
     _fault_bench,
+    _resume_to_end,
     _small_build_cmd,
     _small_build_state,
+    _train_reference,
     run,
+    train_cmd,
 )
 
-OUTCOME = ("Ctrl-C in eval and build-store: exit 130 with one line (what is kept, how to resume), no traceback; the "
-           "rerun says it resumes and equals an uninterrupted run")
+OUTCOME = ("Ctrl-C in eval, build-store and a training recipe: exit 130 with one line (what is kept, how to resume), "
+           "no traceback; the rerun says it resumes and equals an uninterrupted run")
 
 
-def _interrupt(cmd: list[str], ready, rng: random.Random, log: Path) -> tuple[int | None, str]:
+def _interrupt(cmd: list[str], ready, rng: random.Random, log: Path,
+               env: dict | None = None) -> tuple[int | None, str]:
     """Start ``cmd``, wait until ``ready()`` (some work committed), SIGINT it a random moment later."""
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=REPO, env={**ENV, **(env or {})}, stdout=f, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
         while proc.poll() is None and not ready() and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -61,7 +68,7 @@ def _one_line(code: int | None, said: str) -> str:
     return ""
 
 
-def section_sigint(t: Tally, work: Path, rng: random.Random, kills: int = 2) -> None:
+def section_sigint(t: Tally, work: Path, rng: random.Random, model: Path, store: Path, kills: int = 2) -> None:
     from tests.support import LoadLLMServer, concept_reply
 
     bench = _fault_bench(work / "sigint-bench")
@@ -104,3 +111,27 @@ def section_sigint(t: Tally, work: Path, rng: random.Random, kills: int = 2) -> 
                     problem = "the resumed build differs from an uninterrupted one"
         t.add("sigint", f"Ctrl-C in tokenswap build-store ({k + 1}): 130, one line; the rerun says it resumes and "
               "equals an uninterrupted build", not problem, problem)
+    from tokenswap.training import COMPLETE_MARKER
+
+    ref_train = _train_reference(work, model, store)
+    for k in range(kills):
+        out = work / f"sigint-train-{k}"
+        log = work / f"sigint-train-{k}.log"
+        # The tiny run trains its 16 steps in about a second on an idle machine: a save held open keeps it alive for
+        # the signal. Even trials land in the held save of step 4 (checkpoint-2 complete, checkpoint-4 partial);
+        # odd ones at a random moment after checkpoint-2, before the held save of step 8 ends.
+        held = 4 if k % 2 == 0 else 8
+
+        def ready(out: Path = out, log: Path = log, held: int = held) -> bool:
+            if held == 4:
+                return PAUSE_LINE in log.read_text(errors="replace")
+            return (out / "checkpoint-2" / COMPLETE_MARKER).exists()
+
+        code, said = _interrupt(train_cmd(out, model, store), ready, rng, log, {PAUSE_ENV: f"3@{held}"})
+        problem = _one_line(code, said)
+        if not problem and "train.resume_from_checkpoint=latest" not in said:
+            problem = f"the line does not say how to resume: {said[-300:]}"
+        if not problem:
+            problem = _resume_to_end(out, model, store, ref_train)
+        t.add("sigint", f"Ctrl-C in recipes/post_train.py ({k + 1}): 130, one line naming the resume; the resumed run "
+              "equals an uninterrupted one", not problem, problem)
