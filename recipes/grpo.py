@@ -35,32 +35,36 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from transformers import set_seed
-from trl import GRPOConfig, GRPOTrainer
-
 from tokenswap.crossmath import REWARDS, get_hop_weighted_reward
 from tokenswap.crossmath.training_data import CrossMathDataConfig, grpo_dataset, load_training_records
-from tokenswap.ranks import print0
-from tokenswap.training.checkpoint import CheckpointCallback, train
 from tokenswap.training.config import ModelConfig, RunConfig, WandbConfig
 from tokenswap.training.entry import run_recipe
-from tokenswap.training.model import load_model_and_processor, peft_lora_config
-from tokenswap.training.run import save_final, start_run
-from tokenswap.training.tracking import same_keys_in_wandb
-from tokenswap.training.trainer_args import TRAIN_DEFAULTS, TRAINER_OWNED, trainer_section
-
-GRPOTrainConfig = trainer_section(
-    GRPOConfig,
-    "GRPOTrainConfig",
-    owned={
-        **TRAINER_OWNED,
-        "reward_weights": "set `reward.format_weight` (the accuracy reward weighs 1)",
-        # GRPOTrainer replaces the Trainer's sampler with its RepeatSampler, so any value would be ignored.
-        "train_sampling_strategy": "GRPO draws prompts with TRL's RepeatSampler (each prompt `num_generations` "
-        "times): use `train.shuffle_dataset` for the order",
-    },
-    defaults={**TRAIN_DEFAULTS, "learning_rate": 1e-6, "num_generations": 4, "max_completion_length": 6000},
+from tokenswap.training.trainer_args import (
+    GRPO_CONFIG,
+    TRAIN_DEFAULTS,
+    TRAINER_OWNED,
+    TRAINING_ARGUMENTS,
+    TrainerSection,
+    trainer_section,
 )
+
+GRPO_OWNED = {
+    **TRAINER_OWNED,
+    "reward_weights": "set `reward.format_weight` (the accuracy reward weighs 1)",
+    # GRPOTrainer replaces the Trainer's sampler with its RepeatSampler, so any value would be ignored.
+    "train_sampling_strategy": "GRPO draws prompts with TRL's RepeatSampler (each prompt `num_generations` "
+    "times): use `train.shuffle_dataset` for the order",
+}
+
+
+def grpo_train_section() -> type:
+    from trl import GRPOConfig  # transformers, peft and torch with it: built when the config is parsed
+
+    defaults = {**TRAIN_DEFAULTS, "learning_rate": 1e-6, "num_generations": 4, "max_completion_length": 6000}
+    return trainer_section(GRPOConfig, "GRPOTrainConfig", owned=GRPO_OWNED, defaults=defaults)
+
+
+GRPOTrainConfig = TrainerSection("GRPOTrainConfig", grpo_train_section, (GRPO_CONFIG, TRAINING_ARGUMENTS), GRPO_OWNED)
 """Every `GRPOConfig` field (TrainingArguments + rollouts, KL, vLLM, loss type, ...) under `train:`."""
 
 
@@ -105,6 +109,17 @@ class GRPORecipeConfig:
 
 
 def main(cfg: GRPORecipeConfig) -> None:
+    # What trains is imported here, once run_recipe has the config: a typo or --help is answered without waiting
+    # seconds for torch, transformers and peft.
+    from transformers import set_seed
+    from trl import GRPOTrainer
+
+    from tokenswap.ranks import print0
+    from tokenswap.training.checkpoint import CheckpointCallback, train
+    from tokenswap.training.model import load_model_and_processor, peft_lora_config
+    from tokenswap.training.run import save_final, start_run
+    from tokenswap.training.tracking import same_keys_in_wandb
+
     # ------------------------------------------------------------------ setup (process state before anything else)
     run = start_run(
         cfg,

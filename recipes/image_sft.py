@@ -32,11 +32,6 @@ require_extra("train", "recipes/image_sft.py")  # a package missing: one line na
 # isort: split
 from dataclasses import dataclass, field
 
-from transformers import Trainer
-
-from tokenswap.attention import use_packed_attention
-from tokenswap.crossmath import load_crossmath
-from tokenswap.crossmath.cli import evaluate as evaluate_crossmath
 from tokenswap.crossmath.training_data import (
     CrossMathDataConfig,
     crossmath_source,
@@ -44,17 +39,8 @@ from tokenswap.crossmath.training_data import (
     sft_example,
 )
 from tokenswap.errors import InputError
-from tokenswap.packing import group_by_length
-from tokenswap.ranks import print0
-from tokenswap.throughput import ThroughputCallback, ThroughputConfig
-from tokenswap.training.builders import build_collator
-from tokenswap.training.callbacks import EmptyStepCallback, install_first
-from tokenswap.training.checkpoint import CheckpointCallback, ResumableCollator, train
-from tokenswap.training.config import CollatorConfig, ModelConfig, RunConfig, WandbConfig
+from tokenswap.training.config import CollatorConfig, ModelConfig, RunConfig, ThroughputConfig, WandbConfig
 from tokenswap.training.entry import run_recipe
-from tokenswap.training.model import load_model_and_processor
-from tokenswap.training.run import save_final, start_run
-from tokenswap.training.tracking import same_keys_in_wandb
 from tokenswap.training.trainer_args import TrainConfig
 
 
@@ -117,6 +103,23 @@ class ImageSFTConfig:
 
 
 def main(cfg: ImageSFTConfig) -> None:
+    # What trains is imported here, once run_recipe has the config: a typo or --help is answered without waiting
+    # seconds for torch, transformers and peft.
+    from transformers import Trainer
+
+    from tokenswap.attention import use_packed_attention
+    from tokenswap.crossmath import load_crossmath
+    from tokenswap.crossmath.cli import evaluate as evaluate_crossmath
+    from tokenswap.packing import group_by_length
+    from tokenswap.ranks import print0
+    from tokenswap.throughput import ThroughputCallback
+    from tokenswap.training.builders import build_collator
+    from tokenswap.training.callbacks import EmptyStepCallback, install_first
+    from tokenswap.training.checkpoint import CheckpointCallback, ResumableCollator, train
+    from tokenswap.training.model import load_model_and_processor
+    from tokenswap.training.run import save_final, start_run
+    from tokenswap.training.tracking import same_keys_in_wandb
+
     # ------------------------------------------------------------------ setup (process state before anything else)
     run = start_run(
         cfg,

@@ -28,31 +28,17 @@ require_extra("train", "recipes/post_train.py")  # a package missing: one line n
 # isort: split
 from dataclasses import dataclass, field
 
-from transformers import Trainer
-
-from tokenswap.attention import use_packed_attention
-from tokenswap.data.llava import load_llava
-from tokenswap.data.mixture import paired_mixture
-from tokenswap.data.schema import load_samples
-from tokenswap.packing import group_by_length
-from tokenswap.ranks import print0
-from tokenswap.throughput import ThroughputCallback, ThroughputConfig
-from tokenswap.training.builders import build_collator, build_gap_callback, build_image_store
-from tokenswap.training.callbacks import EmptyStepCallback, EpochCallback, SwapStatsCallback, install_first
-from tokenswap.training.checkpoint import CheckpointCallback, ResumableCollator, train
 from tokenswap.training.config import (
     CollatorConfig,
     DataConfig,
     GapEvalConfig,
     ModelConfig,
     RunConfig,
+    ThroughputConfig,
     WandbConfig,
     resolve_replicate,
 )
 from tokenswap.training.entry import run_recipe
-from tokenswap.training.model import load_model_and_processor
-from tokenswap.training.run import save_final, start_run
-from tokenswap.training.tracking import same_keys_in_wandb
 from tokenswap.training.trainer_args import PairedTrainConfig
 
 
@@ -89,6 +75,24 @@ class PostTrainConfig:
 
 
 def main(cfg: PostTrainConfig) -> None:
+    # What trains is imported here, once run_recipe has the config: a typo or --help is answered without waiting
+    # seconds for torch, transformers and peft.
+    from transformers import Trainer
+
+    from tokenswap.attention import use_packed_attention
+    from tokenswap.data.llava import load_llava
+    from tokenswap.data.mixture import paired_mixture
+    from tokenswap.data.schema import load_samples
+    from tokenswap.packing import group_by_length
+    from tokenswap.ranks import print0
+    from tokenswap.throughput import ThroughputCallback
+    from tokenswap.training.builders import build_collator, build_gap_callback, build_image_store
+    from tokenswap.training.callbacks import EmptyStepCallback, EpochCallback, SwapStatsCallback, install_first
+    from tokenswap.training.checkpoint import CheckpointCallback, ResumableCollator, train
+    from tokenswap.training.model import load_model_and_processor
+    from tokenswap.training.run import save_final, start_run
+    from tokenswap.training.tracking import same_keys_in_wandb
+
     # ------------------------------------------------------------------ setup (process state before anything else)
     # paired_mixture already fixed a seeded order shared by the arms of a pair.
     run = start_run(

@@ -25,30 +25,17 @@ require_extra("train", "recipes/pretrain.py")  # a package missing: one line nam
 # isort: split
 from dataclasses import dataclass, field
 
-from transformers import Trainer
-
-from tokenswap.attention import use_packed_attention
-from tokenswap.data.mixture import paired_mixture
-from tokenswap.data.schema import load_samples
-from tokenswap.packing import group_by_length
-from tokenswap.ranks import print0
-from tokenswap.throughput import ThroughputCallback, ThroughputConfig
-from tokenswap.training.builders import build_collator, build_gap_callback, build_image_store
-from tokenswap.training.callbacks import EmptyStepCallback, EpochCallback, SwapStatsCallback, install_first
-from tokenswap.training.checkpoint import CheckpointCallback, ResumableCollator, train
 from tokenswap.training.config import (
     CollatorConfig,
     DataConfig,
     GapEvalConfig,
     ModelConfig,
     RunConfig,
+    ThroughputConfig,
     WandbConfig,
     resolve_replicate,
 )
 from tokenswap.training.entry import run_recipe
-from tokenswap.training.model import load_model_and_processor
-from tokenswap.training.run import save_final, start_run
-from tokenswap.training.tracking import same_keys_in_wandb
 from tokenswap.training.trainer_args import PairedTrainConfig
 
 
@@ -87,6 +74,23 @@ class PretrainConfig:
 
 
 def main(cfg: PretrainConfig) -> None:
+    # What trains is imported here, once run_recipe has the config: a typo or --help is answered without waiting
+    # seconds for torch, transformers and peft.
+    from transformers import Trainer
+
+    from tokenswap.attention import use_packed_attention
+    from tokenswap.data.mixture import paired_mixture
+    from tokenswap.data.schema import load_samples
+    from tokenswap.packing import group_by_length
+    from tokenswap.ranks import print0
+    from tokenswap.throughput import ThroughputCallback
+    from tokenswap.training.builders import build_collator, build_gap_callback, build_image_store
+    from tokenswap.training.callbacks import EmptyStepCallback, EpochCallback, SwapStatsCallback, install_first
+    from tokenswap.training.checkpoint import CheckpointCallback, ResumableCollator, train
+    from tokenswap.training.model import load_model_and_processor
+    from tokenswap.training.run import save_final, start_run
+    from tokenswap.training.tracking import same_keys_in_wandb
+
     # ------------------------------------------------------------------ setup (process state before anything else)
     # paired_mixture already fixed a seeded order shared by the arms of a pair.
     run = start_run(

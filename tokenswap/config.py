@@ -5,6 +5,10 @@
 dataclass tree, collects all problems and raises one :class:`ConfigError` that names each key
 and how to fix it. :func:`usage` (a recipe's ``--help``) lists every field with the docstring written under
 it, so the CLI is derived from the dataclasses and never mirrored by hand.
+
+A section whose class takes seconds to import (the Trainer's arguments: ``transformers`` and ``peft`` load with
+them) is a :class:`DeferredSection`: :func:`check_config_early` checks everything else, and that section's key
+names, before the import, so a recipe answers a typo at once; :func:`parse_config` builds it in full.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from tokenswap.errors import InputError
 # Masking by field name lives in the one redaction every sink uses; kept importable here.
 from tokenswap.redaction import command_line_secret, mask_secrets, redact_argv
 
-__all__ = ["ConfigError", "config_to_dict", "field_docs", "flatten_dict", "load_config", "parse_config",
-           "resolve_config_path", "split_argv", "usage"]
+__all__ = ["ConfigError", "DeferredSection", "check_config_early", "config_to_dict", "field_docs", "flatten_dict",
+           "load_config", "parse_config", "resolve_config_path", "split_argv", "usage"]
 
 T = TypeVar("T")
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -66,9 +70,40 @@ def resolve_config_path(name: str | os.PathLike) -> Path:
     )
 
 
-def _hints(cls: type) -> dict[str, Any]:
+class DeferredSection:
+    """A config section whose dataclass is built on first use, from a module that takes seconds to import.
+
+    Used as a field's type and its ``default_factory`` (``train: PairedTrainConfig = field(default_factory=
+    PairedTrainConfig)``); :meth:`resolve` gives the real dataclass, which :func:`parse_config` and :func:`usage`
+    use. :func:`check_config_early` needs only :meth:`known_keys` and :attr:`owned`, which read no heavy module.
+    """
+
+    def __init__(self, name: str, owned: dict[str, str] | None = None):
+        self.__name__ = name
+        self.owned = owned or {}
+
+    def resolve(self) -> type:
+        raise NotImplementedError
+
+    def known_keys(self) -> frozenset[str] | None:
+        """The section's keys read without the import, or None when they cannot be (then only the full parse
+        checks them)."""
+        return None
+
+    def __call__(self) -> Any:
+        return self.resolve()()
+
+    def __repr__(self) -> str:
+        return f"<deferred section {self.__name__}>"
+
+
+def _raw_hints(cls: type) -> dict[str, Any]:
     module = sys.modules[cls.__module__]
     return typing.get_type_hints(cls, globalns=vars(module))
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return {k: v.resolve() if isinstance(v, DeferredSection) else v for k, v in _raw_hints(cls).items()}
 
 
 def _type_name(tp: Any) -> str:
@@ -298,23 +333,11 @@ def _build(cls: type[T], data: dict, prefix: str, problems: list[str]) -> T:
     kwargs = {}
     for key, value in data.items():
         if key not in fields:
-            owned = getattr(cls, "OWNED", {})
-            if key in owned:
-                problems.append(f"`{prefix}{key}` is set by the recipe: {owned[key]}")
-                continue
-            retired = getattr(cls, "RETIRED", {})
-            if key in retired:  # a key that was removed: one line pointing to what replaced it
-                problems.append(f"`{prefix}{key}` is gone: {retired[key]}")
-                continue
-            close = difflib.get_close_matches(key, fields, n=1)
-            hint = f"; did you mean `{prefix}{close[0]}`?" if close else ""
-            valid = ", ".join(fields) if len(fields) <= 30 else "see --help for all of them"
-            problems.append(f"unknown key `{prefix}{key}` for {cls.__name__}{hint} (valid: {valid})")
+            problems.append(_unknown_key(key, fields, prefix, cls.__name__, getattr(cls, "OWNED", {}),
+                                         getattr(cls, "RETIRED", {})))
             continue
         kwargs[key] = _coerce(value, hints[key], prefix + key, problems)
-    for name, f in fields.items():
-        if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            problems.append(f"`{prefix}{name}` is required ({_type_name(hints[name])})")
+    problems += _missing(fields, kwargs, hints, prefix)
     if problems:
         return None  # type: ignore[return-value]
     try:
@@ -322,6 +345,23 @@ def _build(cls: type[T], data: dict, prefix: str, problems: list[str]) -> T:
     except (ValueError, TypeError) as e:
         problems.append(f"{prefix.rstrip('.') or cls.__name__}: {e}")
         return None  # type: ignore[return-value]
+
+
+def _unknown_key(key: str, fields, prefix: str, class_name: str, owned: dict, retired: dict) -> str:
+    """The one line for a key that is not a field: set by the recipe, retired, or a typo (with a guess)."""
+    if key in owned:
+        return f"`{prefix}{key}` is set by the recipe: {owned[key]}"
+    if key in retired:  # a key that was removed: one line pointing to what replaced it
+        return f"`{prefix}{key}` is gone: {retired[key]}"
+    close = difflib.get_close_matches(key, fields, n=1)
+    hint = f"; did you mean `{prefix}{close[0]}`?" if close else ""
+    valid = ", ".join(fields) if len(fields) <= 30 else "see --help for all of them"
+    return f"unknown key `{prefix}{key}` for {class_name}{hint} (valid: {valid})"
+
+
+def _missing(fields: dict, given, hints: dict, prefix: str) -> list[str]:
+    return [f"`{prefix}{name}` is required ({_type_name(hints[name])})" for name, f in fields.items()
+            if name not in given and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
 
 
 def _set_dotted(data: dict, dotted: str, value: Any) -> None:
@@ -341,6 +381,16 @@ def load_config(cls: type[T], path: str | os.PathLike | None = None, overrides: 
         ConfigError: every unknown key, wrong type, missing required field and failed
             ``__post_init__`` check, in one message.
     """
+    data, source = _config_data(path, overrides)
+    problems: list[str] = []
+    cfg = _build(cls, data, "", problems)
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
+
+
+def _config_data(path: str | os.PathLike | None, overrides: list[str] | tuple) -> tuple[dict, str]:
+    """The YAML file's mapping with the overrides set into it, and the name problems are reported under."""
     data: dict = {}
     source = "overrides"
     if path is not None:
@@ -368,10 +418,7 @@ def load_config(cls: type[T], path: str | os.PathLike | None = None, overrides: 
         _set_dotted(data, key.strip(), value)
     if problems:
         raise ConfigError(problems, source)
-    cfg = _build(cls, data, "", problems)
-    if problems:
-        raise ConfigError(problems, source)
-    return cfg
+    return data, source
 
 
 def _yaml_problem(e: yaml.YAMLError) -> str:
@@ -489,13 +536,48 @@ def parse_config(cls: type[T], argv: list[str] | None = None) -> T:
     (a secret-named override, a URL carrying a password) is refused first, its value remembered for redaction and
     never printed (:func:`tokenswap.redaction.command_line_secret`): secrets come from the environment or the YAML.
     """
+    path, overrides = _command_line(argv)
+    return load_config(cls, path, overrides)
+
+
+def _command_line(argv: list[str] | None) -> tuple[str | None, list[str]]:
     argv = list(sys.argv[1:] if argv is None else argv)
     why = command_line_secret(argv)
     if why is not None:
         raise ConfigError([why], "command line")
     redact_argv(argv)
-    path, overrides = split_argv(argv)
-    return load_config(cls, path, overrides)
+    return split_argv(argv)
+
+
+def check_config_early(cls: type, argv: list[str] | None = None) -> None:
+    """Raise the :class:`ConfigError` (or ``FileNotFoundError``) :func:`parse_config` would, for everything that
+    needs no :class:`DeferredSection` built: the command line, the config name, every section name, every key and
+    value of the other sections (their own checks included) and the deferred sections' key names.
+
+    A recipe calls it before the imports that take seconds, so a typo is answered at once; what it cannot see (a
+    deferred section's values, the whole config's cross-section checks) :func:`parse_config` reports after them.
+    """
+    path, overrides = _command_line(argv)
+    data, source = _config_data(path, overrides)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints = _raw_hints(cls)
+    problems: list[str] = []
+    for key, value in data.items():
+        if key not in fields:
+            problems.append(_unknown_key(key, fields, "", cls.__name__, getattr(cls, "OWNED", {}),
+                                         getattr(cls, "RETIRED", {})))
+            continue
+        tp = hints[key]
+        if isinstance(tp, DeferredSection):
+            keys = tp.known_keys()
+            for sub in value if isinstance(value, dict) else ():
+                if sub in tp.owned or (keys is not None and sub not in keys):
+                    problems.append(_unknown_key(sub, sorted(keys or ()), f"{key}.", tp.__name__, tp.owned, {}))
+        elif not any(isinstance(a, DeferredSection) for a in (tp, *get_args(tp))):
+            _coerce(value, tp, key, problems)
+    problems += _missing(fields, data, hints, "")
+    if problems:
+        raise ConfigError(problems, source)
 
 
 def split_argv(argv: list[str]) -> tuple[str | None, list[str]]:

@@ -9,7 +9,8 @@ lengths for the attention term) and the wall time between two log lines, and add
 - ``perf/images_per_s``: images (not the masked dummy) per second on this device;
 - ``perf/padding``: padded token slots / all token slots in the window (dummy-image columns count as padding);
 - ``perf/tflops``: achieved model TFLOP/s on this device (formula below);
-- ``perf/mfu``: ``perf/tflops`` / the device's peak (``ThroughputConfig.peak_tflops``, or the
+- ``perf/mfu``: ``perf/tflops`` / the device's peak (``throughput.peak_tflops`` of a recipe's config,
+  :class:`tokenswap.training.config.ThroughputConfig`, or the
   table :data:`PEAK_TFLOPS` by the exact device name; not logged when neither knows the device, e.g. CPU).
 
 Model FLOPs of one window (the PaLM appendix-B convention: matmuls only, the causal mask not halved):
@@ -40,14 +41,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 
 from transformers import TrainerCallback
 
 __all__ = [
     "PEAK_TFLOPS",
     "ThroughputCallback",
-    "ThroughputConfig",
     "model_flop_counts",
     "no_peak_reason",
     "peak_tflops_of",
@@ -73,20 +72,6 @@ PEAK_TFLOPS: dict[str, float] = {
 }
 """Dense bf16 tensor-core peak per device (TFLOP/s), keyed by the exact ``torch.cuda.get_device_name()``: the
 form factors of one chip differ (an H200 NVL or an H100 PCIe is not scored against SXM peaks)."""
-
-
-@dataclass(kw_only=True)
-class ThroughputConfig:
-    enabled: bool = True
-    """Log perf/tokens_per_s, perf/images_per_s, perf/padding, perf/tflops and perf/mfu at every logging step."""
-    peak_tflops: float | None = None
-    """Peak TFLOP/s of one device for MFU; null: from the table by the exact GPU name (A100 312, H100/H200 SXM 989,
-    NVL 835, PCIe 756, bf16 dense); MFU is left out when the device is not in the table (CPU, other GPUs) and
-    this is null."""
-
-    def __post_init__(self) -> None:
-        if self.peak_tflops is not None and not self.peak_tflops > 0:
-            raise ValueError(f"`peak_tflops` must be > 0 or null (from the device table), got {self.peak_tflops}")
 
 
 def _device_key(device_name: str) -> str:

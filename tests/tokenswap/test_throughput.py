@@ -9,12 +9,12 @@ from tokenswap.collator import TokenSwapCollator
 from tokenswap.swap import SwapPolicy
 from tokenswap.throughput import (
     ThroughputCallback,
-    ThroughputConfig,
     model_flop_counts,
     no_peak_reason,
     peak_tflops_of,
     window_flops,
 )
+from tokenswap.training.config import ThroughputConfig
 
 
 @pytest.fixture()

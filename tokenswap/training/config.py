@@ -1,4 +1,4 @@
-"""The config sections the recipes share (run, model, LoRA, collator, data, gap evaluation, W&B).
+"""The config sections the recipes share (run, model, LoRA, collator, data, gap evaluation, W&B, throughput).
 
 Plain ``kw_only`` dataclasses mapped from YAML by :func:`tokenswap.config.parse_config`; each validates in
 ``__post_init__`` and names the key and the fix. The Trainer's own options pass through
@@ -281,3 +281,20 @@ class WandbConfig:
     """offline writes wandb/offline-run-* folders (sync later with `wandb sync`)."""
     tags: list[str] = field(default_factory=list)
     """Extra run tags."""
+
+
+@dataclass(kw_only=True)
+class ThroughputConfig:
+    """The perf/* keys :class:`tokenswap.throughput.ThroughputCallback` logs (a section here: that module imports
+    the Trainer, which a config must not need)."""
+
+    enabled: bool = True
+    """Log perf/tokens_per_s, perf/images_per_s, perf/padding, perf/tflops and perf/mfu at every logging step."""
+    peak_tflops: float | None = None
+    """Peak TFLOP/s of one device for MFU; null: from the table by the exact GPU name (A100 312, H100/H200 SXM 989,
+    NVL 835, PCIe 756, bf16 dense); MFU is left out when the device is not in the table (CPU, other GPUs) and
+    this is null."""
+
+    def __post_init__(self) -> None:
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise ValueError(f"`peak_tflops` must be > 0 or null (from the device table), got {self.peak_tflops}")

@@ -29,7 +29,8 @@ def run_recipe(main: Callable[[Any], object], config_cls: type, argv: list[str] 
     """Run a recipe's ``main`` on the config of ``argv`` (``sys.argv[1:]``) and end the process as a script does.
 
     ``[--config PATH_OR_NAME] [section.key=value ...]`` becomes ``config_cls``
-    (:func:`tokenswap.config.parse_config`); ``-h`` / ``--help`` prints every field (:func:`tokenswap.config.usage`)
+    (:func:`tokenswap.config.parse_config`, after :func:`~tokenswap.config.check_config_early` answered what it can
+    without importing the Trainer's arguments); ``-h`` / ``--help`` prints every field (:func:`tokenswap.config.usage`)
     and exits 0. An error is one line ``error: ...`` on stderr and the status of :func:`~tokenswap.errors.exit_status`
     (2 for an input to fix, 1 for a run left incomplete or a folder in use, 143 after a SIGTERM stop), raised as
     ``SystemExit`` so that each rank of a launch ends with it and the launcher ends the run. A run that finished
@@ -41,6 +42,9 @@ def run_recipe(main: Callable[[Any], object], config_cls: type, argv: list[str] 
         if "-h" in argv or "--help" in argv:
             print(config.usage(config_cls))
             return 0
+        # A typo is answered before the Trainer's section is built (its import takes seconds); the recipes import
+        # what they train with inside main, after this.
+        config.check_config_early(config_cls, argv)
         # config.parse_config looked up at the call, not imported by name: the docs harness replaces it to stop
         # a documented command right after its arguments parsed (tests/docs_harness.py).
         try:

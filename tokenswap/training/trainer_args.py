@@ -2,10 +2,16 @@
 
 :func:`trainer_section` derives a typed section from the Trainer's own dataclass (so a new Trainer option needs
 no change here); :func:`build_training_arguments` adds what the recipe owns (output folder, run name, seed).
+
+Importing ``TrainingArguments`` loads torch, transformers and peft (seconds), so this module imports none of them:
+:data:`TrainConfig` and :data:`PairedTrainConfig` are :class:`TrainerSection` stand-ins that build the section on
+first use, and whose key names are read from the source files without importing them. A recipe's typo is then
+answered before those imports (:func:`tokenswap.config.check_config_early`).
 """
 
 from __future__ import annotations
 
+import ast
 import copy
 import copyreg
 import dataclasses
@@ -16,11 +22,11 @@ import json
 import math
 import os
 import typing
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-import torch
-from transformers import TrainingArguments
-
+from tokenswap.config import DeferredSection
 from tokenswap.errors import InputError
 from tokenswap.ranks import rank_and_world
 from tokenswap.training.config import RunConfig
@@ -200,11 +206,88 @@ def trainer_section(
     return cls
 
 
-TrainConfig = trainer_section(TrainingArguments, "TrainConfig")
+TRAINING_ARGUMENTS = ("transformers", "training_args.py", "TrainingArguments")
+"""Where ``TrainingArguments`` is written: (top-level package, file inside it, class)."""
+
+GRPO_CONFIG = ("trl", "trainer/grpo_config.py", "GRPOConfig")
+"""Where TRL's ``GRPOConfig`` is written (its fields on top of ``TrainingArguments``')."""
+
+
+@functools.cache
+def source_fields(package: str, path: str, class_name: str) -> frozenset[str] | None:
+    """The init fields a dataclass declares in its own body, read from its source without importing it.
+
+    ``package`` is found (not imported) by :func:`importlib.util.find_spec`; None when the file or the class is not
+    where it was (a release that moved it): then only the full parse checks the keys.
+    """
+    try:
+        spec = importlib.util.find_spec(package)
+        roots = list(spec.submodule_search_locations or ()) if spec is not None else []
+        tree = ast.parse(Path(roots[0], path).read_text(encoding="utf-8")) if roots else None
+    except (ImportError, ValueError, OSError, SyntaxError):
+        return None
+    body = next((node.body for node in (tree.body if tree else ()) if isinstance(node, ast.ClassDef)
+                 and node.name == class_name), None)
+    if body is None:
+        return None
+    names = set()
+    for node in body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        init = not any(k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False
+                       for k in (node.value.keywords if isinstance(node.value, ast.Call) else ()))
+        if init and not node.target.id.startswith("_"):
+            names.add(node.target.id)
+    return frozenset(names) or None
+
+
+class TrainerSection(DeferredSection):
+    """A ``train:`` section of every field of a Trainer's arguments class, built by ``build`` on first use.
+
+    A recipe types its field with it (``train: PairedTrainConfig = field(default_factory=PairedTrainConfig)``);
+    :meth:`resolve` is the dataclass :func:`trainer_section` makes (what the full parse and ``--help`` use), and
+    :meth:`known_keys` the field names of ``sources`` (:data:`TRAINING_ARGUMENTS`, :data:`GRPO_CONFIG`) read from
+    their files. ``owned`` are the keys the recipe sets itself.
+    """
+
+    def __init__(self, name: str, build: Callable[[], type], sources: tuple[tuple[str, str, str], ...],
+                 owned: dict[str, str] = TRAINER_OWNED):
+        super().__init__(name, owned)
+        self._build = build
+        self._sources = sources
+
+    @functools.cached_property
+    def _resolved(self) -> type:
+        return self._build()
+
+    def resolve(self) -> type:
+        return self._resolved
+
+    def known_keys(self) -> frozenset[str] | None:
+        found = [source_fields(*src) for src in self._sources]
+        if any(f is None for f in found):
+            return None
+        names = frozenset().union(*found) - self.owned.keys()
+        return names | {new for old, new in _CHECKPOINTING_RENAMED if old in names}
+
+
+def _training_arguments() -> type:
+    from transformers import TrainingArguments
+
+    return TrainingArguments
+
+
+TrainConfig = TrainerSection("TrainConfig", lambda: trainer_section(_training_arguments(), "TrainConfig"),
+                             (TRAINING_ARGUMENTS,))
 """Every ``TrainingArguments`` field, with the recipes' defaults (:data:`TRAIN_DEFAULTS`)."""
 
 
-PairedTrainConfig = trainer_section(TrainingArguments, "PairedTrainConfig", owned=PAIRED_OWNED)
+PairedTrainConfig = TrainerSection(
+    "PairedTrainConfig",
+    lambda: trainer_section(_training_arguments(), "PairedTrainConfig", owned=PAIRED_OWNED),
+    (TRAINING_ARGUMENTS,),
+    PAIRED_OWNED,
+)
 """``TrainConfig`` for the paired recipes: the sample order belongs to ``data.seed``."""
 
 
@@ -292,6 +375,7 @@ def build_training_arguments(train, run: RunConfig, **recipe: Any):
     a value ``TrainingArguments`` rejects is raised as a :class:`~tokenswap.config.ConfigError` (exit status 2
     through the recipe's entry), as are settings this machine cannot run (fp16 on CPU, liger without its package).
     """
+    import torch
     from accelerate import PartialState
 
     from tokenswap.config import ConfigError
