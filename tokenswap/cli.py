@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from tokenswap.errors import exit_status
+from tokenswap.errors import OutputClosedError, exit_status
 
 # subcommand -> (module, one-line help). A plain dict: adding a command is one line here.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -70,7 +70,10 @@ def _route(argv: list[str]) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"tokenswap: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        try:
+            print(f"tokenswap: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        except OutputClosedError as e:  # the line is lost, not the status: the command was still unknown
+            e.silence()
         return 2
     return _run(name, rest)
 

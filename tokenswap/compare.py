@@ -18,7 +18,6 @@ unfinished run) is left out and listed under ``skipped``; it never counts as a s
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import math
@@ -31,6 +30,7 @@ from tokenswap.errors import InputError
 from tokenswap.eval.stats import mean_ci
 from tokenswap.files import atomic_write_figure, atomic_write_json, atomic_write_text, read_json
 from tokenswap.inputs import local_or_hub, require_output_dir
+from tokenswap.script import CommandParser
 
 __all__ = ["RunRecord", "compare_runs", "load_run", "make_wandb_report", "mean_ci", "paired_difference",
            "read_trainer_run", "seed_of"]
@@ -383,7 +383,7 @@ def _distinct_runs(specs: list[str]) -> None:
 
 
 def cli_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tokenswap compare", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="tokenswap compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", nargs="+", required=True,
                         help="recipe output folders, W&B offline run folders, or wandb:ENTITY/PROJECT/GROUP")
     parser.add_argument("--out", required=True, help="folder for comparison.md, comparison.json, comparison.png")

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
 import traceback
@@ -19,7 +20,23 @@ from tokenswap.errors import OutputClosedError, exit_status
 from tokenswap.extras import missing_extra
 from tokenswap.redaction import RedactingStream, command_line_secret, redacting_std_streams, script_streams
 
-__all__ = ["install_redacting_excepthook", "redacting_excepthook", "require_extra", "run_script", "start_script"]
+__all__ = ["CommandParser", "install_redacting_excepthook", "redacting_excepthook", "require_extra", "run_script", "start_script"]
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The commands' ``argparse.ArgumentParser``: a usage error is status 2 even when its lines cannot be written.
+
+    argparse prints the usage and the error to stderr before it exits 2; with the reader of stderr gone, that
+    print raised :class:`~tokenswap.errors.OutputClosedError` and the command ended 141, as if it had been cut off
+    mid-work. Only the line is lost: the status still says the arguments were wrong, as every other error's does.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        try:
+            super().error(message)
+        except OutputClosedError as e:
+            e.silence()
+            raise SystemExit(2) from None
 
 
 def _print_masked(kind, value, tb) -> None:

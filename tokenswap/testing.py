@@ -628,7 +628,9 @@ def main(argv: list[str] | None = None) -> int:
     """
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m tokenswap.testing", description=main.__doc__,
+    from tokenswap.script import CommandParser
+
+    parser = CommandParser(prog="python -m tokenswap.testing", description=main.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", nargs="?", default=".cache", help="output folder (default: .cache)")
     parser.add_argument("--family", choices=TINY_FAMILIES + TINY_MOE_FAMILIES, help="write DIR/tiny-FAMILY with the family's template")

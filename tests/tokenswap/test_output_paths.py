@@ -241,6 +241,17 @@ def test_an_error_line_whose_reader_left_keeps_the_errors_status(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("argv", [["eval", "--no-such-flag"], ["leaderboard", "--resamples", "x"], ["compare", "--bogus"],
+                                  ["crossmath", "generate", "--bogus"], ["rest", "eval", "--bogus"],
+                                  ["probe", "--bogus"], ["no-such-command"]],
+                         ids=["eval", "leaderboard", "compare", "crossmath", "rest", "probe", "unknown-command"])
+def test_a_usage_error_whose_reader_left_keeps_status_2(argv):
+    # argparse prints the usage, then exits 2: that print to a reader gone ended the command 141 (cut off mid-work).
+    code, out, err = run([sys.executable, "-m", "tokenswap.cli", *argv], closed="stderr", timeout=120)
+    assert code == 2, out
+
+
+@pytest.mark.integration
 def test_a_recipe_whose_reader_left_during_its_imports_still_says_its_config_error(tmp_path):
     # DeepSpeed prints its accelerator notice to stdout at import (through its logger), as transformers may.
     code, out, err = run([sys.executable, "-c", textwrap.dedent('''

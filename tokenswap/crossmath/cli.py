@@ -59,6 +59,7 @@ from tokenswap.inputs import (
     require_model,
     require_output_dir,
 )
+from tokenswap.script import CommandParser
 
 __all__ = ["cli_main", "evaluate"]
 
@@ -69,7 +70,7 @@ RELEASE_MAX_NEW_TOKENS = 16384  # batch_inference_qwen35.py --max_new_tokens
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenswap crossmath", description=__doc__.split("\n")[0].replace("``", ""))
+    parser = CommandParser(prog="tokenswap crossmath", description=__doc__.split("\n")[0].replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate puzzles: JSONL in the released format + PNG per style")
@@ -258,7 +259,7 @@ def evaluate(
         InputError: the command's exit-2 refusals (missing data, a record that cannot be scored, another model's
             predictions in ``out``, ...).
     """
-    defaults = argparse.ArgumentParser(add_help=False)
+    defaults = CommandParser(add_help=False)
     add_backend_arguments(defaults)
     args = defaults.parse_args([])
     unknown = sorted(set(backend) - set(vars(args)))

@@ -59,6 +59,7 @@ from tokenswap.inputs import (
     require_model,
     require_output_dir,
 )
+from tokenswap.script import CommandParser
 
 __all__ = ["cli_main"]
 
@@ -77,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     from tokenswap.eval.forms import ENDS
     from tokenswap.inference.backends import add_backend_arguments
 
-    p = argparse.ArgumentParser(prog="tokenswap eval", description=__doc__.split("\n\n")[0].replace("``", ""))
+    p = CommandParser(prog="tokenswap eval", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--model", required=True,
                    help="hf: checkpoint folder or hub id (Qwen families); openai: the served model name")
     p.add_argument("--bench", default="dongx1997/TokenSwap-Bench", help="TokenSwap-Bench hub id or local folder")

@@ -563,8 +563,9 @@ def _write_csv(board: dict, path: Path) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     from tokenswap.inputs import non_negative_int, positive_int
+    from tokenswap.script import CommandParser
 
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="tokenswap leaderboard", description="many evaluated models: one gap table and figures"
     )
     p.add_argument("results", nargs="+", metavar="RESULT",

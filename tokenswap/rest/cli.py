@@ -31,6 +31,7 @@ from tokenswap.inputs import (
     require_output_dir,
     require_path,
 )
+from tokenswap.script import CommandParser
 
 __all__ = ["cli_main"]
 
@@ -42,7 +43,7 @@ REST_HOLDS = ("a REST dataset folder holds meta.json, items.jsonl and images/, a
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenswap rest", description=__doc__.split("\n\n")[0].replace("``", ""))
+    parser = CommandParser(prog="tokenswap rest", description=__doc__.split("\n\n")[0].replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True)
 
     build = sub.add_parser("build", help="write items and all renderings (REST + 10 REST+ variants)")

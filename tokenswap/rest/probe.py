@@ -20,7 +20,6 @@ uses rendered labels vs label text (built-in list of common object names, or ``-
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 from tokenswap.errors import InputError
 from tokenswap.files import atomic_write_figure, atomic_write_json, atomic_write_text
 from tokenswap.inputs import MODEL_HOLDS, from_hub, positive_int, require_model, require_output_dir, require_path
+from tokenswap.script import CommandParser
 
 __all__ = [
     "DEFAULT_LABELS",
@@ -287,7 +287,7 @@ def _plot(summary: dict, path: Path) -> None:
 
 def cli_main(argv: list[str] | None = None) -> int:
     """Entry point of ``tokenswap probe``."""
-    parser = argparse.ArgumentParser(prog="tokenswap probe", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="tokenswap probe", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="checkpoint folder or hub id (Qwen2-VL family)")
     parser.add_argument("--pairs", type=positive_int, default=100, help="number of text/rendered-text pairs")
     parser.add_argument("--texts", default=None, help="file with one text per line (default: built-in labels)")
