@@ -259,13 +259,15 @@ def test_in_loop_gap_forms_are_logged_and_reach_wandb(post, tiny_qwen2vl, tiny_s
     logged = [h for h in json.loads((out / "log_history.json").read_text()) if "gap/abs" in h]
     assert [h["step"] for h in logged] == [2, 4]
     keys = ("gap/acc_both", "gap/load", "gap/content", "gap/recognition_rate", "gap/recognised_only/n",
-            "gap/components/load", "gap/components/recognition", "gap/components/rest", "gap/recognition_naming")
+            "gap/components/load", "gap/components/recognition", "gap/components/rest", "gap/components/n",
+            "gap/recognition_naming")
     for h in logged:
         assert all(k in h for k in keys), sorted(h)
         assert h["gap/load"] == pytest.approx(h["gap/acc_text"] - h["gap/acc_both"])
         assert h["gap/components/load"] + h["gap/components/recognition"] + h["gap/components/rest"] == \
             pytest.approx(h["gap/abs"])
         assert 0.0 <= h["gap/recognition_rate"] <= 1.0
+        assert 0 < h["gap/components/n"] <= h["gap/n"]  # the items the split rests on, of the gap's
     (run_dir,) = (out / "wandb").glob("offline-run-*")
     run = read_wandb_offline(run_dir)
     for key in ("gap/load", "gap/recognition_rate", "gap/components/rest", "gap/acc_both"):

@@ -325,7 +325,8 @@ def form_fields(forms: Sequence[str], items: Sequence[dict], pictures: Sequence[
 
 def decomposition_metrics(d: dict | None, prefix: str = "gap/") -> dict[str, float]:
     """Point values of a decomposition as flat scalars for a logger: ``gap/acc_both``, ``gap/load``,
-    ``gap/recognition_rate``, ``gap/recognised_only/abs``, ``gap/components/rest``, ... (only what ran)."""
+    ``gap/recognition_rate``, ``gap/recognised_only/abs``, ``gap/components/rest``, ... (only what ran); the split's
+    ``gap/components/n`` is the number of items it rests on (those scored in every form it uses)."""
     if d is None:
         return {}
     out: dict[str, float] = {}
@@ -345,6 +346,8 @@ def decomposition_metrics(d: dict | None, prefix: str = "gap/") -> dict[str, flo
     if len(d["forms"]) > 2:  # a split needs a control beside the gap's two ends
         for name, estimate in (d.get("components") or {}).items():
             put(f"components/{name}", estimate)
+        if d.get("split") is not None:  # the split may rest on fewer items than the gap logged beside it
+            out[f"{prefix}components/n"] = float(d["split"]["n"])
     return out
 
 
