@@ -14,7 +14,7 @@ from pathlib import Path
 from tokenswap.errors import InputError
 from tokenswap.files import read_jsonl
 
-__all__ = ["BUILDERS", "load_local", "parquet_rows", "root_cause"]
+__all__ = ["BUILDERS", "load_local", "parquet_rows", "read_parquet", "root_cause"]
 
 BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 """File suffix -> the ``datasets`` builder that reads it."""
@@ -94,3 +94,42 @@ def parquet_rows(paths: Sequence[str | os.PathLike], what: str, fix: str) -> int
         except Exception as e:  # noqa: BLE001 - ArrowInvalid, OSError: a cut or overwritten file
             raise InputError(f"{what}: {path} cannot be read as parquet ({root_cause(e)}); {fix}") from None
     return rows
+
+
+def read_parquet(paths: Sequence[str | os.PathLike], what: str, fix: str,
+                 limit: int | None = None) -> tuple[list[str], list[dict], dict]:
+    """``(column names, rows as dicts, the datasets features the files declare)`` of local parquet files, with
+    pyarrow alone.
+
+    ``datasets`` takes seconds to import and writes an Arrow cache of each file it loads; a command that only
+    iterates rows (``tokenswap eval`` reading a bench folder) needs neither. The features are the ``huggingface``
+    metadata ``datasets`` writes into the files (``{}`` when there is none), so a caller decodes a column as
+    ``datasets`` would.
+
+    Raises:
+        InputError: a file that does not read, or files whose columns differ, naming them.
+    """
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tables = []
+    for path in paths:
+        try:
+            tables.append(pq.read_table(path))
+        except Exception as e:  # noqa: BLE001 - ArrowInvalid, OSError: a cut or overwritten file
+            raise InputError(f"{what}: {path} cannot be read as parquet ({root_cause(e)}); {fix}") from None
+    try:
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    except pa.ArrowInvalid as e:
+        raise InputError(f"{what}: the files {[str(p) for p in paths]} have different columns "
+                         f"({root_cause(e)}); {fix}") from None
+    if limit is not None:
+        table = table.slice(0, limit)
+    meta = (table.schema.metadata or {}).get(b"huggingface")
+    try:
+        features = json.loads(meta).get("info", {}).get("features", {}) if meta else {}
+    except ValueError:
+        features = {}
+    return table.column_names, table.to_pylist(), features if isinstance(features, dict) else {}

@@ -14,9 +14,39 @@ from tokenswap.data.items import MCItem
 from tokenswap.data.local import load_local, parquet_rows, root_cause
 from tokenswap.errors import InputError
 
-__all__ = ["load_mmlu", "load_split", "mmlu_shots"]
+__all__ = ["load_mmlu", "load_split", "local_split_files", "mmlu_shots"]
 
 MMLU_HUB_ID = "cais/mmlu"
+
+
+LOCAL_FIX = "restore or rebuild the files (a cut copy or download?)"
+"""What a message about an unreadable local split file tells the user to do."""
+
+
+def local_split_files(path: str | os.PathLike, config: str, split: str) -> list[Path] | None:
+    """The parquet files of one config/split of a local folder in the hub layout, checked to hold rows; None for a
+    hub id, or a folder whose README declares its own layout (``datasets`` reads those).
+
+    Raises:
+        FileNotFoundError: a folder with neither the hub layout's files nor a README, naming the paths tried.
+        InputError: files that hold no rows, or whose footers do not read, naming them.
+    """
+    local = Path(path)
+    if not local.is_dir():
+        return None
+    files = sorted(local.glob(f"{config}/{split}-*.parquet")) or sorted(local.glob(f"{config}/{split}/*.parquet"))
+    if not files:
+        if not (local / "README.md").exists():
+            raise FileNotFoundError(
+                f"{local}: no {config}/{split}-*.parquet or {config}/{split}/*.parquet and no README.md declaring "
+                f"configs; lay the files out as on the hub ({config}/{split}-00000-of-00001.parquet)"
+            )
+        return None
+    # datasets reads a file of zero rows as "BatchSize must be greater than 0", naming no file.
+    if parquet_rows(files, f"{local} ({config}/{split})", LOCAL_FIX) == 0:
+        raise InputError(f"{', '.join(map(str, files))}: no rows in {config}/{split}; the split is empty "
+                         "(rebuild it, or pass another split)")
+    return files
 
 
 def load_split(path: str | os.PathLike, config: str, split: str):
@@ -40,21 +70,11 @@ def load_split(path: str | os.PathLike, config: str, split: str):
     import datasets
 
     local = Path(path)
+    files = local_split_files(path, config, split)
+    if files is not None:
+        return load_local(files, split, f"{local} ({config}/{split})", LOCAL_FIX)
     if local.is_dir():
-        files = sorted(local.glob(f"{config}/{split}-*.parquet")) or sorted(local.glob(f"{config}/{split}/*.parquet"))
         layout = f"lay the files out as on the hub ({config}/{split}-00000-of-00001.parquet)"
-        if files:
-            fix = "restore or rebuild the files (a cut copy or download?)"
-            # datasets reads a file of zero rows as "BatchSize must be greater than 0", naming no file.
-            if parquet_rows(files, f"{local} ({config}/{split})", fix) == 0:
-                raise InputError(f"{', '.join(map(str, files))}: no rows in {config}/{split}; the split is empty "
-                                 "(rebuild it, or pass another split)")
-            return load_local(files, split, f"{local} ({config}/{split})", fix)
-        if not (local / "README.md").exists():
-            raise FileNotFoundError(
-                f"{local}: no {config}/{split}-*.parquet or {config}/{split}/*.parquet and no README.md declaring "
-                f"configs; {layout}"
-            )
         try:  # the README declares the layout
             return datasets.load_dataset(str(path), config, split=split)
         except Exception as e:  # noqa: BLE001 - datasets raises many types; none names the config it missed

@@ -15,7 +15,8 @@ from dataclasses import replace
 from typing import Literal
 
 from tokenswap.data.items import MCItem, image_tags, pair_ids_match, recover_concepts
-from tokenswap.data.mmlu import load_split
+from tokenswap.data.local import read_parquet
+from tokenswap.data.mmlu import LOCAL_FIX, load_split, local_split_files
 from tokenswap.errors import InputError
 from tokenswap.files import atomic_write, atomic_write_text
 
@@ -48,27 +49,15 @@ def load_tokenswap_bench(
         ValueError: a row that is no valid item (an ``answer`` out of range, not 4 choices), or a tagged picture
             that does not decode; names the row.
     """
-    import datasets
-
-    ds = load_split(path, config, split)
-    if limit is not None:
-        ds = ds.select(range(min(limit, len(ds))))
-    missing = {"subject", "question", "choices", "answer"} - set(ds.column_names)
+    columns, rows, decoder = _bench_rows(path, config, split, limit)
+    missing = {"subject", "question", "choices", "answer"} - set(columns)
     if missing:
         raise KeyError(
-            f"{path} ({config}/{split}) lacks TokenSwap-Bench fields {sorted(missing)}; has {ds.column_names}"
+            f"{path} ({config}/{split}) lacks TokenSwap-Bench fields {sorted(missing)}; has {columns}"
         )
-    image_columns = {int(m.group(1)): c for c in ds.column_names if (m := _IMAGE_COLUMN.match(c))}
-    # Rows are read with their images encoded and each tagged picture is decoded here, exactly as `datasets` would
-    # (its own decoder), so a picture that does not decode is named by row and column instead of failing the load.
-    decoder = {}
-    for column in image_columns.values():
-        feature = ds.features[column]
-        if isinstance(feature, datasets.Image) and feature.decode:
-            ds = ds.cast_column(column, datasets.Image(decode=False))
-            decoder[column] = feature
+    image_columns = {int(m.group(1)): c for c in columns if (m := _IMAGE_COLUMN.match(c))}
     items = []
-    for i, row in enumerate(ds):
+    for i, row in enumerate(rows):
         if not isinstance(row["choices"], list):  # a string would be read as one option per character
             raise InputError(f"{path} ({config}/{split}) row {i}: `choices` must be a list of 4 options, got "
                              f"{type(row['choices']).__name__}; fix or drop that row")
@@ -93,7 +82,7 @@ def load_tokenswap_bench(
             value = row[column]
             if column in decoder:
                 try:
-                    value = decoder[column].decode_example(value)
+                    value = _decode_image(value, decoder[column])
                 except Exception as e:  # noqa: BLE001 - PIL raises many kinds for a damaged file
                     raise ValueError(
                         f"{path} ({config}/{split}) row {i}: the picture in column {column} does not decode "
@@ -102,6 +91,54 @@ def load_tokenswap_bench(
             images[tag] = value
         items.append(replace(item, images=images))
     return items
+
+
+def _bench_rows(path, config: str, split: str, limit: int | None):
+    """``(columns, rows, {image column: its mode or None})``: the rows with their pictures still encoded, and the
+    columns ``datasets`` would decode (``Image`` features), so a picture that does not decode is named by row and
+    column instead of failing the load.
+
+    A local folder in the hub layout is read with pyarrow alone (``datasets`` takes seconds to import and caches
+    a copy of every file it loads); a hub id or a README-declared layout through ``datasets``.
+    """
+    files = local_split_files(path, config, split)
+    if files is not None:
+        columns, rows, features = read_parquet(files, f"{path} ({config}/{split})", LOCAL_FIX, limit)
+        decoder = {c: f.get("mode") for c, f in features.items()
+                   if isinstance(f, dict) and f.get("_type") == "Image" and f.get("decode", True)}
+        return columns, rows, decoder
+    import datasets
+
+    ds = load_split(path, config, split)
+    if limit is not None:
+        ds = ds.select(range(min(limit, len(ds))))
+    decoder = {}
+    for column in ds.column_names:
+        feature = ds.features[column]
+        if _IMAGE_COLUMN.match(column) and isinstance(feature, datasets.Image) and feature.decode:
+            ds = ds.cast_column(column, datasets.Image(decode=False))
+            decoder[column] = feature.mode
+    return ds.column_names, ds, decoder
+
+
+def _decode_image(value, mode: str | None):
+    """A picture stored as ``{"bytes", "path"}``, decoded the way ``datasets.Image.decode_example`` does (loaded,
+    turned upright by its EXIF orientation, converted to the feature's mode)."""
+    if not isinstance(value, dict):
+        return value  # already an image
+    if value.get("bytes") is None:  # a path: a remote one needs datasets' own file system
+        import datasets
+
+        return datasets.Image(mode=mode).decode_example(value)
+    from PIL import Image, ImageOps
+
+    image = Image.open(io.BytesIO(value["bytes"]))
+    image.load()
+    if image.getexif().get(Image.ExifTags.Base.Orientation) is not None:
+        image = ImageOps.exif_transpose(image)
+    if mode and mode != image.mode:
+        image = image.convert(mode)
+    return image
 
 
 def load_tokenswap_bench_pairs(

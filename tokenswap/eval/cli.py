@@ -162,10 +162,15 @@ def _lock(out: Path, rank: int = 0):
         lock.release()
 
 
+def _datasets_read_error() -> tuple[type[BaseException], ...]:
+    """``datasets``' error for a file it cannot read, once something imported it (a hub bench): a local bench folder
+    is read without ``datasets``, whose import alone takes seconds of the command's start."""
+    errors = sys.modules.get("datasets.exceptions")
+    return (errors.DatasetGenerationError,) if errors is not None else ()
+
+
 def _load_pairs(bench: str, split: str, limit: int | None = None) -> list:
     """The bench's paired items; a bench whose rows are malformed or missing is an InputError naming it."""
-    from datasets.exceptions import DatasetGenerationError
-
     from tokenswap.data.tokenswap_bench import BENCH_HOLDS, load_tokenswap_bench_pairs
 
     try:
@@ -175,7 +180,7 @@ def _load_pairs(bench: str, split: str, limit: int | None = None) -> list:
         raise
     except (KeyError, ValueError) as e:  # a missing field, an answer out of range, the two configs disagreeing
         raise InputError(f"--bench {bench!r}: {e.args[0] if isinstance(e, KeyError) else e}") from None
-    except DatasetGenerationError as e:  # a damaged parquet file; datasets' own message names no file
+    except _datasets_read_error() as e:  # a damaged parquet file; datasets' own message names no file
         raise InputError(f"--bench {bench!r}: cannot be read ({e.__cause__ or e}); restore or rebuild it") from None
     require_items(pairs, f"--bench {bench!r} (split {split!r})", "rows",
                   "pass a bench built by `tokenswap build-bench` or the hub's dongx1997/TokenSwap-Bench, and a split "

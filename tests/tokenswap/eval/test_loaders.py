@@ -135,3 +135,39 @@ def test_write_tokenswap_bench_with_non_contiguous_tags(tmp_path):
     assert sorted(i0.images) == [1, 3] and i0.num_images == 2 and i1.num_images == 1
     assert as_rgb(i0.images[3]).getpixel((0, 0)) == (0, 0, 255)
     assert i0.concepts == {1: "cat", 3: "dog"} and t0.question == text.question
+
+
+def _via_datasets(root, config):
+    """The same folder read through `datasets` (its README declares the layout, as a hub copy's does)."""
+    import shutil
+
+    copy = root.parent / f"{root.name}-declared"
+    if not copy.exists():
+        shutil.copytree(root, copy)
+        for config_dir in ("text", "img"):  # out of the hub layout's file names: only the README finds them
+            for f in (copy / config_dir).glob("*.parquet"):
+                f.rename(f.with_name(f.name.replace("test-", "part-")))
+        (copy / "README.md").write_text(
+            "---\nconfigs:\n- config_name: text\n  data_files:\n  - split: test\n    path: text/part-*.parquet\n"
+            "- config_name: img\n  data_files:\n  - split: test\n    path: img/part-*.parquet\n---\n")
+    return load_tokenswap_bench(copy, config)
+
+
+@pytest.mark.integration
+def test_a_bench_folder_reads_without_datasets_and_gives_what_datasets_gives(tmp_path):
+    import subprocess
+    import sys
+
+    root = _bench(tmp_path / "bench")
+    for config in ("text", "img"):
+        fast, slow = load_tokenswap_bench(root, config), _via_datasets(root, config)
+        assert [(i.id, i.subject, i.question, i.choices, i.answer, sorted(i.images)) for i in fast] == \
+            [(i.id, i.subject, i.question, i.choices, i.answer, sorted(i.images)) for i in slow]
+        for a, b in zip(fast, slow):
+            assert all(a.images[k].mode == b.images[k].mode and a.images[k].tobytes() == b.images[k].tobytes()
+                       for k in a.images)
+    # `tokenswap eval` reading a local bench: no `datasets` import (seconds of a command's start).
+    probe = ("import sys; from tokenswap.data.tokenswap_bench import load_tokenswap_bench_pairs; "
+             f"pairs = load_tokenswap_bench_pairs({str(root)!r}); print(len(pairs), 'datasets' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["2", "False"], done.stderr[-2000:]
