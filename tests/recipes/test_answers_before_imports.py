@@ -49,6 +49,7 @@ TYPOS = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("recipe, config, section", TYPOS, ids=[t[0] for t in TYPOS])
 def test_a_typo_anywhere_is_answered_without_the_training_imports(recipe, config, section):
     said, probe = answer(recipe, "--config", config, "run.sed=1", "train.learnig_rate=1e-5", "train.seed=3",
@@ -61,12 +62,14 @@ def test_a_typo_anywhere_is_answered_without_the_training_imports(recipe, config
     assert "Traceback" not in said
 
 
+@pytest.mark.integration
 def test_a_config_name_typo_is_answered_without_the_training_imports():
     said, probe = answer("post_train", "--config", "tiny/post_tokenswp.yaml")
     assert probe == "exit=2 heavy=-", (probe, said)
     assert "did you mean 'tiny/post_tokenswap.yaml'?" in said
 
 
+@pytest.mark.integration
 def test_a_value_only_the_trainer_section_can_check_still_fails_the_parse():
     # The early check reads the section's key names only; the value is the full parse's to refuse (after imports).
     said, probe = answer("post_train", "--config", "tiny/post_tokenswap.yaml", "train.learning_rate=fast")
