@@ -205,8 +205,14 @@ def _paired_bootstrap(table: _Items, resamples: int, seed: int, level: float) ->
     point = _statistics(table, dict(zip(names, values.sum(axis=1))), dict(zip(names, masks.sum(axis=1))))
     draws: dict[str, list[np.ndarray]] = {k: [] for k in point}
     for idx in bootstrap_indices(table.n, resamples, seed):
-        sums = {name: values[j][idx].sum(axis=1) for j, name in enumerate(names)}
-        counts = {name: masks[j][idx].sum(axis=1) for j, name in enumerate(names)}
+        # How often each item was drawn, then every column's sum in one product: the columns hold 0, 1 and -1, so the
+        # sums are whole numbers, exact in any order (the same draws as summing each resample's items).
+        chunk = idx.shape[0]
+        drawn = np.bincount((idx + table.n * np.arange(chunk)[:, None]).ravel(), minlength=chunk * table.n)
+        drawn = drawn.reshape(chunk, table.n).astype(values.dtype)
+        sum_of, count_of = drawn @ values.T, drawn @ masks.T  # (chunk, k)
+        sums = {name: sum_of[:, j] for j, name in enumerate(names)}
+        counts = {name: count_of[:, j] for j, name in enumerate(names)}
         for k, v in _statistics(table, sums, counts).items():
             draws[k].append(v)
     n_of = dict(zip(names, (int(c) for c in masks.sum(axis=1))))
