@@ -306,3 +306,15 @@ def process_group_left(pgid: int) -> list[int]:
             except ProcessLookupError:
                 continue
     return left
+
+
+def ctrl_c_reaches_it() -> None:
+    """``preexec_fn`` of a process a test interrupts with SIGINT: Ctrl-C's default disposition, whatever the caller's.
+
+    A shell without job control starts a background job (``nohup make test &``, some CI runners) with SIGINT
+    ignored, and an ignored signal stays ignored across ``exec``: Python then installs no KeyboardInterrupt handler
+    and the interrupt the test sends does nothing (the command ends 0). A terminal's Ctrl-C is what is tested.
+    """
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -40,8 +40,11 @@ OUTCOME = ("Ctrl-C in eval, build-store and a training recipe: exit 130 with one
 def _interrupt(cmd: list[str], ready, rng: random.Random, log: Path,
                env: dict | None = None) -> tuple[int | None, str]:
     """Start ``cmd``, wait until ``ready()`` (some work committed), SIGINT it a random moment later."""
+    from tests.support import ctrl_c_reaches_it  # a runner started in the background ignores SIGINT
+
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, cwd=REPO, env={**ENV, **(env or {})}, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=REPO, env={**ENV, **(env or {})}, stdout=f, stderr=subprocess.STDOUT,
+                                preexec_fn=ctrl_c_reaches_it)
         deadline = time.monotonic() + 300
         while proc.poll() is None and not ready() and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from tests.support import ctrl_c_reaches_it
 from tokenswap.cli import main as tokenswap_main
 from tokenswap.eval.mc import MCItem
 
@@ -596,7 +597,7 @@ def test_ctrl_c_is_one_line_and_130_and_the_rerun_says_it_resumes(tmp_path, monk
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get(
             "PYTHONPATH", "")])}
         proc = subprocess.Popen([sys.executable, "-m", "tokenswap.cli", *args], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=env, text=True)
+                                stderr=subprocess.PIPE, env=env, text=True, preexec_fn=ctrl_c_reaches_it)
         deadline = time.monotonic() + 120
         while not ((out / "records.jsonl").exists() and
                    len((out / "records.jsonl").read_text().splitlines()) >= 3):

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import ctrl_c_reaches_it
+
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "sk-planted-0123456789abcdef"
 
@@ -110,7 +112,7 @@ def _interrupted(body: str) -> subprocess.CompletedProcess:
 
     code = "\n".join(["import sys, time", body])
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=ctrl_c_reaches_it)
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
