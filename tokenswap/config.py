@@ -90,8 +90,23 @@ class DeferredSection:
         checks them)."""
         return None
 
-    def __call__(self) -> Any:
-        return self.resolve()()
+    # Where a program used the section as its class (``PairedTrainConfig(hub_token=...)``,
+    # ``dataclasses.fields(TrainConfig)``, ``isinstance(cfg.train, PairedTrainConfig)``, ``TrainConfig.OWNED``), the
+    # stand-in answers as the class does, building it first.
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+    @property
+    def __dataclass_fields__(self) -> dict:
+        return self.resolve().__dataclass_fields__
+
+    def __instancecheck__(self, obj: Any) -> bool:
+        return isinstance(obj, self.resolve())
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # the stand-in's own state, looked up before it exists
+            raise AttributeError(name)
+        return getattr(self.resolve(), name)
 
     def __repr__(self) -> str:
         return f"<deferred section {self.__name__}>"
