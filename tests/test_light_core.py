@@ -55,6 +55,22 @@ def test_the_openai_eval_path_loads_no_torch_and_no_scipy():
     assert loaded_after(statement, ("torch", "scipy", "tokenswap.inference.hf")) == []
 
 
+@pytest.mark.integration
+def test_a_whole_openai_eval_with_every_form_loads_no_torch(tiny_bench, tmp_path):
+    # The imports above miss what a run imports inside its functions: the caption form's replies went through
+    # tokenswap.inference.hf (torch, ~2 s of CPU inside the request window) to split off a think block.
+    statement = "\n".join([
+        "from tests.support import LoadLLMServer",
+        "from tokenswap.cli import main",
+        "with LoadLLMServer(lambda payload: 'Answer: B') as server:",
+        f"    code = main(['eval', '--backend', 'openai', '--base-url', server.base_url, '--model', 'm', '--bench', "
+        f"{str(tiny_bench)!r}, '--out', {str(tmp_path / 'out')!r}, '--forms', 'all'])",
+        "assert code in (0, 1), code",  # 1: a form with 0 items; every form ran
+    ])
+    assert loaded_after(statement, ("torch", "scipy", "tokenswap.inference.hf", "datasets")) == []
+    assert (tmp_path / "out" / "gap.json").exists()
+
+
 def test_the_rooms_exports_still_import_from_their_packages():
     import tokenswap.crossmath
     import tokenswap.inference

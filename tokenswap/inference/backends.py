@@ -424,8 +424,8 @@ class OpenAIBackend(Backend):
         return {"chat_template_kwargs": kwargs} if kwargs else None
 
     def _generate(self, prepared, max_new_tokens: int, kwargs: dict) -> Iterator[Generation]:
-        from tokenswap.inference.hf import split_reasoning
         from tokenswap.inference.model_settings import openai_reasoning_fields
+        from tokenswap.inference.parsing import split_reasoning
 
         extra = {**(self._extra(kwargs) or {}), **(openai_reasoning_fields(self.name, max_new_tokens) or {})} or None
 

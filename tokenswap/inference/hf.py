@@ -20,6 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
+# split_reasoning lives with the other reply parsing: the openai backend needs it, and this module is torch's.
+from tokenswap.inference.parsing import split_reasoning
+
 __all__ = [
     "OPEN_THINK",
     "build_inputs",
@@ -47,25 +50,6 @@ def close_open_think(prompt: str) -> str:
     '<|im_start|>assistant\\n'
     """
     return prompt + _CLOSED_THINK[len(OPEN_THINK):] if prompt.endswith(OPEN_THINK) else prompt
-
-
-def split_reasoning(text: str, opened: bool = False) -> tuple[str, str | None]:
-    """``(final content, reasoning)`` of a generation: the reasoning is what precedes the last ``</think>``.
-
-    Args:
-        text: the decoded generation.
-        opened: the prompt ended with an open think block (:data:`OPEN_THINK`): a generation that never
-            closes it (the budget ran out while reasoning) is all reasoning and has no final content.
-
-    >>> split_reasoning("let me see</think>\\n\\nB")
-    ('B', 'let me see')
-    >>> split_reasoning("B"), split_reasoning("still thinking", opened=True)
-    (('B', None), ('', 'still thinking'))
-    """
-    head, sep, tail = text.rpartition("</think>")
-    if not sep:
-        return ("", text) if opened else (text, None)
-    return tail.lstrip("\n"), head.removeprefix("<think>").strip("\n")
 
 
 def conversation_images(conversation: Sequence[dict]) -> list:

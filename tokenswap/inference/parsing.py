@@ -1,4 +1,5 @@
-"""JSON out of a model's reply: the store build's extractor and judge and the bench builder ask for JSON and get prose.
+"""What a model's reply holds: JSON (the store build's extractor and judge and the bench builder ask for JSON and get
+prose) and a think block before the final content (:func:`split_reasoning`, for every backend).
 
 :func:`parse_json_response` tolerates code fences and prose around the object, and refuses (``ValueError``) what
 Python's parser cannot take (nesting past the recursion limit, integers past the digit limit) like any reply
@@ -12,7 +13,7 @@ import re
 
 from tokenswap.files import json_loads
 
-__all__ = ["MAX_STARTS", "parse_json_response"]
+__all__ = ["MAX_STARTS", "parse_json_response", "split_reasoning"]
 
 MAX_STARTS = 64
 """How many fenced blocks and ``{`` positions :func:`parse_json_response` tries before giving up."""
@@ -54,3 +55,22 @@ def parse_json_response(text: str) -> dict:
             return value
     preview = text[:200].replace("\n", " ")
     raise ValueError(f"no JSON object found in model reply: {preview!r}")
+
+
+def split_reasoning(text: str, opened: bool = False) -> tuple[str, str | None]:
+    """``(final content, reasoning)`` of a generation: the reasoning is what precedes the last ``</think>``.
+
+    Args:
+        text: the decoded generation.
+        opened: the prompt ended with an open think block (:data:`OPEN_THINK`): a generation that never
+            closes it (the budget ran out while reasoning) is all reasoning and has no final content.
+
+    >>> split_reasoning("let me see</think>\\n\\nB")
+    ('B', 'let me see')
+    >>> split_reasoning("B"), split_reasoning("still thinking", opened=True)
+    (('B', None), ('', 'still thinking'))
+    """
+    head, sep, tail = text.rpartition("</think>")
+    if not sep:
+        return ("", text) if opened else (text, None)
+    return tail.lstrip("\n"), head.removeprefix("<think>").strip("\n")
