@@ -170,14 +170,19 @@ def redact(text: str) -> str:
     """
     if not isinstance(text, str) or not text:
         return text
+    secrets = _known()
+    return _redact(text, _forms_of(secrets) if secrets else [])
+
+
+def _redact(text: str, forms: list[tuple[str, str]]) -> str:
+    """:func:`redact` with the secrets' forms already looked up (once for a whole record)."""
     if "@" in text or "%40" in text.lower():
         text = _URL_USERINFO.sub(r"\g<scheme><CREDENTIALS>@", text)
         text = _URL_USERINFO_ENCODED.sub(r"\g<scheme>%3CCREDENTIALS%3E%40", text)
-    secrets = _known()
-    if not secrets:
+    if not forms:
         return text
     masks: list[tuple[int, int, str]] = []
-    for form, label in _forms_of(secrets):
+    for form, label in forms:
         masks += [(a, b, label) for a, b in _spans(text, form)]
     if not masks:
         return text
@@ -202,12 +207,17 @@ def redact_data(value: Any) -> Any:
     Field names are not judged here: a record's ``{"token": "A"}`` is data, not a credential (configs are masked
     by name with :func:`mask_secrets`).
     """
+    secrets = _known()  # once for the whole value: a record holds dozens of strings, each looked up before
+    return _redact_data(value, _forms_of(secrets) if secrets else [])
+
+
+def _redact_data(value: Any, forms: list[tuple[str, str]]) -> Any:
     if isinstance(value, str):
-        return redact(value)
+        return _redact(value, forms) if value else value
     if isinstance(value, dict):
-        return {redact_data(k): redact_data(v) for k, v in value.items()}
+        return {_redact_data(k, forms): _redact_data(v, forms) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(redact_data(v) for v in value)
+        return type(value)(_redact_data(v, forms) for v in value)
     return value
 
 
