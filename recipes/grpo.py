@@ -44,6 +44,7 @@ from tokenswap.training.trainer_args import (
     TRAIN_DEFAULTS,
     TRAINER_OWNED,
     TRAINING_ARGUMENTS,
+    TRL_BASE_CONFIG,
     TrainerSection,
     trainer_section,
 )
@@ -64,7 +65,8 @@ def grpo_train_section() -> type:
     return trainer_section(GRPOConfig, "GRPOTrainConfig", owned=GRPO_OWNED, defaults=defaults)
 
 
-GRPOTrainConfig = TrainerSection("GRPOTrainConfig", grpo_train_section, (GRPO_CONFIG, TRAINING_ARGUMENTS), GRPO_OWNED)
+GRPOTrainConfig = TrainerSection("GRPOTrainConfig", grpo_train_section, (GRPO_CONFIG, TRL_BASE_CONFIG, TRAINING_ARGUMENTS),
+                                 GRPO_OWNED)
 """Every `GRPOConfig` field (TrainingArguments + rollouts, KL, vLLM, loss type, ...) under `train:`."""
 
 

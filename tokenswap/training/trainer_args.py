@@ -212,6 +212,9 @@ TRAINING_ARGUMENTS = ("transformers", "training_args.py", "TrainingArguments")
 GRPO_CONFIG = ("trl", "trainer/grpo_config.py", "GRPOConfig")
 """Where TRL's ``GRPOConfig`` is written (its fields on top of ``TrainingArguments``')."""
 
+TRL_BASE_CONFIG = ("trl", "trainer/base_config.py", "_BaseConfig")
+"""The class between ``TrainingArguments`` and TRL's configs (it re-declares some fields; a new one would be here)."""
+
 
 @functools.cache
 def source_fields(package: str, path: str, class_name: str) -> frozenset[str] | None:
