@@ -65,8 +65,9 @@ def grpo_train_section() -> type:
     return trainer_section(GRPOConfig, "GRPOTrainConfig", owned=GRPO_OWNED, defaults=defaults)
 
 
-GRPOTrainConfig = TrainerSection("GRPOTrainConfig", grpo_train_section, (GRPO_CONFIG, TRL_BASE_CONFIG, TRAINING_ARGUMENTS),
-                                 GRPO_OWNED)
+GRPOTrainConfig = TrainerSection(
+    "GRPOTrainConfig", grpo_train_section, (GRPO_CONFIG, TRL_BASE_CONFIG, TRAINING_ARGUMENTS), GRPO_OWNED
+)
 """Every `GRPOConfig` field (TrainingArguments + rollouts, KL, vLLM, loss type, ...) under `train:`."""
 
 
@@ -111,8 +112,8 @@ class GRPORecipeConfig:
 
 
 def main(cfg: GRPORecipeConfig) -> None:
-    # What trains is imported here, once run_recipe has the config: a typo or --help is answered without waiting
-    # seconds for torch, transformers and peft.
+    # What trains is imported here, once run_recipe has parsed the config: a typo is answered before torch,
+    # transformers and peft load (seconds).
     from transformers import set_seed
     from trl import GRPOTrainer
 

@@ -103,8 +103,8 @@ class ImageSFTConfig:
 
 
 def main(cfg: ImageSFTConfig) -> None:
-    # What trains is imported here, once run_recipe has the config: a typo or --help is answered without waiting
-    # seconds for torch, transformers and peft.
+    # What trains is imported here, once run_recipe has parsed the config: a typo is answered before torch,
+    # transformers and peft load (seconds).
     from transformers import Trainer
 
     from tokenswap.attention import use_packed_attention

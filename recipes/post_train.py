@@ -75,8 +75,8 @@ class PostTrainConfig:
 
 
 def main(cfg: PostTrainConfig) -> None:
-    # What trains is imported here, once run_recipe has the config: a typo or --help is answered without waiting
-    # seconds for torch, transformers and peft.
+    # What trains is imported here, once run_recipe has parsed the config: a typo is answered before torch,
+    # transformers and peft load (seconds).
     from transformers import Trainer
 
     from tokenswap.attention import use_packed_attention

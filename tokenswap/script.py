@@ -20,7 +20,8 @@ from tokenswap.errors import OutputClosedError, exit_status
 from tokenswap.extras import missing_extra
 from tokenswap.redaction import RedactingStream, command_line_secret, redacting_std_streams, script_streams
 
-__all__ = ["CommandParser", "install_redacting_excepthook", "redacting_excepthook", "require_extra", "run_script", "start_script"]
+__all__ = ["CommandParser", "install_redacting_excepthook", "redacting_excepthook", "require_extra", "run_script",
+           "start_script"]
 
 
 class CommandParser(argparse.ArgumentParser):

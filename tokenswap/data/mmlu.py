@@ -23,6 +23,10 @@ LOCAL_FIX = "restore or rebuild the files (a cut copy or download?)"
 """What a message about an unreadable local split file tells the user to do."""
 
 
+def _layout(config: str, split: str) -> str:
+    return f"lay the files out as on the hub ({config}/{split}-00000-of-00001.parquet)"
+
+
 def local_split_files(path: str | os.PathLike, config: str, split: str) -> list[Path] | None:
     """The parquet files of one config/split of a local folder in the hub layout, checked to hold rows; None for a
     hub id, or a folder whose README declares its own layout (``datasets`` reads those).
@@ -39,7 +43,7 @@ def local_split_files(path: str | os.PathLike, config: str, split: str) -> list[
         if not (local / "README.md").exists():
             raise FileNotFoundError(
                 f"{local}: no {config}/{split}-*.parquet or {config}/{split}/*.parquet and no README.md declaring "
-                f"configs; lay the files out as on the hub ({config}/{split}-00000-of-00001.parquet)"
+                f"configs; {_layout(config, split)}"
             )
         return None
     # datasets reads a file of zero rows as "BatchSize must be greater than 0", naming no file.
@@ -74,11 +78,11 @@ def load_split(path: str | os.PathLike, config: str, split: str):
     if files is not None:
         return load_local(files, split, f"{local} ({config}/{split})", LOCAL_FIX)
     if local.is_dir():
-        layout = f"lay the files out as on the hub ({config}/{split}-00000-of-00001.parquet)"
         try:  # the README declares the layout
             return datasets.load_dataset(str(path), config, split=split)
         except Exception as e:  # noqa: BLE001 - datasets raises many types; none names the config it missed
-            raise InputError(f"{local} ({config}/{split}) cannot be read ({root_cause(e)}); {layout}") from None
+            raise InputError(f"{local} ({config}/{split}) cannot be read ({root_cause(e)}); "
+                             f"{_layout(config, split)}") from None
     return datasets.load_dataset(str(path), config, split=split)
 
 
