@@ -34,11 +34,14 @@ import warnings
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from tokenswap.errors import InputError
+
 __all__ = [
     "DEFAULT_MAX_IMAGE_PIXELS",
     "MAX_ASPECT_RATIO",
     "BadImageError",
     "ImageSource",
+    "StoredPicture",
     "check_image_size",
     "load_image",
 ]
@@ -152,3 +155,59 @@ def _to_rgb_like_processor(image: Image.Image) -> Image.Image:
 
     # Always through transformers' function: an RGB image can carry a transparent colour too.
     return Image.fromarray(np.asarray(convert_to_rgb(image, return_numpy=True)))
+
+
+class StoredPicture:
+    """A dataset's picture kept as stored (its encoded bytes), decoded each time its pixels are needed.
+
+    A bench of thousands of pictures is loaded in a moment and holds its files' bytes, not every picture's pixels:
+    :meth:`decode` gives what ``datasets.Image(mode).decode_example`` gives for the same bytes (loaded, turned
+    upright by its EXIF orientation, converted to ``mode``), the evaluators' request builders decode a picture when
+    a request first shows it, and a backend that prepares each picture once (``tokenswap eval --backend openai``)
+    never decodes it again. Nothing is cached but the digest (:func:`tokenswap.inference.pictures.picture_digest`
+    keeps it here), so concurrent requests can decode the same picture safely.
+
+    Args:
+        data: the encoded file.
+        mode: the PIL mode the column declares (``None``: as decoded).
+        where: names the picture in errors (the dataset, row and column).
+
+    Raises:
+        ValueError: (from the constructor) the bytes are no picture a reader knows or are damaged where that shows
+            without decoding (a PNG's chunk checksums): a bench that cannot be used is refused when it is loaded.
+    """
+
+    __slots__ = ("data", "mode", "where", "digest", "__weakref__")
+
+    def __init__(self, data: bytes, mode: str | None = None, where: str = "a stored picture"):
+        self.data, self.mode, self.where = bytes(data), mode, where
+        self.digest: str | None = None  # set by picture_digest, once
+        try:
+            with Image.open(io.BytesIO(self.data)) as probe:
+                probe.verify()
+        except Exception as e:  # noqa: BLE001 - PIL raises many kinds for a damaged file
+            raise ValueError(self._undecodable(e)) from None
+
+    def _undecodable(self, error: BaseException) -> str:
+        return (f"{self.where} does not decode ({type(error).__name__}: {error}); replace it or drop that row")
+
+    def decode(self) -> Image.Image:
+        """The picture's pixels, a new image at each call.
+
+        Raises:
+            InputError: the data is cut or damaged inside (what opening alone cannot see), naming the picture: the
+                run stops there with what it answered kept, and the same command resumes once it is replaced.
+        """
+        try:
+            image = Image.open(io.BytesIO(self.data))
+            image.load()
+            if image.getexif().get(Image.ExifTags.Base.Orientation) is not None:
+                image = ImageOps.exif_transpose(image)
+            if self.mode and self.mode != image.mode:
+                image = image.convert(self.mode)
+        except Exception as e:  # noqa: BLE001
+            raise InputError(self._undecodable(e)) from None
+        return image
+
+    def __repr__(self) -> str:
+        return f"StoredPicture({len(self.data):,} bytes, {self.where})"

@@ -19,6 +19,7 @@ from tokenswap.data.local import read_parquet
 from tokenswap.data.mmlu import LOCAL_FIX, load_split, local_split_files
 from tokenswap.errors import InputError
 from tokenswap.files import atomic_write, atomic_write_text
+from tokenswap.images import StoredPicture
 
 __all__ = ["BENCH_HOLDS", "TOKENSWAP_BENCH_HUB_ID", "load_tokenswap_bench", "load_tokenswap_bench_pairs", "write_tokenswap_bench"]
 
@@ -35,6 +36,8 @@ def load_tokenswap_bench(
     config: Literal["text", "img"] = "img",
     split: str = "test",
     limit: int | None = None,
+    *,
+    decode: bool = True,
 ) -> list[MCItem]:
     """One config as items with ids ``"{split}/{row}"`` (rows carry no id of their own).
 
@@ -43,6 +46,9 @@ def load_tokenswap_bench(
         config: ``text`` or ``img``.
         split: ``test`` (a ``dev`` split, if built, serves k-shot prompts).
         limit: keep the first ``limit`` rows.
+        decode: pictures as PIL images (decoded now); ``False``: each picture stored in the row as a
+            :class:`tokenswap.images.StoredPicture`, checked now and decoded when a request first needs it
+            (``tokenswap eval``: the first request goes out without waiting for thousands of pictures).
 
     Raises:
         KeyError: missing fields, or a tag whose ``image_N`` column is absent or empty in its row.
@@ -81,13 +87,15 @@ def load_tokenswap_bench(
                 )
             value = row[column]
             if column in decoder:
-                try:
-                    value = _decode_image(value, decoder[column])
-                except Exception as e:  # noqa: BLE001 - PIL raises many kinds for a damaged file
-                    raise ValueError(
-                        f"{path} ({config}/{split}) row {i}: the picture in column {column} does not decode "
-                        f"({type(e).__name__}: {e}); replace it or drop that row"
-                    ) from None
+                where = f"{path} ({config}/{split}) row {i}: the picture in column {column}"
+                if not decode and isinstance(value, dict) and value.get("bytes") is not None:
+                    value = StoredPicture(value["bytes"], decoder[column], where)  # checked; ValueError naming it
+                else:
+                    try:
+                        value = _decode_image(value, decoder[column])
+                    except Exception as e:  # noqa: BLE001 - PIL raises many kinds for a damaged file
+                        raise ValueError(f"{where} does not decode ({type(e).__name__}: {e}); replace it or drop "
+                                         "that row") from None
             images[tag] = value
         items.append(replace(item, images=images))
     return items
@@ -142,23 +150,29 @@ def _decode_image(value, mode: str | None):
 
 
 def load_tokenswap_bench_pairs(
-    path: str | os.PathLike = TOKENSWAP_BENCH_HUB_ID, split: str = "test", limit: int | None = None
+    path: str | os.PathLike = TOKENSWAP_BENCH_HUB_ID, split: str = "test", limit: int | None = None, *,
+    decode: bool = True,
 ) -> list[tuple[MCItem, MCItem]]:
     """Both configs zipped row by row: ``(text item, interleaved item)``.
 
     The interleaved items get ``concepts`` (the text each tag replaced) recovered by aligning the
-    two forms, for the recognition control.
+    two forms, for the recognition control. ``decode``: as :func:`load_tokenswap_bench`.
 
     Raises:
         ValueError: the configs differ in length or disagree on subject/answer of a row.
     """
     text = load_tokenswap_bench(path, "text", split, limit)
-    img = load_tokenswap_bench(path, "img", split, limit)
+    img = load_tokenswap_bench(path, "img", split, limit, decode=decode)
     if len(text) != len(img):
         raise ValueError(f"{path}: config text has {len(text)} rows in {split} but img has {len(img)}")
     pairs = [(t, replace(i, concepts=recover_concepts(t, i))) for t, i in zip(text, img)]
     pair_ids_match(pairs)
     return pairs
+
+
+def _as_written(image):
+    """A picture as ``datasets.Image`` encodes it: a stored one keeps its bytes as they were read."""
+    return {"bytes": image.data, "path": None} if isinstance(image, StoredPicture) else image
 
 
 def write_tokenswap_bench(
@@ -186,7 +200,7 @@ def write_tokenswap_bench(
         for it in items:
             row = {"subject": it.subject, "question": it.question, "choices": list(it.choices), "answer": it.answer}
             if with_images:
-                row.update({f"image_{n}": it.images.get(n) for n in range(1, max_images + 1)})
+                row.update({f"image_{n}": _as_written(it.images.get(n)) for n in range(1, max_images + 1)})
             out_rows.append(row)
         return out_rows
 

@@ -175,7 +175,8 @@ def _load_pairs(bench: str, split: str, limit: int | None = None) -> list:
 
     try:
         with from_hub(bench, "--bench", BENCH_HOLDS, repo_type="dataset"):
-            pairs = load_tokenswap_bench_pairs(bench, split, limit)
+            # Pictures checked now, decoded when a request needs them: the first request does not wait for them all.
+            pairs = load_tokenswap_bench_pairs(bench, split, limit, decode=False)
     except HubMissError:  # already one line naming --bench and the fix
         raise
     except (KeyError, ValueError) as e:  # a missing field, an answer out of range, the two configs disagreeing

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tokenswap.concepts import normalize_concept
+from tokenswap.errors import InputError
 from tokenswap.eval.forms import (
     CAPTION_MAX_NEW_TOKENS,
     CAPTION_PROMPT,
@@ -149,31 +150,74 @@ class FormPlan:
                 why = (f"not asked: {tags} {'has' if len(missing) == 1 else 'have'} no concept name (the bench's text "
                        f"and img rows do not align there), which --forms {','.join(need)} need")
                 self.skipped[i] = dict.fromkeys(need, why)
-        # Per item: tag -> picture id; pictures by id, in order of appearance. A picture's id is its concept and its
-        # bytes (the recognition item's id); a caption is asked once per distinct bytes (``images``), whatever the
-        # concept.
-        self.item_pictures: list[dict[int, str]] = []
-        self.pictures: dict[str, _Picture] = {}
-        for i, (_, inter) in enumerate(self.pairs):
-            ids = {}
-            for tag in image_tags(inter):
-                digest = picture_digest(inter.images[tag])
-                name = inter.concepts.get(tag)
-                ids[tag] = f"{normalize_concept(name) if name else ''}#{digest}"
-                picture = self.pictures.setdefault(ids[tag], _Picture(ids[tag], digest, name and normalize_concept(
-                    name), inter.images[tag]))
-                if i not in picture.items:
-                    picture.items.append(i)
-            self.item_pictures.append(ids)
-        self.recognition_items: dict[str, MCItem] = {}
+        self.recognition_seed = recognition_seed
+        # The pictures' digests (a hash of every pixel) are computed when first needed, not here: a run of the item
+        # forms alone sends its first request before any picture is hashed (each is hashed as its request is built).
+        self._index_lock = threading.Lock()
+        self._index: tuple | None = None
+        self._recognition_items: dict[str, MCItem] | None = None
+        if self.recognition:
+            self.recognition_items  # noqa: B018 - built now: a set with too few concepts is refused before any request
+
+    def _pictures_index(self) -> tuple:
+        with self._index_lock:
+            if self._index is None:
+                # Per item: tag -> picture id; pictures by id, in order of appearance. A picture's id is its concept
+                # and its bytes (the recognition item's id); a caption is asked once per distinct bytes (``images``),
+                # whatever the concept.
+                item_pictures: list[dict[int, str]] = []
+                pictures: dict[str, _Picture] = {}
+                for i, (_, inter) in enumerate(self.pairs):
+                    ids = {}
+                    for tag in image_tags(inter):
+                        digest = picture_digest(inter.images[tag])
+                        name = inter.concepts.get(tag)
+                        ids[tag] = f"{normalize_concept(name) if name else ''}#{digest}"
+                        picture = pictures.setdefault(ids[tag], _Picture(ids[tag], digest, name and normalize_concept(
+                            name), inter.images[tag]))
+                        if i not in picture.items:
+                            picture.items.append(i)
+                    item_pictures.append(ids)
+                images = {}  # digest -> the picture
+                for picture in pictures.values():
+                    images.setdefault(picture.digest, picture.image)
+                self._index = (item_pictures, pictures, images)
+            return self._index
+
+    @property
+    def item_pictures(self) -> list[dict[int, str]]:
+        """Per item, tag -> the id of its picture."""
+        return self._pictures_index()[0]
+
+    @property
+    def pictures(self) -> dict[str, _Picture]:
+        """The distinct pictures by id (concept and digest), in order of appearance."""
+        return self._pictures_index()[1]
+
+    @property
+    def images(self) -> dict[str, object]:
+        """Picture digest -> the picture: what the captions are asked about."""
+        return self._pictures_index()[2]
+
+    @property
+    def digests(self) -> list[str]:
+        return list(self.images)
+
+    @property
+    def recognition_items(self) -> dict[str, MCItem]:
+        """Picture id -> its recognition item (empty without the recognition form)."""
+        with self._index_lock:
+            if self._recognition_items is not None:
+                return self._recognition_items
+        found: dict[str, MCItem] = {}
         if self.recognition:
             named = [i for i in range(len(self.pairs)) if "recognition" not in self.skipped.get(i, {})]
-            for _, _, item in recognition_items([self.pairs[i][1] for i in named], seed=recognition_seed):
-                self.recognition_items.setdefault(item.id, item)
-        self.images = {}  # digest -> the picture
-        for picture in self.pictures.values():
-            self.images.setdefault(picture.digest, picture.image)
-        self.digests = list(self.images)
+            for _, _, item in recognition_items([self.pairs[i][1] for i in named], seed=self.recognition_seed):
+                found.setdefault(item.id, item)
+        with self._index_lock:
+            if self._recognition_items is None:
+                self._recognition_items = found
+            return self._recognition_items
 
     def asks(self, index: int, form: str) -> bool:
         """Whether item ``index`` is asked in ``form`` (every form that needs no concept name it lacks)."""
@@ -280,7 +324,10 @@ class _Streams:
         self.backend, self.log, self.total, self.max_error_share = backend, log, total, max_error_share
         self.cond = threading.Condition()
         self.settled: set[str] = set()
-        self.stop = threading.Event()
+        self.settled_order: list[str] = []  # the keys of ``settled`` in the order they settled (read by ``released``)
+        self.stop = threading.Event()  # abandon what is in flight too (Ctrl-C, too many failures)
+        self.no_more = threading.Event()  # take no new unit; what is in flight is still answered and recorded
+        self.awaited: set[str] = set()  # keys ``released`` waits for: only their answers wake it
         self.error: BaseException | None = None
         self.failed, self.first_error, self.asked = 0, None, 0
         self.bar = tqdm(total=0, desc=progress, disable=progress is None, unit="request", file=sys.stderr)
@@ -290,7 +337,7 @@ class _Streams:
 
         with self.cond:
             self.log.append(record)
-            self.settled.add(record[self.log.key_field])
+            self.settle(record[self.log.key_field])
             self.asked += 1
             self.bar.update()
             if answer.error is not None:
@@ -304,7 +351,8 @@ class _Streams:
                         "recorded; the same command resumes"
                     )
                     self.stop.set()
-            self.cond.notify_all()
+            if self.stop.is_set() or record[self.log.key_field] in self.awaited:
+                self.cond.notify_all()
 
     def fail(self, err: BaseException) -> None:
         with self.cond:
@@ -319,10 +367,18 @@ class _Streams:
 
         def conversations():
             for unit in units:
-                if self.stop.is_set():
+                if self.stop.is_set() or self.no_more.is_set():
+                    return
+                try:
+                    built = conversation(unit)
+                except InputError as err:  # a picture that does not decode (see StoredPicture): named by its row
+                    with self.cond:
+                        self.error = self.error or err
+                        self.no_more.set()
+                        self.cond.notify_all()
                     return
                 sent.append(unit)
-                yield conversation(unit)
+                yield built
 
         answers = ask(conversations())
         try:
@@ -336,22 +392,48 @@ class _Streams:
             if close is not None:
                 close()  # stop the requests still in flight (an early stop)
 
+    def settle(self, key: str) -> None:
+        """Mark ``key`` answered (called with ``cond`` held, or before the streams start)."""
+        if key not in self.settled:
+            self.settled.add(key)
+            self.settled_order.append(key)
+
     def released(self, units: Sequence[Unit], captions_done: threading.Event, ready: Callable[[Unit], bool]):
         """``units`` as the captions they need settle (in order among those settled together); those whose
         captions failed or cannot be used are left out (``ready`` False)."""
-        waiting = list(units)
-        while waiting:
+        # Per unit the count of keys it still waits for, and per key the units waiting for it: each settled key is
+        # looked at once, rather than every waiting unit at every answer (quadratic on a bench of thousands).
+        order = {u.key: i for i, u in enumerate(units)}
+        left: dict[str, int] = {}
+        waiting_on: dict[str, list[Unit]] = {}
+        free: list[Unit] = []
+        for unit in units:
+            needs = set(unit.needs)
+            left[unit.key] = len(needs)
+            for key in needs:
+                waiting_on.setdefault(key, []).append(unit)
+            if not needs:
+                free.append(unit)
+        with self.cond:
+            self.awaited.update(waiting_on)
+        read = 0
+        while left:
             with self.cond:
                 while True:
-                    settled = [u for u in waiting if all(k in self.settled for k in u.needs)]
-                    if settled or self.stop.is_set() or captions_done.is_set():
+                    for key in self.settled_order[read:]:
+                        for unit in waiting_on.pop(key, ()):
+                            left[unit.key] -= 1
+                            if left[unit.key] == 0:
+                                free.append(unit)
+                    read = len(self.settled_order)
+                    if free or self.stop.is_set() or self.no_more.is_set() or captions_done.is_set():
                         break
                     self.cond.wait(0.5)
-            if self.stop.is_set() or not settled:
+            if self.stop.is_set() or self.no_more.is_set() or not free:
                 return
-            taken = {u.key for u in settled}
-            waiting = [u for u in waiting if u.key not in taken]
+            settled, free = sorted(free, key=lambda u: order[u.key]), []
             for unit in settled:
+                del left[unit.key]
                 if ready(unit):
                     yield unit
 
@@ -380,7 +462,9 @@ def run_plan(backend, log, plan: FormPlan, scorer: str, max_new_tokens: int, pro
         return 0
     runs = _Streams(backend, log, len(units), progress, max_error_share)
     runs.bar.total = len(captions) + len(independent) + len(dependent)
-    runs.settled.update(u.key for u in plan.caption_units() if plan.done(log, u))
+    for unit in plan.caption_units():
+        if plan.done(log, unit):
+            runs.settle(unit.key)
     text_of: dict[str, str] = {}
 
     def caption_ready(unit: Unit) -> bool:

@@ -28,6 +28,7 @@ from tokenswap.concepts import Concept, validate_concepts
 from tokenswap.data.items import IMAGE_TAG, LETTERS, MCItem, image_tags, pair_ids_match, recover_concepts
 
 # The item type and its tag conventions belong to the data layer (loaders build them); named here as the task file uses them.
+from tokenswap.images import StoredPicture
 from tokenswap.inference.pictures import picture_digest
 from tokenswap.store.image_store import ImageStore
 from tokenswap.swap import SwapPolicy
@@ -103,10 +104,14 @@ def _prompt_blocks(item: MCItem, mode: PromptMode, shots: Sequence[MCItem]) -> t
     raise ValueError(f"prompt mode must be 'zero_shot', 'cot' or 'k_shot', got {mode!r}")
 
 
-def as_rgb(image: Image.Image | bytes) -> Image.Image:
+def as_rgb(image: Image.Image | bytes | StoredPicture) -> Image.Image:
+    """``image`` as an RGB PIL image: the image itself when it already is one (``convert`` would copy its pixels
+    for every request that shows it), never changed in place by any caller."""
     if isinstance(image, bytes):
-        image = Image.open(io.BytesIO(image))
-    return image.convert("RGB")
+        return Image.open(io.BytesIO(image)).convert("RGB")
+    if isinstance(image, StoredPicture):
+        image = image.decode()
+    return image if image.mode == "RGB" else image.convert("RGB")
 
 
 def build_conversation(item: MCItem, mode: PromptMode = "zero_shot", shots: Sequence[MCItem] = (),
@@ -115,10 +120,12 @@ def build_conversation(item: MCItem, mode: PromptMode = "zero_shot", shots: Sequ
 
     Args:
         digests: give each image part the ``digest`` of its picture as stored
-            (:func:`tokenswap.inference.pictures.picture_digest`), under which a backend prepares it once per run.
+            (:func:`tokenswap.inference.pictures.picture_digest`), under which a backend prepares it once per run;
+            a :class:`tokenswap.images.StoredPicture` is then left for the backend to decode.
 
     Returns:
-        ``[{"role": "user", "content": [{"type": "text"|"image", ...}, ...]}]``; images are RGB PIL.
+        ``[{"role": "user", "content": [{"type": "text"|"image", ...}, ...]}]``; images are RGB PIL (or stored
+        pictures, with ``digests``).
 
     Raises:
         KeyError: a tag has no image in its item; names the item, the tag and the images present.
@@ -134,9 +141,15 @@ def build_conversation(item: MCItem, mode: PromptMode = "zero_shot", shots: Sequ
                         f"item {owner.id!r}: tag {part} has no image; images present: {sorted(owner.images)} "
                         f"(tag <image N> needs images[N], column image_N in the dataset)"
                     )
-                part = {"type": "image", "image": as_rgb(owner.images[n])}
+                picture = owner.images[n]
                 if digests:
-                    part["digest"] = picture_digest(owner.images[n])
+                    # A stored picture stays stored: the backend decodes it when it prepares the picture, once per
+                    # digest where it keeps prepared pictures (openai), not once per request here.
+                    stored = isinstance(picture, StoredPicture)
+                    part = {"type": "image", "image": picture if stored else as_rgb(picture),
+                            "digest": picture_digest(picture)}
+                else:
+                    part = {"type": "image", "image": as_rgb(picture)}
                 content.append(part)
             elif part:
                 if content and content[-1]["type"] == "text":  # shot boundaries: one part per text run

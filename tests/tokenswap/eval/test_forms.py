@@ -720,3 +720,48 @@ def test_the_cli_and_the_in_loop_evaluator_share_one_plan(always_b, tmp_path):
     assert d == want and d["n"] == len(pairs) and d["split"]["n"] == d["load"]["n"] == len(pairs) - 2
     metrics = loop.metrics()
     assert metrics["gap/n"] == len(pairs) and metrics["gap/n_both"] == len(pairs) - 2
+
+
+@pytest.mark.integration
+def test_a_picture_cut_inside_stops_the_run_at_its_row_keeping_every_answer_and_the_rerun_finishes(bench, tmp_path,
+                                                                                                   capsys):
+    """A JPEG cut short opens (its header is whole): it is found when a request first needs its pixels, and the run
+    stops taking units there; what was in flight is answered and recorded, and the fixed bench resumes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root, views = bench
+    (path,) = (root / "img").glob("*.parquet")
+    table = pq.read_table(path)
+    column = table.column("image_1").to_pylist()
+    good = column[2]
+    buf = io.BytesIO()  # a detailed picture: the cut falls in its scan data, after a whole header
+    Image.frombytes("RGB", (96, 96), bytes(i * 7919 % 251 for i in range(96 * 96 * 3))).save(buf, format="JPEG",
+                                                                                          quality=95)
+    column[2] = {"bytes": buf.getvalue()[: len(buf.getvalue()) * 3 // 5], "path": None}
+    index = table.schema.get_field_index("image_1")
+    field = table.schema.field(index)
+
+    def write(values):
+        pq.write_table(table.set_column(index, field, pa.array(values, type=field.type)), path)
+
+    write(column)
+    out = tmp_path / "out"
+    model = RuleModel()
+    model.items = {v["marker"]: v for v in views}
+    with LoadLLMServer(reply=model.reply) as server:
+        assert tokenswap_main(_eval(server, root, out, "--forms", "text,interleaved")) == 2
+        first = len(server.requests)
+        errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+        assert len(errors) == 1 and "row 2: the picture in column image_1 does not decode" in errors[0], errors
+        assert "replace it or drop that row" in errors[0]
+        kept = {r["key"] for r in _valid_lines(out / "records.jsonl")}
+        # Every request made was recorded (the ones in flight when the picture was found included), none of row 2's
+        # interleaved item, and rows before it all answered.
+        assert len(kept) == first and "interleaved|test/2" not in kept
+        assert {"text|test/0", "interleaved|test/0", "text|test/1", "interleaved|test/1"} <= kept
+        write([*column[:2], good, *column[3:]])
+        assert tokenswap_main(_eval(server, root, out, "--forms", "text,interleaved")) == 0
+        assert len(server.requests) == 2 * len(views)  # the rerun asked only what had no answer
+    keys = [r["key"] for r in _valid_lines(out / "records.jsonl")]
+    assert sorted(keys) == sorted(f"{f}|{v['id']}" for v in views for f in ("text", "interleaved"))
