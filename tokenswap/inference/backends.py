@@ -33,6 +33,7 @@ import math
 import threading
 import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from PIL import Image
@@ -360,6 +361,10 @@ class OpenAIBackend(Backend):
         self._urls: dict[str, tuple[str, bool]] = {}
         self._url_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
+        # One pool of ``concurrency`` threads for every stream asking through this backend (tokenswap eval runs
+        # three at once): a thread that ends a request takes the next one, where a pool per stream left three
+        # times the threads waiting on the client's slots, each answer waking one of them (CPU per request).
+        self._workers: ThreadPoolExecutor | None = None
 
     def _encode(self, image: Image.Image) -> str:
         buf = io.BytesIO()
@@ -421,7 +426,10 @@ class OpenAIBackend(Backend):
             result.resized = resized + capped
             return result
 
-        for outcome in map_ordered(call, prepared, concurrency=self.concurrency):
+        with self._locks_lock:
+            if self._workers is None:
+                self._workers = ThreadPoolExecutor(self.concurrency, thread_name_prefix="tokenswap-request")
+        for outcome in map_ordered(call, prepared, concurrency=self.concurrency, executor=self._workers):
             yield outcome.result()
 
     def _extra(self, kwargs: dict) -> dict | None:
@@ -477,6 +485,9 @@ class OpenAIBackend(Backend):
         return self.client.stats.as_dict()
 
     def close(self) -> None:
+        workers, self._workers = self._workers, None
+        if workers is not None:
+            workers.shutdown(wait=True)
         close = getattr(self.client, "close", None)
         if close is not None:
             close()

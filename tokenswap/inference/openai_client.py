@@ -2,7 +2,8 @@
 
 One :class:`OpenAIChatModel` serves every thread of a process: the build stages and the evaluators call
 :meth:`OpenAIChatModel.request` from :func:`tokenswap.inference.map_ordered`'s threads, and the client keeps
-at most ``concurrency`` HTTP attempts in flight on one pooled, thread-safe ``httpx.Client``. Each attempt
+at most ``concurrency`` HTTP attempts in flight on one thread-safe httpx connection pool (its
+``HTTPTransport``, which each attempt calls directly: see :meth:`OpenAIChatModel._http`). Each attempt
 runs in its caller's thread with a deadline every socket operation is held to (connect, TLS, send, wait and
 read each get at most the time left), so the whole attempt takes at most ``timeout`` seconds, whatever the
 server drips. The synchronous client was chosen over ``httpx.AsyncClient`` on a background loop after

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -45,6 +45,7 @@ def map_ordered(
     items: Iterable[T],
     concurrency: int,
     window: int | None = None,
+    executor: ThreadPoolExecutor | None = None,
 ) -> Iterator[Outcome[T, R]]:
     """Call ``fn`` on every item with up to ``concurrency`` calls at once; yield outcomes in input order.
 
@@ -63,6 +64,8 @@ def map_ordered(
         items: the inputs, in the order their outcomes are wanted.
         concurrency: calls in flight at most (>= 1).
         window: items started but not yet yielded, at most (>= concurrency).
+        executor: run the calls on this pool (shared by several calls of ``map_ordered`` at once, so that their
+            calls together use one set of ``concurrency`` threads) instead of a pool of its own; it is left open.
 
     Yields:
         One :class:`Outcome` per item, in input order.
@@ -94,7 +97,9 @@ def map_ordered(
     iterator = enumerate(items)
     next_out = 0
     exhausted = False
-    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="tokenswap-request") as pool:
+    own = executor is None
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="tokenswap-request") if own else executor
+    try:
         try:
             while True:
                 while not exhausted and len(pending) < window:
@@ -118,6 +123,11 @@ def map_ordered(
             stop.set()
             for _, future in pending.values():
                 future.cancel()
+    finally:
+        if own:
+            pool.shutdown(wait=True)
+        else:  # the calls of this map still running on the shared pool: waited for, as the own pool's shutdown does
+            wait([future for _, future in pending.values()])
 
 
 class _Cancelled(Exception):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import threading
+import time
 
 from PIL import Image
 
@@ -57,3 +58,38 @@ def test_a_picture_in_many_requests_and_forms_is_encoded_once(make_pairs):
     assert sent == {inter.images[t].resize((40, 40), Image.Resampling.BICUBIC).tobytes()
                     for _, inter in pairs for t in inter.images}
     assert sum(r.resized for r in results) == len(client.urls)
+
+
+def test_the_streams_of_one_run_share_the_backends_threads(make_pairs, tmp_path):
+    """Captions, the item forms and the caption-form items go out at once, on one pool of ``concurrency`` threads
+    (a pool per stream left three times the threads waiting on the client's slots)."""
+    from tokenswap.eval.form_runs import run_plan
+    from tokenswap.inference.runs import RecordLog
+
+    class Counting(Endpoint):
+        def __init__(self):
+            super().__init__()
+            self.threads: set[int] = set()
+            self.now = self.most = 0
+
+        def request(self, messages, **kw) -> Reply:
+            with self.lock:
+                self.threads.add(threading.get_ident())
+                self.now += 1
+                self.most = max(self.most, self.now)
+            try:
+                time.sleep(0.002)
+                return Reply(text="A photo of a cat.") if kw.get("max_tokens") == 64 else Reply(text="Answer: A")
+            finally:
+                with self.lock:
+                    self.now -= 1
+
+    pairs = make_pairs(12)
+    plan = FormPlan(pairs, ("text", "interleaved", "caption", "recognition"))
+    client = Counting()
+    backend = OpenAIBackend(client, "served", concurrency=4)
+    log = RecordLog(tmp_path / "records.jsonl")
+    asked = run_plan(backend, log, plan, "generate", 16)
+    backend.close()
+    assert asked == len(plan.all_units()) == len(log.records)
+    assert len(client.threads) <= 4 and client.most <= 4
