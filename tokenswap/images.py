@@ -209,5 +209,10 @@ class StoredPicture:
             raise InputError(self._undecodable(e)) from None
         return image
 
+    def rgb(self) -> Image.Image:
+        """:meth:`decode`, as RGB: what a request shows."""
+        image = self.decode()
+        return image if image.mode == "RGB" else image.convert("RGB")
+
     def __repr__(self) -> str:
         return f"StoredPicture({len(self.data):,} bytes, {self.where})"

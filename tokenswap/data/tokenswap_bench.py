@@ -88,8 +88,11 @@ def load_tokenswap_bench(
             value = row[column]
             if column in decoder:
                 where = f"{path} ({config}/{split}) row {i}: the picture in column {column}"
-                if not decode and isinstance(value, dict) and value.get("bytes") is not None:
-                    value = StoredPicture(value["bytes"], decoder[column], where)  # checked; ValueError naming it
+                if isinstance(value, dict) and value.get("bytes") is not None:
+                    # Checked now (ValueError naming it); decoded now, or when a request first needs it.
+                    value = StoredPicture(value["bytes"], decoder[column], where)
+                    if decode:
+                        value = value.decode()
                 else:
                     try:
                         value = _decode_image(value, decoder[column])
@@ -130,23 +133,13 @@ def _bench_rows(path, config: str, split: str, limit: int | None):
 
 
 def _decode_image(value, mode: str | None):
-    """A picture stored as ``{"bytes", "path"}``, decoded the way ``datasets.Image.decode_example`` does (loaded,
-    turned upright by its EXIF orientation, converted to the feature's mode)."""
+    """A picture that is no stored bytes: already an image, or a ``{"path"}`` that ``datasets`` decodes (a remote one
+    needs its file system). Bytes are a :class:`tokenswap.images.StoredPicture`, decoded the same way."""
     if not isinstance(value, dict):
         return value  # already an image
-    if value.get("bytes") is None:  # a path: a remote one needs datasets' own file system
-        import datasets
+    import datasets
 
-        return datasets.Image(mode=mode).decode_example(value)
-    from PIL import Image, ImageOps
-
-    image = Image.open(io.BytesIO(value["bytes"]))
-    image.load()
-    if image.getexif().get(Image.ExifTags.Base.Orientation) is not None:
-        image = ImageOps.exif_transpose(image)
-    if mode and mode != image.mode:
-        image = image.convert(mode)
-    return image
+    return datasets.Image(mode=mode).decode_example(value)
 
 
 def load_tokenswap_bench_pairs(

@@ -150,14 +150,16 @@ class FormPlan:
                 why = (f"not asked: {tags} {'has' if len(missing) == 1 else 'have'} no concept name (the bench's text "
                        f"and img rows do not align there), which --forms {','.join(need)} need")
                 self.skipped[i] = dict.fromkeys(need, why)
-        self.recognition_seed = recognition_seed
         # The pictures' digests (a hash of every pixel) are computed when first needed, not here: a run of the item
         # forms alone sends its first request before any picture is hashed (each is hashed as its request is built).
         self._index_lock = threading.Lock()
         self._index: tuple | None = None
-        self._recognition_items: dict[str, MCItem] | None = None
+        # Built now (their ids hold the digests): a set with too few concepts is refused before any request.
+        self.recognition_items: dict[str, MCItem] = {}
         if self.recognition:
-            self.recognition_items  # noqa: B018 - built now: a set with too few concepts is refused before any request
+            named = [i for i in range(len(self.pairs)) if "recognition" not in self.skipped.get(i, {})]
+            for _, _, item in recognition_items([self.pairs[i][1] for i in named], seed=recognition_seed):
+                self.recognition_items.setdefault(item.id, item)
 
     def _pictures_index(self) -> tuple:
         with self._index_lock:
@@ -202,22 +204,6 @@ class FormPlan:
     @property
     def digests(self) -> list[str]:
         return list(self.images)
-
-    @property
-    def recognition_items(self) -> dict[str, MCItem]:
-        """Picture id -> its recognition item (empty without the recognition form)."""
-        with self._index_lock:
-            if self._recognition_items is not None:
-                return self._recognition_items
-        found: dict[str, MCItem] = {}
-        if self.recognition:
-            named = [i for i in range(len(self.pairs)) if "recognition" not in self.skipped.get(i, {})]
-            for _, _, item in recognition_items([self.pairs[i][1] for i in named], seed=self.recognition_seed):
-                found.setdefault(item.id, item)
-        with self._index_lock:
-            if self._recognition_items is None:
-                self._recognition_items = found
-            return self._recognition_items
 
     def asks(self, index: int, form: str) -> bool:
         """Whether item ``index`` is asked in ``form`` (every form that needs no concept name it lacks)."""

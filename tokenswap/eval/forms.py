@@ -251,16 +251,10 @@ def caption_conversation(image, digest: str | None = None) -> list[dict]:
 
     ``digest`` (the picture's, when the caller has it) lets a backend prepare the picture once per run.
     """
-    from tokenswap.eval.mc import as_rgb
-    from tokenswap.images import StoredPicture
+    from tokenswap.eval.mc import image_part
 
     text = CAPTION_PROMPT.split("<image 1>", 1)[1]
-    if digest is None:
-        part = {"type": "image", "image": as_rgb(image)}
-    else:  # a stored picture is decoded by the backend, once per digest (see build_conversation)
-        part = {"type": "image", "image": image if isinstance(image, StoredPicture) else as_rgb(image),
-                "digest": digest}
-    return [{"role": "user", "content": [part, {"type": "text", "text": text}]}]
+    return [{"role": "user", "content": [image_part(image, digest), {"type": "text", "text": text}]}]
 
 
 def images_sent(prompt: str) -> int:

@@ -110,8 +110,18 @@ def as_rgb(image: Image.Image | bytes | StoredPicture) -> Image.Image:
     if isinstance(image, bytes):
         return Image.open(io.BytesIO(image)).convert("RGB")
     if isinstance(image, StoredPicture):
-        image = image.decode()
+        return image.rgb()
     return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def image_part(picture, digest: str | None = None) -> dict:
+    """A conversation's image part: the picture as RGB PIL; with its ``digest`` (under which a backend prepares it
+    once per run), a :class:`tokenswap.images.StoredPicture` stays stored, for the backend to decode when it
+    prepares it (once per digest where it keeps prepared pictures: openai), not once per request here."""
+    if digest is None:
+        return {"type": "image", "image": as_rgb(picture)}
+    return {"type": "image", "image": picture if isinstance(picture, StoredPicture) else as_rgb(picture),
+            "digest": digest}
 
 
 def build_conversation(item: MCItem, mode: PromptMode = "zero_shot", shots: Sequence[MCItem] = (),
@@ -142,15 +152,7 @@ def build_conversation(item: MCItem, mode: PromptMode = "zero_shot", shots: Sequ
                         f"(tag <image N> needs images[N], column image_N in the dataset)"
                     )
                 picture = owner.images[n]
-                if digests:
-                    # A stored picture stays stored: the backend decodes it when it prepares the picture, once per
-                    # digest where it keeps prepared pictures (openai), not once per request here.
-                    stored = isinstance(picture, StoredPicture)
-                    part = {"type": "image", "image": picture if stored else as_rgb(picture),
-                            "digest": picture_digest(picture)}
-                else:
-                    part = {"type": "image", "image": as_rgb(picture)}
-                content.append(part)
+                content.append(image_part(picture, picture_digest(picture) if digests else None))
             elif part:
                 if content and content[-1]["type"] == "text":  # shot boundaries: one part per text run
                     content[-1] = {"type": "text", "text": content[-1]["text"] + part}

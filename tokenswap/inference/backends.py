@@ -181,8 +181,7 @@ class Backend:
 
     def _image(self, image: Image.Image | StoredPicture) -> tuple[Image.Image, bool]:
         if isinstance(image, StoredPicture):  # left stored by the request builder: decoded here, where it is needed
-            image = image.decode()
-            image = image if image.mode == "RGB" else image.convert("RGB")
+            image = image.rgb()
         if self.settings.image_pixels:
             image = resize_to_pixels(image, self.settings.image_pixels, self.settings.image_factor)
         if self.max_pixels is not None:
